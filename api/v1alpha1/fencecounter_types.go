@@ -1,0 +1,83 @@
+package v1alpha1
+
+import (
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+)
+
+// FenceCounterSpec is the durable per-resource fence record. It lives in spec,
+// not status, so that a backup/restore that drops status keeps it.
+type FenceCounterSpec struct {
+	// resource is the resource ID this counter belongs to. Immutable.
+	// +required
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=200
+	// +kubebuilder:validation:XValidation:rule="self == oldSelf",message="resource is immutable"
+	Resource string `json:"resource"`
+
+	// fence is the highest fencing token ever issued for the resource. The
+	// controller raises it by compare-and-swap when it grants; admission
+	// refuses any decrease, whoever asks.
+	// +optional
+	// +kubebuilder:validation:Minimum=0
+	// +kubebuilder:validation:XValidation:rule="self >= oldSelf",message="fence never decreases"
+	Fence int64 `json:"fence,omitempty"`
+
+	// holder is the grant that was issued the current fence, while it may
+	// still hold the resource. Unset when the resource is free.
+	// +optional
+	Holder *FenceHolder `json:"holder,omitempty"`
+}
+
+// FenceHolder identifies one acquisition.
+type FenceHolder struct {
+	// name is the LockGrant's name, in the counter's namespace.
+	// +required
+	Name string `json:"name"`
+	// uid is the LockGrant's UID, the owner token of the acquisition.
+	// +required
+	UID string `json:"uid"`
+	// owner is the grant's owner identity.
+	// +required
+	Owner string `json:"owner"`
+	// fence is the fencing token issued to this grant.
+	// +required
+	// +kubebuilder:validation:Minimum=1
+	Fence int64 `json:"fence"`
+}
+
+// FenceCounter records, for one resource ID in its namespace, the highest
+// fencing token ever issued and the grant that holds it. It is created and
+// maintained by the controller (name: see ...CounterName in the controllers);
+// nobody can lower it, and admission refuses to delete it while any LockGrant
+// for its resource exists.
+//
+// +kubebuilder:object:root=true
+// +kubebuilder:resource:shortName=fc,categories=lockwarden
+// +kubebuilder:printcolumn:name="Resource",type=string,JSONPath=`.spec.resource`
+// +kubebuilder:printcolumn:name="Fence",type=integer,JSONPath=`.spec.fence`
+// +kubebuilder:printcolumn:name="Holder",type=string,JSONPath=`.spec.holder.name`
+// +kubebuilder:printcolumn:name="Owner",type=string,JSONPath=`.spec.holder.owner`
+// +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
+type FenceCounter struct {
+	metav1.TypeMeta `json:",inline"`
+	// metadata is the standard object metadata.
+	// +optional
+	metav1.ObjectMeta `json:"metadata,omitempty"`
+
+	// spec is the fence record.
+	// +required
+	Spec FenceCounterSpec `json:"spec"`
+}
+
+// FenceCounterList is a list of FenceCounters.
+//
+// +kubebuilder:object:root=true
+type FenceCounterList struct {
+	metav1.TypeMeta `json:",inline"`
+	metav1.ListMeta `json:"metadata,omitempty"`
+	Items           []FenceCounter `json:"items"`
+}
+
+func init() {
+	SchemeBuilder.Register(&FenceCounter{}, &FenceCounterList{})
+}

@@ -1,0 +1,223 @@
+package v1alpha1
+
+import (
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+)
+
+// Bounds of LockGrantSpec fields. They are enforced by the CRD schema.
+const (
+	// MaxResourceLength is the longest resource ID, in bytes.
+	MaxResourceLength = 200
+	// MinLeaseDurationSeconds is the shortest lease, in seconds.
+	MinLeaseDurationSeconds = 1
+	// MaxLeaseDurationSeconds is the longest lease, in seconds (one hour).
+	MaxLeaseDurationSeconds = 3600
+	// MaxWaitTimeoutSeconds is the longest wait limit, in seconds (one day).
+	MaxWaitTimeoutSeconds = 86400
+)
+
+// LockGrantSpec is an acquisition request: who wants which resource, for how
+// long each lease lasts, and, later, the owner's renewals and release.
+//
+// +kubebuilder:validation:XValidation:rule="!has(oldSelf.owner) || (has(self.owner) && self.owner == oldSelf.owner)",message="owner is immutable"
+// +kubebuilder:validation:XValidation:rule="(has(self.waitTimeoutSeconds) ? self.waitTimeoutSeconds : 0) == (has(oldSelf.waitTimeoutSeconds) ? oldSelf.waitTimeoutSeconds : 0)",message="waitTimeoutSeconds is immutable"
+// +kubebuilder:validation:XValidation:rule="(has(self.requestID) ? self.requestID : '') == (has(oldSelf.requestID) ? oldSelf.requestID : '')",message="requestID is immutable"
+// +kubebuilder:validation:XValidation:rule="(has(self.renewals) ? self.renewals : 0) >= (has(oldSelf.renewals) ? oldSelf.renewals : 0)",message="renewals never decreases"
+// +kubebuilder:validation:XValidation:rule="!(has(oldSelf.release) && oldSelf.release) || (has(self.release) && self.release)",message="release cannot be unset"
+type LockGrantSpec struct {
+	// resource is the canonical ID of the protected resource, for example
+	// "invoice-batch/2026-07-19". It is one or more segments separated by "/";
+	// a segment is lowercase letters, digits, ".", "_" and "-", starting and
+	// ending with a letter or digit. At most 200 bytes. Resource IDs are scoped
+	// to the LockGrant's namespace. Immutable.
+	// +required
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=200
+	// +kubebuilder:validation:Pattern=`^[a-z0-9]([a-z0-9._-]*[a-z0-9])?(/[a-z0-9]([a-z0-9._-]*[a-z0-9])?)*$`
+	// +kubebuilder:validation:XValidation:rule="self == oldSelf",message="resource is immutable"
+	Resource string `json:"resource"`
+
+	// owner is the workload identity that holds the grant: the Kubernetes user
+	// name of the requester, for example
+	// "system:serviceaccount:billing:settlement-7". Admission sets it to the
+	// authenticated requester when empty and refuses any other value (NOT_OWNER).
+	// Only the owner may renew or release. Immutable.
+	// +optional
+	// +kubebuilder:validation:MaxLength=253
+	Owner string `json:"owner,omitempty"`
+
+	// leaseDurationSeconds is the server-side TTL of the lease, in seconds,
+	// from 1 to 3600. A grant expires leaseDurationSeconds after it was granted
+	// or last renewed, judged by the controller's clock. Immutable.
+	// +required
+	// +kubebuilder:validation:Minimum=1
+	// +kubebuilder:validation:Maximum=3600
+	// +kubebuilder:validation:XValidation:rule="self == oldSelf",message="leaseDurationSeconds is immutable"
+	LeaseDurationSeconds int32 `json:"leaseDurationSeconds"`
+
+	// waitTimeoutSeconds is how long, in seconds, this request may wait in the
+	// queue, counted from its admission. A waiter whose limit has passed ends
+	// as TimedOut and is never granted later. 0 or unset waits without limit;
+	// at most 86400. Immutable.
+	// +optional
+	// +kubebuilder:validation:Minimum=0
+	// +kubebuilder:validation:Maximum=86400
+	WaitTimeoutSeconds int32 `json:"waitTimeoutSeconds,omitempty"`
+
+	// requestID is the client's idempotency key for this acquisition: 1 to 63
+	// letters, digits, ".", "_" or "-", starting and ending with a letter or
+	// digit. Admission copies it to the label locking.lockwarden.io/request-id
+	// so that a client whose create response was lost finds its grant by
+	// request ID instead of creating a second one. Immutable.
+	// +optional
+	// +kubebuilder:validation:MaxLength=63
+	// +kubebuilder:validation:Pattern=`^[A-Za-z0-9]([A-Za-z0-9._-]*[A-Za-z0-9])?$`
+	RequestID string `json:"requestID,omitempty"`
+
+	// renewals counts the renewals the owner has asked for. To renew, the
+	// owner raises it by one; the controller then extends expiresAt to its
+	// clock's now plus leaseDurationSeconds, if the grant is still Held and
+	// unexpired, and reports the outcome in status.observedRenewals and the
+	// Renewed condition. A renew of an expired grant fails and never
+	// re-acquires. It never decreases and starts at 0.
+	// +optional
+	// +kubebuilder:validation:Minimum=0
+	Renewals int64 `json:"renewals,omitempty"`
+
+	// release, set to true by the owner, ends the grant: a Held grant becomes
+	// Released, a Pending one leaves the queue. It cannot be unset.
+	// +optional
+	Release bool `json:"release,omitempty"`
+}
+
+// LockGrantPhase is where a grant is in its life.
+// +kubebuilder:validation:Enum=Pending;Held;Expired;Released;TimedOut
+type LockGrantPhase string
+
+const (
+	// PhasePending means the request waits in the resource's FIFO queue.
+	PhasePending LockGrantPhase = "Pending"
+	// PhaseHeld means the grant holds the resource until status.expiresAt.
+	PhaseHeld LockGrantPhase = "Held"
+	// PhaseExpired means the lease ran out (at expiresAt, equality included)
+	// or a renew arrived after it had. Final.
+	PhaseExpired LockGrantPhase = "Expired"
+	// PhaseReleased means the owner released the grant, or withdrew the
+	// request before it was granted. Final.
+	PhaseReleased LockGrantPhase = "Released"
+	// PhaseTimedOut means the request's wait limit passed before it was
+	// granted. Final: it is never granted later.
+	PhaseTimedOut LockGrantPhase = "TimedOut"
+)
+
+// Final reports whether the phase can never change again.
+func (p LockGrantPhase) Final() bool {
+	switch p {
+	case PhaseExpired, PhaseReleased, PhaseTimedOut:
+		return true
+	}
+	return false
+}
+
+// Condition types of a LockGrant.
+const (
+	// ConditionReady is True while the grant is Held, and says why not
+	// otherwise (reason Pending, Expired, Released, TimedOut, ...).
+	ConditionReady = "Ready"
+	// ConditionRenewed reports the outcome of the owner's last renew
+	// (reason Renewed or EXPIRED).
+	ConditionRenewed = "Renewed"
+)
+
+// LockGrantStatus is written only by the lockwarden controller.
+type LockGrantStatus struct {
+	// phase is Pending, Held, Expired, Released or TimedOut.
+	// +optional
+	Phase LockGrantPhase `json:"phase,omitempty"`
+
+	// fenceToken is the fencing token of this grant: strictly larger than
+	// every token issued before for the same resource, never reused, and
+	// unchanged by renewals. 0 until the grant is Held.
+	// +optional
+	// +kubebuilder:validation:Minimum=0
+	FenceToken int64 `json:"fenceToken,omitempty"`
+
+	// queuePosition is the number of requests ahead of this one while it is
+	// Pending: 0 means it is next. Unset in every other phase.
+	// +optional
+	// +kubebuilder:validation:Minimum=0
+	QueuePosition *int32 `json:"queuePosition,omitempty"`
+
+	// grantedAt is when the grant became Held, by the controller's clock.
+	// +optional
+	GrantedAt *metav1.MicroTime `json:"grantedAt,omitempty"`
+
+	// expiresAt is when the lease ends, by the controller's clock: at this
+	// instant and after, the grant is expired.
+	// +optional
+	ExpiresAt *metav1.MicroTime `json:"expiresAt,omitempty"`
+
+	// lastRenewTime is when the controller applied the last successful renew.
+	// +optional
+	LastRenewTime *metav1.MicroTime `json:"lastRenewTime,omitempty"`
+
+	// endedAt is when the grant reached a final phase.
+	// +optional
+	EndedAt *metav1.MicroTime `json:"endedAt,omitempty"`
+
+	// observedRenewals is the spec.renewals value the controller has
+	// answered, successfully or not.
+	// +optional
+	// +kubebuilder:validation:Minimum=0
+	ObservedRenewals int64 `json:"observedRenewals,omitempty"`
+
+	// conditions are Ready and Renewed.
+	// +optional
+	// +listType=map
+	// +listMapKey=type
+	Conditions []metav1.Condition `json:"conditions,omitempty"`
+}
+
+// LockGrant is one acquisition of a lease on a resource. Its UID is the
+// owner token of this acquisition: renewals and release act on this object
+// only, never on a later grant of the same owner. When Held it carries a
+// fencing token that every protected write must present (Chubby's sequencers;
+// Kleppmann, "How to do distributed locking", 2016).
+//
+// +kubebuilder:object:root=true
+// +kubebuilder:subresource:status
+// +kubebuilder:resource:shortName=lg;lgrant,categories=lockwarden
+// +kubebuilder:printcolumn:name="Resource",type=string,JSONPath=`.spec.resource`
+// +kubebuilder:printcolumn:name="Phase",type=string,JSONPath=`.status.phase`
+// +kubebuilder:printcolumn:name="Fence",type=integer,JSONPath=`.status.fenceToken`
+// +kubebuilder:printcolumn:name="Owner",type=string,JSONPath=`.spec.owner`
+// +kubebuilder:printcolumn:name="Expires",type=string,format=date-time,JSONPath=`.status.expiresAt`
+// +kubebuilder:printcolumn:name="Queue",type=integer,JSONPath=`.status.queuePosition`,priority=1
+// +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
+type LockGrant struct {
+	metav1.TypeMeta `json:",inline"`
+	// metadata is the standard object metadata.
+	// +optional
+	metav1.ObjectMeta `json:"metadata,omitempty"`
+
+	// spec is the acquisition request.
+	// +required
+	Spec LockGrantSpec `json:"spec"`
+
+	// status is the controller's answer.
+	// +optional
+	Status LockGrantStatus `json:"status,omitempty"`
+}
+
+// LockGrantList is a list of LockGrants.
+//
+// +kubebuilder:object:root=true
+type LockGrantList struct {
+	metav1.TypeMeta `json:",inline"`
+	metav1.ListMeta `json:"metadata,omitempty"`
+	Items           []LockGrant `json:"items"`
+}
+
+func init() {
+	SchemeBuilder.Register(&LockGrant{}, &LockGrantList{})
+}

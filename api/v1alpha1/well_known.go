@@ -1,0 +1,58 @@
+package v1alpha1
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"strings"
+)
+
+// Labels and annotations that lockwarden reads or writes. The prefix is the
+// API group.
+const (
+	// GuardedLabel marks an object as guarded: with the value "true", every
+	// create, update and delete of the object goes through the guarded-write
+	// admission webhook (selected by an objectSelector on this label). Removing
+	// the label is itself a guarded write.
+	GuardedLabel = "locking.lockwarden.io/guarded"
+
+	// ResourceAnnotation names the resource ID a guarded object belongs to, in
+	// the same syntax as LockGrantSpec.Resource. It is immutable while the object is guarded.
+	ResourceAnnotation = "locking.lockwarden.io/resource"
+
+	// GrantAnnotation names the LockGrant a guarded write is made under, as
+	// "NAME" (the object's own namespace) or "NAMESPACE/NAME".
+	GrantAnnotation = "locking.lockwarden.io/grant"
+
+	// FenceAnnotation carries the fencing token of the grant, in decimal. On a
+	// stored guarded object it is the fence of the last accepted write: admission
+	// checks the incoming write and records its fence in the same write.
+	FenceAnnotation = "locking.lockwarden.io/fence"
+
+	// RequestedAtAnnotation is stamped on every LockGrant at creation by the
+	// admission webhook (RFC 3339 with nanoseconds, the webhook's clock) and is
+	// immutable. It orders waiters FIFO and starts the wait limit. A value sent
+	// by a client is overwritten.
+	RequestedAtAnnotation = "locking.lockwarden.io/requested-at"
+
+	// RequestIDLabel carries LockGrantSpec.RequestID so that a client whose
+	// create response was lost can find its grant with a label selector:
+	//   kubectl get lockgrants -l locking.lockwarden.io/request-id=ID
+	// It is set by admission from the spec and cannot be changed.
+	RequestIDLabel = "locking.lockwarden.io/request-id"
+)
+
+// FenceCounterName returns the name of the FenceCounter of a resource ID: a
+// readable prefix of the ID followed by a hash of the whole ID, so that
+// distinct IDs never share a counter.
+func FenceCounterName(resource string) string {
+	sum := sha256.Sum256([]byte(resource))
+	prefix := strings.NewReplacer("/", "-", ".", "-", "_", "-").Replace(resource)
+	if len(prefix) > 40 {
+		prefix = prefix[:40]
+	}
+	prefix = strings.TrimRight(prefix, "-")
+	if prefix == "" {
+		prefix = "r"
+	}
+	return prefix + "-" + hex.EncodeToString(sum[:])[:16]
+}

@@ -1,0 +1,88 @@
+package fencing
+
+import (
+	"errors"
+	"fmt"
+)
+
+// Reason is the machine-readable code of a refusal. The same codes appear in
+// admission denials, LockGrant conditions, Events and metrics.
+type Reason string
+
+const (
+	// ReasonNoFence: the write carries no grant reference or fence, or a
+	// malformed one.
+	ReasonNoFence Reason = "NO_FENCE"
+	// ReasonNoResource: a guarded object does not name a valid resource ID.
+	ReasonNoResource Reason = "NO_RESOURCE"
+	// ReasonUnknownGrant: the registry has no such grant, or no record of the
+	// resource.
+	ReasonUnknownGrant Reason = "UNKNOWN_GRANT"
+	// ReasonBindingMismatch: the grant is for another resource, or the fence
+	// presented is not the one the grant was issued.
+	ReasonBindingMismatch Reason = "BINDING_MISMATCH"
+	// ReasonNotOwner: the caller is not the grant's owner.
+	ReasonNotOwner Reason = "NOT_OWNER"
+	// ReasonStaleOwner: a newer fence has been issued for the resource or
+	// accepted by the object; the grant is superseded.
+	ReasonStaleOwner Reason = "STALE_OWNER"
+	// ReasonExpired: the grant's lease is over (at expiresAt, equality
+	// included) and no newer grant superseded it yet.
+	ReasonExpired Reason = "EXPIRED"
+	// ReasonNotHeld: the grant is still waiting in the queue.
+	ReasonNotHeld Reason = "NOT_HELD"
+	// ReasonAlreadyEnded: the grant was already released or its wait timed out.
+	ReasonAlreadyEnded Reason = "ALREADY_ENDED"
+)
+
+// Sentinel errors, one per Reason, matched with errors.Is.
+var (
+	ErrNoFence         = errors.New("fencing: no fence")
+	ErrNoResource      = errors.New("fencing: no resource")
+	ErrUnknownGrant    = errors.New("fencing: unknown grant")
+	ErrBindingMismatch = errors.New("fencing: binding mismatch")
+	ErrNotOwner        = errors.New("fencing: not owner")
+	ErrStaleOwner      = errors.New("fencing: stale owner")
+	ErrExpired         = errors.New("fencing: expired")
+	ErrNotHeld         = errors.New("fencing: not held")
+	ErrAlreadyEnded    = errors.New("fencing: already ended")
+)
+
+var sentinels = map[Reason]error{
+	ReasonNoFence:         ErrNoFence,
+	ReasonNoResource:      ErrNoResource,
+	ReasonUnknownGrant:    ErrUnknownGrant,
+	ReasonBindingMismatch: ErrBindingMismatch,
+	ReasonNotOwner:        ErrNotOwner,
+	ReasonStaleOwner:      ErrStaleOwner,
+	ReasonExpired:         ErrExpired,
+	ReasonNotHeld:         ErrNotHeld,
+	ReasonAlreadyEnded:    ErrAlreadyEnded,
+}
+
+// Error is a refusal: a Reason and a sentence for the user. It matches the
+// Reason's sentinel with errors.Is.
+type Error struct {
+	Reason Reason
+	Detail string
+}
+
+// Error returns "REASON: detail", the form admission denials use.
+func (e *Error) Error() string { return string(e.Reason) + ": " + e.Detail }
+
+// Unwrap returns the sentinel error of e.Reason.
+func (e *Error) Unwrap() error { return sentinels[e.Reason] }
+
+func refuse(r Reason, format string, args ...any) *Error {
+	return &Error{Reason: r, Detail: fmt.Sprintf(format, args...)}
+}
+
+// ReasonOf returns the Reason of a refusal anywhere in err's chain, or "" when
+// err is nil or not a refusal.
+func ReasonOf(err error) Reason {
+	var e *Error
+	if errors.As(err, &e) {
+		return e.Reason
+	}
+	return ""
+}

@@ -1,0 +1,85 @@
+package fencing
+
+import "time"
+
+// Write is everything CheckWrite needs to decide on one guarded write,
+// gathered by the enforcement point before it decides.
+type Write struct {
+	// Resource is the resource ID the written object is guarded by.
+	Resource string
+	// Caller is the authenticated identity making the write.
+	Caller string
+	// Fence is the fencing token the write carries (see ParseFence).
+	Fence int64
+	// Recorded is the fence of the last write the object accepted, 0 when
+	// it has accepted none.
+	Recorded int64
+	// Grant is the grant the write names, read from the registry; nil when
+	// the registry has no such grant.
+	Grant *Grant
+	// Counter is the resource's fence record, read from the registry; nil
+	// when the registry has none.
+	Counter *Counter
+	// Now is the enforcement point's clock at admission.
+	Now time.Time
+}
+
+// CheckWrite decides whether a guarded write is accepted. It returns nil, or
+// an *Error naming the first rule the write breaks, in this order:
+//
+//  1. ReasonUnknownGrant: the registry has no such grant or no fence record
+//     for the resource.
+//  2. ReasonBindingMismatch: the grant is for another resource, or the write
+//     carries a fence larger than the grant's (a forged or copied token).
+//  3. ReasonNotOwner: the caller is not the grant's owner.
+//  4. ReasonStaleOwner: the fence is lower than one the object already
+//     accepted, than the resource's highest issued fence, or than the
+//     grant's own fence. A superseded grant is STALE_OWNER even when it has
+//     also expired: the resource has moved on to a newer owner.
+//  5. ReasonExpired / ReasonNotHeld / ReasonAlreadyEnded: the grant is not
+//     Held and unexpired at w.Now, or the registry no longer names it as
+//     the resource's holder.
+//
+// An accepted write's fence must then be recorded on the object in the same
+// atomic write; CheckWrite itself changes nothing.
+func CheckWrite(w Write) error {
+	g, c := w.Grant, w.Counter
+	if g == nil {
+		return refuse(ReasonUnknownGrant, "the registry has no such grant")
+	}
+	if c == nil {
+		return refuse(ReasonUnknownGrant, "the registry has no fence record for resource %q", w.Resource)
+	}
+	if g.Resource != w.Resource {
+		return refuse(ReasonBindingMismatch, "the grant is for resource %q, the object is guarded by %q", g.Resource, w.Resource)
+	}
+	if w.Fence > g.Fence {
+		return refuse(ReasonBindingMismatch, "fence %d is not the grant's fence", w.Fence)
+	}
+	if w.Caller != g.Owner {
+		return refuse(ReasonNotOwner, "%q is not the grant's owner %q", w.Caller, g.Owner)
+	}
+	switch {
+	case w.Fence < w.Recorded:
+		return refuse(ReasonStaleOwner, "fence %d is older than fence %d already accepted by the object", w.Fence, w.Recorded)
+	case w.Fence < c.Fence:
+		return refuse(ReasonStaleOwner, "fence %d is older than fence %d issued for resource %q", w.Fence, c.Fence, w.Resource)
+	case w.Fence < g.Fence:
+		return refuse(ReasonStaleOwner, "fence %d is older than the grant's fence %d", w.Fence, g.Fence)
+	}
+	switch g.State {
+	case StatePending:
+		return refuse(ReasonNotHeld, "the grant is still waiting in the queue")
+	case StateExpired:
+		return refuse(ReasonExpired, "the grant has expired")
+	case StateReleased, StateTimedOut:
+		return refuse(ReasonAlreadyEnded, "the grant has ended")
+	}
+	if Expired(g.ExpiresAt, w.Now) {
+		return refuse(ReasonExpired, "the lease expired at %s", g.ExpiresAt.UTC().Format(time.RFC3339Nano))
+	}
+	if c.HolderUID != g.UID {
+		return refuse(ReasonExpired, "the registry no longer names the grant as the holder of resource %q", w.Resource)
+	}
+	return nil
+}
