@@ -6,6 +6,9 @@ import (
 
 // FenceCounterSpec is the durable per-resource fence record. It lives in spec,
 // not status, so that a backup/restore that drops status keeps it.
+//
+// +kubebuilder:validation:XValidation:rule="(has(self.fence) ? self.fence : 0) >= (has(oldSelf.fence) ? oldSelf.fence : 0)",message="fence never decreases"
+// +kubebuilder:validation:XValidation:rule="!has(self.holder) || self.holder.fence <= (has(self.fence) ? self.fence : 0)",message="holder.fence cannot exceed fence"
 type FenceCounterSpec struct {
 	// resource is the resource ID this counter belongs to. Immutable.
 	// +required
@@ -19,7 +22,6 @@ type FenceCounterSpec struct {
 	// refuses any decrease, whoever asks.
 	// +optional
 	// +kubebuilder:validation:Minimum=0
-	// +kubebuilder:validation:XValidation:rule="self >= oldSelf",message="fence never decreases"
 	Fence int64 `json:"fence,omitempty"`
 
 	// holder is the grant that was issued the current fence, while it may

@@ -3,6 +3,7 @@ package v1alpha1
 import (
 	"crypto/sha256"
 	"encoding/hex"
+	"regexp"
 	"strings"
 )
 
@@ -40,6 +41,18 @@ const (
 	// It is set by admission from the spec and cannot be changed.
 	RequestIDLabel = "locking.lockwarden.io/request-id"
 )
+
+// ResourcePattern is the syntax of a resource ID (LockGrantSpec.Resource);
+// the CRD schema enforces the same expression.
+const ResourcePattern = `^[a-z0-9]([a-z0-9._-]*[a-z0-9])?(/[a-z0-9]([a-z0-9._-]*[a-z0-9])?)*$`
+
+var resourceRE = regexp.MustCompile(ResourcePattern)
+
+// ValidResourceID reports whether id is a well-formed resource ID of at most
+// MaxResourceLength bytes.
+func ValidResourceID(id string) bool {
+	return id != "" && len(id) <= MaxResourceLength && resourceRE.MatchString(id)
+}
 
 // FenceCounterName returns the name of the FenceCounter of a resource ID: a
 // readable prefix of the ID followed by a hash of the whole ID, so that

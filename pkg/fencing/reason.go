@@ -33,6 +33,8 @@ const (
 	ReasonNotHeld Reason = "NOT_HELD"
 	// ReasonAlreadyEnded: the grant was already released or its wait timed out.
 	ReasonAlreadyEnded Reason = "ALREADY_ENDED"
+	// ReasonFenceRegression: a write would lower a recorded fence.
+	ReasonFenceRegression Reason = "FENCE_REGRESSION"
 )
 
 // Sentinel errors, one per Reason, matched with errors.Is.
@@ -46,6 +48,7 @@ var (
 	ErrExpired         = errors.New("fencing: expired")
 	ErrNotHeld         = errors.New("fencing: not held")
 	ErrAlreadyEnded    = errors.New("fencing: already ended")
+	ErrFenceRegression = errors.New("fencing: fence regression")
 )
 
 var sentinels = map[Reason]error{
@@ -58,6 +61,7 @@ var sentinels = map[Reason]error{
 	ReasonExpired:         ErrExpired,
 	ReasonNotHeld:         ErrNotHeld,
 	ReasonAlreadyEnded:    ErrAlreadyEnded,
+	ReasonFenceRegression: ErrFenceRegression,
 }
 
 // Error is a refusal: a Reason and a sentence for the user. It matches the

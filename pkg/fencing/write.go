@@ -27,6 +27,7 @@ type Write struct {
 // CheckWrite decides whether a guarded write is accepted. It returns nil, or
 // an *Error naming the first rule the write breaks, in this order:
 //
+//  0. ReasonNoFence: the fence is not a valid token (below 1).
 //  1. ReasonUnknownGrant: the registry has no such grant or no fence record
 //     for the resource.
 //  2. ReasonBindingMismatch: the grant is for another resource, or the write
@@ -44,6 +45,9 @@ type Write struct {
 // atomic write; CheckWrite itself changes nothing.
 func CheckWrite(w Write) error {
 	g, c := w.Grant, w.Counter
+	if w.Fence < 1 {
+		return refuse(ReasonNoFence, "the write carries no fence")
+	}
 	if g == nil {
 		return refuse(ReasonUnknownGrant, "the registry has no such grant")
 	}

@@ -1,0 +1,191 @@
+// Command manager runs the lockwarden controller and its admission webhooks.
+//
+// In a cluster it runs as the Deployment in config/manager (two replicas,
+// leader election on). Against a local or remote API server it runs as a
+// process: `make run`, or `bin/manager --kubeconfig ...`.
+package main
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"flag"
+	"fmt"
+	"net/http"
+	"os"
+	"strings"
+
+	"github.com/open-policy-agent/cert-controller/pkg/rotator"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
+	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
+	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
+	"k8s.io/utils/clock"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/healthz"
+	"sigs.k8s.io/controller-runtime/pkg/log/zap"
+	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
+	"sigs.k8s.io/controller-runtime/pkg/webhook"
+
+	lockingv1alpha1 "github.com/lockwarden/lockwarden/api/v1alpha1"
+	"github.com/lockwarden/lockwarden/controllers/lockgrant"
+	lwwebhook "github.com/lockwarden/lockwarden/webhook"
+)
+
+// +kubebuilder:rbac:groups="",resources=secrets,verbs=get;list;watch;update;patch
+// +kubebuilder:rbac:groups=admissionregistration.k8s.io,resources=validatingwebhookconfigurations;mutatingwebhookconfigurations,verbs=get;list;watch;update;patch
+// +kubebuilder:rbac:groups=coordination.k8s.io,resources=leases,verbs=get;list;watch;create;update;patch;delete
+
+type options struct {
+	metricsAddr, probeAddr  string
+	leaderElect             bool
+	leaderElectionNamespace string
+	webhookHost             string
+	webhookPort             int
+	certDir                 string
+	certSecret              string
+	dnsName                 string
+	mutatingConfig          string
+	validatingConfig        string
+}
+
+func main() {
+	var o options
+	flag.StringVar(&o.metricsAddr, "metrics-bind-address", ":8080", "Address the Prometheus metrics endpoint binds to; \"0\" disables it.")
+	flag.StringVar(&o.probeAddr, "health-probe-bind-address", ":8081", "Address the /healthz and /readyz probes bind to.")
+	flag.BoolVar(&o.leaderElect, "leader-elect", false, "Elect one active controller among replicas (webhooks serve on every replica).")
+	flag.StringVar(&o.leaderElectionNamespace, "leader-election-namespace", "", "Namespace of the leader election Lease (default: the pod's namespace).")
+	flag.StringVar(&o.webhookHost, "webhook-host", "", "Address the webhook server binds to (default: all interfaces).")
+	flag.IntVar(&o.webhookPort, "webhook-port", 9443, "Port the webhook server listens on.")
+	flag.StringVar(&o.certDir, "webhook-cert-dir", "", "Directory of the webhook serving certificate (tls.crt, tls.key); default: a temporary directory.")
+	flag.StringVar(&o.certSecret, "webhook-cert-secret", "", "Secret (NAME or NAMESPACE/NAME) in which the manager generates and rotates its own webhook CA and certificate, injecting the CA into the webhook configurations. Empty: certificates in --webhook-cert-dir are managed by someone else.")
+	flag.StringVar(&o.dnsName, "webhook-dns-name", "localhost", "DNS name the API server uses to reach the webhook server; it goes into the generated certificate.")
+	flag.StringVar(&o.mutatingConfig, "mutating-webhook-configuration", "lockwarden-mutating-webhook-configuration", "MutatingWebhookConfiguration to inject the CA into.")
+	flag.StringVar(&o.validatingConfig, "validating-webhook-configuration", "lockwarden-validating-webhook-configuration", "ValidatingWebhookConfiguration to inject the CA into.")
+	zapOpts := zap.Options{}
+	zapOpts.BindFlags(flag.CommandLine)
+	flag.Parse()
+	ctrl.SetLogger(zap.New(zap.UseFlagOptions(&zapOpts)))
+
+	if err := run(o); err != nil {
+		ctrl.Log.Error(err, "Manager stopped")
+		os.Exit(1)
+	}
+}
+
+func run(o options) error {
+	scheme := runtime.NewScheme()
+	utilruntime.Must(clientgoscheme.AddToScheme(scheme))
+	utilruntime.Must(lockingv1alpha1.AddToScheme(scheme))
+
+	if o.certDir == "" {
+		dir, err := os.MkdirTemp("", "lockwarden-webhook-certs-")
+		if err != nil {
+			return err
+		}
+		o.certDir = dir
+	}
+	mgr, err := ctrl.NewManager(ctrl.GetConfigOrDie(), ctrl.Options{
+		Scheme:                        scheme,
+		Metrics:                       metricsserver.Options{BindAddress: o.metricsAddr},
+		HealthProbeBindAddress:        o.probeAddr,
+		LeaderElection:                o.leaderElect,
+		LeaderElectionID:              "lockwarden.locking.lockwarden.io",
+		LeaderElectionNamespace:       o.leaderElectionNamespace,
+		LeaderElectionReleaseOnCancel: true,
+		// The webhook server is added to the manager once its certificate
+		// exists (see below).
+		WebhookServer: webhook.NewServer(webhook.Options{
+			Host:    o.webhookHost,
+			Port:    o.webhookPort,
+			CertDir: o.certDir,
+			TLSOpts: []func(*tls.Config){func(c *tls.Config) { c.MinVersion = tls.VersionTLS12 }},
+		}),
+	})
+	if err != nil {
+		return fmt.Errorf("creating manager: %w", err)
+	}
+
+	certsReady := make(chan struct{})
+	if o.certSecret != "" {
+		if err := addCertRotator(mgr, o, certsReady); err != nil {
+			return err
+		}
+	} else {
+		close(certsReady)
+	}
+
+	clk := clock.RealClock{}
+	ctx, cancel := context.WithCancelCause(ctrl.SetupSignalHandler())
+	defer cancel(nil)
+	if err := (&lockgrant.Reconciler{
+		Client:    mgr.GetClient(),
+		APIReader: mgr.GetAPIReader(),
+		Clock:     clk,
+		Recorder:  mgr.GetEventRecorder("lockwarden"),
+	}).SetupWithManager(ctx, mgr); err != nil {
+		return fmt.Errorf("setting up the LockGrant controller: %w", err)
+	}
+	// The webhook server starts when it is first registered, which must
+	// wait for its certificate to exist; the manager starts runnables added
+	// after its own start at once.
+	webhooksUp := make(chan struct{})
+	go func() {
+		select {
+		case <-certsReady:
+		case <-ctx.Done():
+			return
+		}
+		if err := lwwebhook.Setup(mgr, clk); err != nil {
+			cancel(fmt.Errorf("setting up webhooks: %w", err))
+			return
+		}
+		close(webhooksUp)
+	}()
+	if err := mgr.AddHealthzCheck("healthz", healthz.Ping); err != nil {
+		return err
+	}
+	if err := mgr.AddReadyzCheck("webhooks", func(req *http.Request) error {
+		select {
+		case <-webhooksUp:
+			return mgr.GetWebhookServer().StartedChecker()(req)
+		default:
+			return errors.New("webhook certificate not ready yet")
+		}
+	}); err != nil {
+		return err
+	}
+	ctrl.Log.Info("Starting manager", "webhookPort", o.webhookPort, "leaderElection", o.leaderElect)
+	if err := mgr.Start(ctx); err != nil {
+		return err
+	}
+	if c := context.Cause(ctx); c != nil && !errors.Is(c, context.Canceled) {
+		return c
+	}
+	return nil
+}
+
+func addCertRotator(mgr ctrl.Manager, o options, ready chan struct{}) error {
+	key := types.NamespacedName{Name: o.certSecret}
+	if ns, name, ok := strings.Cut(o.certSecret, "/"); ok {
+		key = types.NamespacedName{Namespace: ns, Name: name}
+	} else {
+		key.Namespace = os.Getenv("POD_NAMESPACE")
+		if key.Namespace == "" {
+			key.Namespace = "lockwarden-system"
+		}
+	}
+	return rotator.AddRotator(mgr, &rotator.CertRotator{
+		SecretKey:      key,
+		CertDir:        o.certDir,
+		CAName:         "lockwarden-ca",
+		CAOrganization: "lockwarden",
+		DNSName:        o.dnsName,
+		IsReady:        ready,
+		Webhooks: []rotator.WebhookInfo{
+			{Name: o.mutatingConfig, Type: rotator.Mutating},
+			{Name: o.validatingConfig, Type: rotator.Validating},
+		},
+		RequireLeaderElection: false,
+	})
+}

@@ -1,0 +1,273 @@
+package lockgrant
+
+import (
+	"cmp"
+	"slices"
+	"time"
+
+	"k8s.io/apimachinery/pkg/api/equality"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	lockingv1alpha1 "github.com/lockwarden/lockwarden/api/v1alpha1"
+	"github.com/lockwarden/lockwarden/pkg/fencing"
+)
+
+// Condition and Event reasons. Reasons of refusals are the fencing package's
+// codes, so that users see the same word everywhere.
+const (
+	ReasonPending    = "Pending"
+	ReasonGranted    = "Granted"
+	ReasonRenewed    = "Renewed"
+	ReasonReleased   = "Released"
+	ReasonCancelled  = "Cancelled"
+	ReasonExpired    = string(fencing.ReasonExpired)
+	ReasonTimedOut   = "TimedOut"
+	ReasonSuperseded = "Superseded"
+	ReasonNotHeld    = string(fencing.ReasonNotHeld)
+)
+
+// facts is what one decision about a resource needs.
+type facts struct {
+	now      time.Time
+	resource string
+	// counter is the resource's FenceCounter from a direct read; nil when
+	// it does not exist yet.
+	counter *lockingv1alpha1.FenceCounter
+	// grants are every LockGrant of the resource in the namespace.
+	grants []lockingv1alpha1.LockGrant
+}
+
+// event is one Kubernetes Event to emit about a grant.
+type event struct {
+	grant   *lockingv1alpha1.LockGrant
+	warning bool
+	reason  string
+	note    string
+}
+
+// plan is the outcome of decide: what to write, in order.
+type plan struct {
+	// counter is the counter's new spec, or nil when it does not change.
+	counter *lockingv1alpha1.FenceCounterSpec
+	// granted is the grant that becomes Held in this pass, if any; its
+	// status is written first.
+	granted *lockingv1alpha1.LockGrant
+	// statuses are the grants whose status changes, with the new status set.
+	statuses []*lockingv1alpha1.LockGrant
+	events   []event
+	// requeueAfter is the time to the next deadline (an expiry or a wait
+	// limit); 0 when there is none.
+	requeueAfter time.Duration
+}
+
+// fifo orders requests by admission time, then creation time, then UID.
+func fifo(a, b lockingv1alpha1.LockGrant) int {
+	if c := requestedAt(&a).Compare(requestedAt(&b)); c != 0 {
+		return c
+	}
+	return cmp.Compare(a.UID, b.UID)
+}
+
+// requestedAt is when admission stamped the request, falling back to the
+// creation time when the stamp is missing or unreadable.
+func requestedAt(g *lockingv1alpha1.LockGrant) time.Time {
+	if s, ok := g.Annotations[lockingv1alpha1.RequestedAtAnnotation]; ok {
+		if t, err := time.Parse(time.RFC3339Nano, s); err == nil {
+			return t
+		}
+	}
+	return g.CreationTimestamp.Time
+}
+
+func ttl(g *lockingv1alpha1.LockGrant) time.Duration {
+	return time.Duration(g.Spec.LeaseDurationSeconds) * time.Second
+}
+
+// waitDeadline is when a Pending request stops waiting; zero without limit.
+func waitDeadline(g *lockingv1alpha1.LockGrant) time.Time {
+	if g.Spec.WaitTimeoutSeconds <= 0 {
+		return time.Time{}
+	}
+	return requestedAt(g).Add(time.Duration(g.Spec.WaitTimeoutSeconds) * time.Second)
+}
+
+// decide computes, from the facts alone, every change for one resource.
+func decide(f facts) plan {
+	var p plan
+	now := metav1.NewMicroTime(f.now)
+	grants := slices.Clone(f.grants)
+	slices.SortFunc(grants, fifo)
+
+	var holder *lockingv1alpha1.FenceHolder
+	var fence int64
+	if f.counter != nil {
+		holder, fence = f.counter.Spec.Holder, f.counter.Spec.Fence
+	}
+	holderLive := false
+	var waiting []*lockingv1alpha1.LockGrant
+	deadlines := []time.Time{}
+
+	for i := range grants {
+		g := grants[i].DeepCopy()
+		old := g.Status.DeepCopy()
+		st := &g.Status
+		isHolder := holder != nil && string(g.UID) == holder.UID
+		switch {
+		case st.Phase.Final():
+			// Nothing ever changes a final grant.
+		case isHolder:
+			if st.Phase != lockingv1alpha1.PhaseHeld {
+				// The counter names it but its status was never written
+				// (a crash between the two writes): converge on the
+				// counter's fence, never issue another.
+				p.events = append(p.events, hold(g, holder.Fence, now))
+			}
+			if e, ended := settleHolder(g, now); ended {
+				p.events = append(p.events, e...)
+			} else {
+				p.events = append(p.events, e...)
+				holderLive = true
+				deadlines = append(deadlines, st.ExpiresAt.Time)
+			}
+		case st.Phase == lockingv1alpha1.PhaseHeld:
+			// Held in status but no longer the counter's holder: the
+			// counter moved on (this controller wrote the counter and died
+			// before ending this grant). It can never hold again.
+			p.events = append(p.events, endHeldNotHolder(g, now))
+		default: // Pending, or new.
+			switch {
+			case g.Spec.Release:
+				p.events = append(p.events, end(g, lockingv1alpha1.PhaseReleased, ReasonCancelled, "Request withdrawn before it was granted", now, false))
+			case !waitDeadline(g).IsZero() && fencing.Expired(waitDeadline(g), f.now):
+				p.events = append(p.events, end(g, lockingv1alpha1.PhaseTimedOut, ReasonTimedOut, "Wait limit passed before the resource was granted", now, true))
+			default:
+				waiting = append(waiting, g)
+				if d := waitDeadline(g); !d.IsZero() {
+					deadlines = append(deadlines, d)
+				}
+			}
+		}
+		if !equalStatus(old, st) {
+			p.statuses = append(p.statuses, g)
+		}
+	}
+
+	// Hand the resource to the first waiter when nobody holds it.
+	if !holderLive && len(waiting) > 0 {
+		next := waiting[0]
+		waiting = waiting[1:]
+		fence++
+		p.counter = &lockingv1alpha1.FenceCounterSpec{
+			Resource: f.resource,
+			Fence:    fence,
+			Holder: &lockingv1alpha1.FenceHolder{
+				Name: next.Name, UID: string(next.UID), Owner: next.Spec.Owner, Fence: fence,
+			},
+		}
+		p.events = append(p.events, hold(next, fence, now))
+		next.Status.ObservedRenewals = next.Spec.Renewals
+		p.granted = next
+		deadlines = append(deadlines, next.Status.ExpiresAt.Time)
+		p.statuses = slices.DeleteFunc(p.statuses, func(g *lockingv1alpha1.LockGrant) bool { return g.UID == next.UID })
+	} else if !holderLive && holder != nil {
+		// The holder ended or is gone and nobody waits: free the resource.
+		p.counter = &lockingv1alpha1.FenceCounterSpec{Resource: f.resource, Fence: fence}
+	}
+
+	// Queue positions of those still waiting.
+	for i, g := range waiting {
+		pos := int32(i)
+		old := g.Status.DeepCopy()
+		g.Status.Phase = lockingv1alpha1.PhasePending
+		g.Status.QueuePosition = &pos
+		setReady(g, metav1.ConditionFalse, ReasonPending, "Waiting in the queue for the resource", now)
+		if !equalStatus(old, &g.Status) && !slices.Contains(p.statuses, g) {
+			p.statuses = append(p.statuses, g)
+		}
+	}
+	if p.granted != nil {
+		p.statuses = append([]*lockingv1alpha1.LockGrant{p.granted}, p.statuses...)
+	}
+
+	for _, d := range deadlines {
+		if wait := d.Sub(f.now); wait > 0 && (p.requeueAfter == 0 || wait < p.requeueAfter) {
+			p.requeueAfter = wait
+		}
+	}
+	return p
+}
+
+// hold makes g Held with fence from now.
+func hold(g *lockingv1alpha1.LockGrant, fence int64, now metav1.MicroTime) event {
+	st := &g.Status
+	st.Phase = lockingv1alpha1.PhaseHeld
+	st.FenceToken = fence
+	st.QueuePosition = nil
+	st.GrantedAt = &now
+	exp := metav1.NewMicroTime(now.Add(ttl(g)))
+	st.ExpiresAt = &exp
+	setReady(g, metav1.ConditionTrue, ReasonGranted, "Held with fence "+fencing.FormatFence(fence), now)
+	return event{grant: g, reason: ReasonGranted, note: "Granted with fence " + fencing.FormatFence(fence)}
+}
+
+// settleHolder applies the holder's release, expiry or renew. It reports
+// whether the grant ended.
+func settleHolder(g *lockingv1alpha1.LockGrant, now metav1.MicroTime) ([]event, bool) {
+	st := &g.Status
+	expired := fencing.Expired(st.ExpiresAt.Time, now.Time)
+	var evs []event
+	if g.Spec.Renewals > st.ObservedRenewals {
+		st.ObservedRenewals = g.Spec.Renewals
+		if expired || g.Spec.Release {
+			setCond(g, lockingv1alpha1.ConditionRenewed, metav1.ConditionFalse, ReasonExpired, "Renew arrived after the lease expired; acquire again for a new fence", now)
+			evs = append(evs, event{grant: g, warning: true, reason: ReasonExpired, note: "Renew refused: the lease had expired"})
+		} else {
+			exp := metav1.NewMicroTime(now.Add(ttl(g)))
+			st.ExpiresAt = &exp
+			st.LastRenewTime = &now
+			setCond(g, lockingv1alpha1.ConditionRenewed, metav1.ConditionTrue, ReasonRenewed, "Lease extended to "+exp.UTC().Format(time.RFC3339Nano), now)
+			setReady(g, metav1.ConditionTrue, ReasonGranted, "Held with fence "+fencing.FormatFence(st.FenceToken), now)
+		}
+	}
+	switch {
+	case g.Spec.Release && !expired:
+		return append(evs, end(g, lockingv1alpha1.PhaseReleased, ReasonReleased, "Released by its owner", now, false)), true
+	case expired:
+		return append(evs, end(g, lockingv1alpha1.PhaseExpired, ReasonExpired, "Lease expired at "+st.ExpiresAt.UTC().Format(time.RFC3339Nano), now, true)), true
+	}
+	return evs, false
+}
+
+func endHeldNotHolder(g *lockingv1alpha1.LockGrant, now metav1.MicroTime) event {
+	switch {
+	case g.Spec.Release:
+		return end(g, lockingv1alpha1.PhaseReleased, ReasonReleased, "Released by its owner", now, false)
+	case g.Status.ExpiresAt != nil && fencing.Expired(g.Status.ExpiresAt.Time, now.Time):
+		return end(g, lockingv1alpha1.PhaseExpired, ReasonExpired, "Lease expired at "+g.Status.ExpiresAt.UTC().Format(time.RFC3339Nano), now, true)
+	}
+	return end(g, lockingv1alpha1.PhaseExpired, ReasonSuperseded, "The resource's fence record names another holder", now, true)
+}
+
+func end(g *lockingv1alpha1.LockGrant, phase lockingv1alpha1.LockGrantPhase, reason, msg string, now metav1.MicroTime, warning bool) event {
+	g.Status.Phase = phase
+	g.Status.QueuePosition = nil
+	g.Status.EndedAt = &now
+	setReady(g, metav1.ConditionFalse, reason, msg, now)
+	return event{grant: g, warning: warning, reason: reason, note: msg}
+}
+
+func setReady(g *lockingv1alpha1.LockGrant, s metav1.ConditionStatus, reason, msg string, now metav1.MicroTime) {
+	setCond(g, lockingv1alpha1.ConditionReady, s, reason, msg, now)
+}
+
+func setCond(g *lockingv1alpha1.LockGrant, t string, s metav1.ConditionStatus, reason, msg string, now metav1.MicroTime) {
+	meta.SetStatusCondition(&g.Status.Conditions, metav1.Condition{
+		Type: t, Status: s, Reason: reason, Message: msg,
+		ObservedGeneration: g.Generation, LastTransitionTime: metav1.NewTime(now.Time),
+	})
+}
+
+func equalStatus(a, b *lockingv1alpha1.LockGrantStatus) bool {
+	return equality.Semantic.DeepEqual(a, b)
+}

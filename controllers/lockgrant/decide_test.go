@@ -1,0 +1,168 @@
+package lockgrant
+
+import (
+	"testing"
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+
+	lockingv1alpha1 "github.com/lockwarden/lockwarden/api/v1alpha1"
+)
+
+var t0 = time.Date(2026, 7, 19, 0, 0, 0, 0, time.UTC)
+
+func sec(s float64) time.Time { return t0.Add(time.Duration(s * float64(time.Second))) }
+
+const res = "invoice-batch/2026-07-19"
+
+// grant is a LockGrant requested at t=requested seconds.
+func grant(name string, requested float64, ttl int32) lockingv1alpha1.LockGrant {
+	return lockingv1alpha1.LockGrant{
+		ObjectMeta: metav1.ObjectMeta{
+			Name: name, UID: types.UID("uid-" + name),
+			Annotations: map[string]string{lockingv1alpha1.RequestedAtAnnotation: sec(requested).Format(time.RFC3339Nano)},
+		},
+		Spec: lockingv1alpha1.LockGrantSpec{Resource: res, Owner: "owner-" + name, LeaseDurationSeconds: ttl},
+	}
+}
+
+func held(g lockingv1alpha1.LockGrant, fence int64, expires float64) lockingv1alpha1.LockGrant {
+	e := metav1.NewMicroTime(sec(expires))
+	g.Status.Phase, g.Status.FenceToken, g.Status.ExpiresAt = lockingv1alpha1.PhaseHeld, fence, &e
+	return g
+}
+
+func counter(fence int64, holder *lockingv1alpha1.LockGrant) *lockingv1alpha1.FenceCounter {
+	c := &lockingv1alpha1.FenceCounter{Spec: lockingv1alpha1.FenceCounterSpec{Resource: res, Fence: fence}}
+	if holder != nil {
+		c.Spec.Holder = &lockingv1alpha1.FenceHolder{Name: holder.Name, UID: string(holder.UID), Owner: holder.Spec.Owner, Fence: fence}
+	}
+	return c
+}
+
+func statusOf(p plan, name string) *lockingv1alpha1.LockGrantStatus {
+	for _, g := range p.statuses {
+		if g.Name == name {
+			return &g.Status
+		}
+	}
+	return nil
+}
+
+func TestDecideGrantsFIFOWithNextFence(t *testing.T) {
+	// Listed out of order; b was requested first.
+	p := decide(facts{now: sec(1), resource: res, counter: counter(7, nil), grants: []lockingv1alpha1.LockGrant{grant("c", 0.3, 5), grant("b", 0.1, 5), grant("d", 0.2, 5)}})
+	if p.counter == nil || p.counter.Fence != 8 || p.counter.Holder.Name != "b" {
+		t.Fatalf("counter = %+v, want fence 8 held by b", p.counter)
+	}
+	if p.statuses[0].Name != "b" {
+		t.Fatalf("first status write is %s, want the new holder b", p.statuses[0].Name)
+	}
+	b := statusOf(p, "b")
+	if b.Phase != lockingv1alpha1.PhaseHeld || b.FenceToken != 8 || !b.ExpiresAt.Time.Equal(sec(6)) {
+		t.Fatalf("b = %+v, want Held fence 8 until t=6", b)
+	}
+	for name, pos := range map[string]int32{"d": 0, "c": 1} {
+		if s := statusOf(p, name); s.Phase != lockingv1alpha1.PhasePending || *s.QueuePosition != pos {
+			t.Fatalf("%s = %+v, want Pending at %d", name, s, pos)
+		}
+	}
+	if p.requeueAfter != 5*time.Second {
+		t.Fatalf("requeueAfter = %v, want the 5s to b's expiry", p.requeueAfter)
+	}
+}
+
+func TestDecideExpiryIsAtExpiresAt(t *testing.T) {
+	a := held(grant("a", 0, 5), 1, 5)
+	b := grant("b", 1, 5)
+	p := decide(facts{now: sec(5), resource: res, counter: counter(1, &a), grants: []lockingv1alpha1.LockGrant{a, b}})
+	if s := statusOf(p, "a"); s == nil || s.Phase != lockingv1alpha1.PhaseExpired {
+		t.Fatalf("a at t=5 = %+v, want Expired", s)
+	}
+	if p.counter == nil || p.counter.Fence != 2 || p.counter.Holder.Name != "b" {
+		t.Fatalf("counter = %+v, want fence 2 held by b", p.counter)
+	}
+	p = decide(facts{now: sec(4.999), resource: res, counter: counter(1, &a), grants: []lockingv1alpha1.LockGrant{a, b}})
+	if p.counter != nil || statusOf(p, "a") != nil {
+		t.Fatalf("at t=4.999 the plan changes the holder: %+v", p)
+	}
+}
+
+func TestDecideRenew(t *testing.T) {
+	a := held(grant("a", 0, 5), 1, 5)
+	a.Spec.Renewals = 1
+	p := decide(facts{now: sec(4), resource: res, counter: counter(1, &a), grants: []lockingv1alpha1.LockGrant{a}})
+	s := statusOf(p, "a")
+	if s == nil || s.Phase != lockingv1alpha1.PhaseHeld || !s.ExpiresAt.Time.Equal(sec(9)) || s.FenceToken != 1 || s.ObservedRenewals != 1 {
+		t.Fatalf("renew at 4 = %+v, want Held fence 1 until 9", s)
+	}
+	// C08: a renew that arrives after expiry fails and never re-acquires.
+	p = decide(facts{now: sec(5.5), resource: res, counter: counter(1, &a), grants: []lockingv1alpha1.LockGrant{a}})
+	s = statusOf(p, "a")
+	if s == nil || s.Phase != lockingv1alpha1.PhaseExpired || s.ObservedRenewals != 1 {
+		t.Fatalf("late renew = %+v, want Expired with the renew answered", s)
+	}
+	if c := findCond(s, lockingv1alpha1.ConditionRenewed); c == nil || c.Status != metav1.ConditionFalse || c.Reason != ReasonExpired {
+		t.Fatalf("Renewed condition = %+v, want False/EXPIRED", c)
+	}
+	if p.counter == nil || p.counter.Holder != nil || p.counter.Fence != 1 {
+		t.Fatalf("counter = %+v, want freed at fence 1", p.counter)
+	}
+}
+
+func TestDecideTimedOutWaiterIsNeverGranted(t *testing.T) {
+	p1 := held(grant("p1", 0, 20), 1, 20)
+	p2 := grant("p2", 0.1, 5)
+	p2.Spec.WaitTimeoutSeconds = 5
+	p := decide(facts{now: sec(20), resource: res, counter: counter(1, &p1), grants: []lockingv1alpha1.LockGrant{p1, p2}})
+	if s := statusOf(p, "p2"); s == nil || s.Phase != lockingv1alpha1.PhaseTimedOut {
+		t.Fatalf("p2 = %+v, want TimedOut", s)
+	}
+	if p.counter == nil || p.counter.Holder != nil {
+		t.Fatalf("counter = %+v, want the resource free, not granted to p2", p.counter)
+	}
+}
+
+func TestDecideConvergesAfterCrashBetweenWrites(t *testing.T) {
+	// The counter names b with fence 4, but b's status was never written.
+	b := grant("b", 1, 10)
+	p := decide(facts{now: sec(3), resource: res, counter: counter(4, &b), grants: []lockingv1alpha1.LockGrant{b, grant("c", 2, 10)}})
+	if p.counter != nil {
+		t.Fatalf("counter rewritten to %+v; the crash must not issue a second fence", p.counter)
+	}
+	if s := statusOf(p, "b"); s == nil || s.Phase != lockingv1alpha1.PhaseHeld || s.FenceToken != 4 {
+		t.Fatalf("b = %+v, want Held with the counter's fence 4", s)
+	}
+}
+
+func TestDecideHeldGrantThatIsNotTheHolderEnds(t *testing.T) {
+	a := held(grant("a", 0, 10), 1, 10)
+	a.Spec.Release = true
+	b := held(grant("b", 1, 10), 2, 12)
+	p := decide(facts{now: sec(3), resource: res, counter: counter(2, &b), grants: []lockingv1alpha1.LockGrant{a, b}})
+	if s := statusOf(p, "a"); s == nil || s.Phase != lockingv1alpha1.PhaseReleased {
+		t.Fatalf("a = %+v, want Released", s)
+	}
+	if p.counter != nil {
+		t.Fatalf("counter changed: %+v", p.counter)
+	}
+}
+
+func TestDecideDeletedHolderFreesTheResource(t *testing.T) {
+	gone := grant("gone", 0, 10)
+	next := grant("next", 1, 10)
+	p := decide(facts{now: sec(2), resource: res, counter: counter(3, &gone), grants: []lockingv1alpha1.LockGrant{next}})
+	if p.counter == nil || p.counter.Fence != 4 || p.counter.Holder.Name != "next" {
+		t.Fatalf("counter = %+v, want fence 4 held by next", p.counter)
+	}
+}
+
+func findCond(s *lockingv1alpha1.LockGrantStatus, t string) *metav1.Condition {
+	for i := range s.Conditions {
+		if s.Conditions[i].Type == t {
+			return &s.Conditions[i]
+		}
+	}
+	return nil
+}

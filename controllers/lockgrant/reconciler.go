@@ -1,0 +1,209 @@
+package lockgrant
+
+import (
+	"context"
+	"fmt"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/tools/events"
+	"k8s.io/client-go/util/retry"
+	"k8s.io/utils/clock"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/builder"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller"
+	"sigs.k8s.io/controller-runtime/pkg/handler"
+	"sigs.k8s.io/controller-runtime/pkg/predicate"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+
+	lockingv1alpha1 "github.com/lockwarden/lockwarden/api/v1alpha1"
+)
+
+// CounterNameField indexes LockGrants by the name of their resource's
+// FenceCounter, so that one resource's grants are listed from the cache.
+const CounterNameField = "spec.resource.counterName"
+
+// Reconciler grants LockGrants of one resource at a time; see the package doc.
+//
+// +kubebuilder:rbac:groups=locking.lockwarden.io,resources=lockgrants,verbs=get;list;watch
+// +kubebuilder:rbac:groups=locking.lockwarden.io,resources=lockgrants/status,verbs=get;update;patch
+// +kubebuilder:rbac:groups=locking.lockwarden.io,resources=fencecounters,verbs=get;list;watch;create;update
+// +kubebuilder:rbac:groups=events.k8s.io,resources=events,verbs=create;patch
+type Reconciler struct {
+	// Client reads grants from the cache and writes.
+	Client client.Client
+	// APIReader reads the counter and the holder grant directly from the
+	// API server before a compare-and-swap.
+	APIReader client.Reader
+	// Clock is the controller's clock, by which every lease is judged.
+	Clock clock.PassiveClock
+	// Recorder emits an Event for every transition.
+	Recorder events.EventRecorder
+}
+
+// SetupWithManager registers the controller and the grant index.
+func (r *Reconciler) SetupWithManager(ctx context.Context, mgr ctrl.Manager) error {
+	if err := mgr.GetFieldIndexer().IndexField(ctx, &lockingv1alpha1.LockGrant{}, CounterNameField, func(o client.Object) []string {
+		return []string{lockingv1alpha1.FenceCounterName(o.(*lockingv1alpha1.LockGrant).Spec.Resource)}
+	}); err != nil {
+		return fmt.Errorf("indexing lockgrants: %w", err)
+	}
+	return ctrl.NewControllerManagedBy(mgr).
+		Named("lockgrant").
+		For(&lockingv1alpha1.FenceCounter{}, builder.WithPredicates(predicate.GenerationChangedPredicate{})).
+		Watches(&lockingv1alpha1.LockGrant{}, handler.EnqueueRequestsFromMapFunc(resourceOf)).
+		WithOptions(controller.Options{MaxConcurrentReconciles: 4}).
+		Complete(r)
+}
+
+// resourceOf maps a grant to its resource's reconcile request.
+func resourceOf(_ context.Context, o client.Object) []reconcile.Request {
+	g := o.(*lockingv1alpha1.LockGrant)
+	return []reconcile.Request{{NamespacedName: types.NamespacedName{
+		Namespace: g.Namespace, Name: lockingv1alpha1.FenceCounterName(g.Spec.Resource),
+	}}}
+}
+
+// Reconcile brings one resource's grants and counter up to date.
+func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reconcile.Result, error) {
+	var p plan
+	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		f, err := r.gather(ctx, req)
+		if err != nil || f.resource == "" {
+			p = plan{}
+			return err
+		}
+		p = decide(f)
+		return r.writeCounter(ctx, req, f.counter, p.counter)
+	})
+	if err != nil {
+		return reconcile.Result{}, err
+	}
+	if err := r.writeStatuses(ctx, p); err != nil {
+		return reconcile.Result{}, err
+	}
+	r.emit(p)
+	return reconcile.Result{RequeueAfter: p.requeueAfter}, nil
+}
+
+// gather reads what decide needs: the resource's grants from the cache, and
+// the counter and its holder directly from the API server, so that the
+// compare-and-swap and the holder's expiry are judged on fresh data.
+func (r *Reconciler) gather(ctx context.Context, req reconcile.Request) (facts, error) {
+	f := facts{now: r.Clock.Now()}
+	var list lockingv1alpha1.LockGrantList
+	if err := r.Client.List(ctx, &list, client.InNamespace(req.Namespace), client.MatchingFields{CounterNameField: req.Name}); err != nil {
+		return f, fmt.Errorf("listing grants: %w", err)
+	}
+	f.grants = list.Items
+
+	counter := &lockingv1alpha1.FenceCounter{}
+	switch err := r.APIReader.Get(ctx, req.NamespacedName, counter); {
+	case apierrors.IsNotFound(err):
+		counter = nil
+	case err != nil:
+		return f, fmt.Errorf("reading fence counter: %w", err)
+	}
+	f.counter = counter
+
+	if counter != nil {
+		f.resource = counter.Spec.Resource
+		if h := counter.Spec.Holder; h != nil {
+			if err := r.refreshHolder(ctx, &f, req.Namespace, h); err != nil {
+				return f, err
+			}
+		}
+	} else if len(f.grants) > 0 {
+		f.resource = f.grants[0].Spec.Resource
+	}
+	return f, nil
+}
+
+// refreshHolder replaces the holder's cached copy with a direct read: a
+// renew applied a moment ago must not look expired because the cache lags.
+func (r *Reconciler) refreshHolder(ctx context.Context, f *facts, ns string, h *lockingv1alpha1.FenceHolder) error {
+	fresh := &lockingv1alpha1.LockGrant{}
+	err := r.APIReader.Get(ctx, types.NamespacedName{Namespace: ns, Name: h.Name}, fresh)
+	found := err == nil && string(fresh.UID) == h.UID
+	if err != nil && !apierrors.IsNotFound(err) {
+		return fmt.Errorf("reading holder grant: %w", err)
+	}
+	replaced := false
+	for i := range f.grants {
+		if string(f.grants[i].UID) == h.UID {
+			if found {
+				f.grants[i] = *fresh
+			} else {
+				f.grants = append(f.grants[:i], f.grants[i+1:]...)
+			}
+			replaced = true
+			break
+		}
+	}
+	if found && !replaced {
+		f.grants = append(f.grants, *fresh)
+	}
+	return nil
+}
+
+// writeCounter applies the counter's new spec by compare-and-swap: an update
+// carries the resourceVersion read in gather, so a concurrent writer makes it
+// fail with Conflict and the whole pass is gathered again.
+func (r *Reconciler) writeCounter(ctx context.Context, req reconcile.Request, cur *lockingv1alpha1.FenceCounter, spec *lockingv1alpha1.FenceCounterSpec) error {
+	if spec == nil {
+		return nil
+	}
+	if cur == nil {
+		c := &lockingv1alpha1.FenceCounter{
+			ObjectMeta: ctrlObjectMeta(req),
+			Spec:       *spec,
+		}
+		if err := r.Client.Create(ctx, c); err != nil {
+			if apierrors.IsAlreadyExists(err) {
+				// Someone created it since we looked: gather again.
+				return apierrors.NewConflict(lockingv1alpha1.GroupVersion.WithResource("fencecounters").GroupResource(), req.Name, err)
+			}
+			return fmt.Errorf("creating fence counter: %w", err)
+		}
+		return nil
+	}
+	next := cur.DeepCopy()
+	next.Spec = *spec
+	if err := r.Client.Update(ctx, next); err != nil {
+		if apierrors.IsConflict(err) {
+			return err
+		}
+		return fmt.Errorf("updating fence counter: %w", err)
+	}
+	return nil
+}
+
+// writeStatuses writes each changed status once, the new holder first. Each
+// update carries the resourceVersion it was decided on; a Conflict requeues
+// the resource, and the next pass converges on the counter.
+func (r *Reconciler) writeStatuses(ctx context.Context, p plan) error {
+	for _, g := range p.statuses {
+		if err := r.Client.Status().Update(ctx, g); err != nil {
+			if apierrors.IsNotFound(err) {
+				continue
+			}
+			return fmt.Errorf("writing status of grant %s: %w", g.Name, err)
+		}
+	}
+	return nil
+}
+
+func (r *Reconciler) emit(p plan) {
+	if r.Recorder == nil {
+		return
+	}
+	for _, e := range p.events {
+		t := corev1.EventTypeNormal
+		if e.warning {
+			t = corev1.EventTypeWarning
+		}
+		r.Recorder.Eventf(e.grant, nil, t, e.reason, e.reason, "%s", e.note)
+	}
+}
