@@ -11,8 +11,8 @@
 package webhook
 
 import (
-	ctrl "sigs.k8s.io/controller-runtime"
 	"k8s.io/utils/clock"
+	ctrl "sigs.k8s.io/controller-runtime"
 
 	"github.com/lockwarden/lockwarden/webhook/fencecounter"
 	"github.com/lockwarden/lockwarden/webhook/guard"

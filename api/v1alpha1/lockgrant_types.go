@@ -21,7 +21,7 @@ const (
 //
 // +kubebuilder:validation:XValidation:rule="!has(oldSelf.owner) || (has(self.owner) && self.owner == oldSelf.owner)",message="owner is immutable"
 // +kubebuilder:validation:XValidation:rule="(has(self.waitTimeoutSeconds) ? self.waitTimeoutSeconds : 0) == (has(oldSelf.waitTimeoutSeconds) ? oldSelf.waitTimeoutSeconds : 0)",message="waitTimeoutSeconds is immutable"
-// +kubebuilder:validation:XValidation:rule="(has(self.requestID) ? self.requestID : ”) == (has(oldSelf.requestID) ? oldSelf.requestID : ”)",message="requestID is immutable"
+// +kubebuilder:validation:XValidation:rule="has(self.requestID) == has(oldSelf.requestID) && (!has(self.requestID) || self.requestID == oldSelf.requestID)",message="requestID is immutable"
 // +kubebuilder:validation:XValidation:rule="(has(self.renewals) ? self.renewals : 0) >= (has(oldSelf.renewals) ? oldSelf.renewals : 0)",message="renewals never decreases"
 // +kubebuilder:validation:XValidation:rule="!(has(oldSelf.release) && oldSelf.release) || (has(self.release) && self.release)",message="release cannot be unset"
 type LockGrantSpec struct {

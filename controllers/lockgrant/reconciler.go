@@ -25,12 +25,12 @@ import (
 // FenceCounter, so that one resource's grants are listed from the cache.
 const CounterNameField = "spec.resource.counterName"
 
-// Reconciler grants LockGrants of one resource at a time; see the package doc.
-//
 // +kubebuilder:rbac:groups=locking.lockwarden.io,resources=lockgrants,verbs=get;list;watch
 // +kubebuilder:rbac:groups=locking.lockwarden.io,resources=lockgrants/status,verbs=get;update;patch
 // +kubebuilder:rbac:groups=locking.lockwarden.io,resources=fencecounters,verbs=get;list;watch;create;update
 // +kubebuilder:rbac:groups=events.k8s.io,resources=events,verbs=create;patch
+
+// Reconciler grants LockGrants of one resource at a time; see the package doc.
 type Reconciler struct {
 	// Client reads grants from the cache and writes.
 	Client client.Client

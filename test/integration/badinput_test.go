@@ -1,0 +1,165 @@
+package integration
+
+import (
+	"strings"
+	"testing"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/types"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	lockingv1alpha1 "github.com/lockwarden/lockwarden/api/v1alpha1"
+)
+
+// Bad LockGrants are refused with a clear error and nothing is created.
+func TestBadGrantRequests(t *testing.T) {
+	ns := namespace(t)
+	a := as(t, "bad-a")
+	tests := []struct {
+		name   string
+		mutate func(*lockingv1alpha1.LockGrant)
+		want   string // substring of the error
+	}{
+		{"ttl 0", func(g *lockingv1alpha1.LockGrant) { g.Spec.LeaseDurationSeconds = 0 }, "leaseDurationSeconds"},
+		{"negative ttl", func(g *lockingv1alpha1.LockGrant) { g.Spec.LeaseDurationSeconds = -5 }, "leaseDurationSeconds"},
+		{"ttl over an hour", func(g *lockingv1alpha1.LockGrant) { g.Spec.LeaseDurationSeconds = 3601 }, "leaseDurationSeconds"},
+		{"empty resource", func(g *lockingv1alpha1.LockGrant) { g.Spec.Resource = "" }, "resource"},
+		{"oversized resource", func(g *lockingv1alpha1.LockGrant) { g.Spec.Resource = strings.Repeat("a", 201) }, "resource"},
+		{"uppercase resource", func(g *lockingv1alpha1.LockGrant) { g.Spec.Resource = "Invoice/1" }, "resource"},
+		{"empty segment", func(g *lockingv1alpha1.LockGrant) { g.Spec.Resource = "invoice//1" }, "resource"},
+		{"path traversal", func(g *lockingv1alpha1.LockGrant) { g.Spec.Resource = "../etc" }, "resource"},
+		{"spoofed owner", func(g *lockingv1alpha1.LockGrant) { g.Spec.Owner = "system:serviceaccount:billing:someone-else" }, "NOT_OWNER"},
+		{"born renewed", func(g *lockingv1alpha1.LockGrant) { g.Spec.Renewals = 3 }, "renewals"},
+		{"born released", func(g *lockingv1alpha1.LockGrant) { g.Spec.Release = true }, "release"},
+		{"negative wait", func(g *lockingv1alpha1.LockGrant) { g.Spec.WaitTimeoutSeconds = -1 }, "waitTimeoutSeconds"},
+		{"bad request ID", func(g *lockingv1alpha1.LockGrant) { g.Spec.RequestID = "no spaces" }, "requestID"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := acquire(t, a, ns, 10, tc.mutate)
+			if err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("create: %v, want an error mentioning %q", err, tc.want)
+			}
+		})
+	}
+	var list lockingv1alpha1.LockGrantList
+	if err := admin.List(t.Context(), &list, client.InNamespace(ns)); err != nil {
+		t.Fatal(err)
+	}
+	if len(list.Items) != 0 {
+		t.Fatalf("%d grants were created from bad requests", len(list.Items))
+	}
+}
+
+// The owner is defaulted from the requester; spec is immutable but for
+// renewals and release, which only the owner may change.
+func TestGrantOwnershipAndImmutability(t *testing.T) {
+	ns, tl := namespace(t), startTimeline()
+	a, b := as(t, "own-a"), as(t, "own-b")
+	tl.at(0)
+	g := mustAcquire(t, a, ns, 10)
+	if g.Spec.Owner != a.name {
+		t.Fatalf("owner = %q, want the requester %q", g.Spec.Owner, a.name)
+	}
+	if g.Annotations[lockingv1alpha1.RequestedAtAnnotation] == "" {
+		t.Fatal("the request time was not stamped")
+	}
+	wantReason(t, "renew by another identity", renew(t, b, g), "NOT_OWNER")
+	wantReason(t, "release by another identity", release(t, b, g), "NOT_OWNER")
+	for field, value := range map[string]any{"resource": "other", "leaseDurationSeconds": 3600, "owner": b.name, "requestID": "x"} {
+		if err := patchGrant(t, a, g, map[string]any{field: value}); !apierrors.IsInvalid(err) {
+			t.Errorf("changing spec.%s: %v, want Invalid", field, err)
+		}
+	}
+	if err := patchGrant(t, a, g, map[string]any{"release": true}); err != nil {
+		t.Fatal(err)
+	}
+	waitPhase(t, g, lockingv1alpha1.PhaseReleased)
+	if err := patchGrant(t, a, g, map[string]any{"release": false}); !apierrors.IsInvalid(err) {
+		t.Errorf("unsetting release: %v, want Invalid", err)
+	}
+	cur := get(t, g)
+	if cur.Spec.Renewals != 0 || cur.Status.FenceToken != 1 || cur.Spec.Resource != resource {
+		t.Fatalf("refused changes left a trace: %+v", cur)
+	}
+}
+
+// Malformed or missing fences, unknown grants, forged fences and writes by
+// another identity are refused and leave the object as it was.
+func TestBadGuardedWrites(t *testing.T) {
+	ns, tl := namespace(t), startTimeline()
+	a, b := as(t, "gw-a"), as(t, "gw-b")
+	const obj = "guarded"
+	tl.at(0)
+	g := mustAcquire(t, a, ns, 30)
+	if err := write(t, a, ns, obj, g, "1", "good"); err != nil {
+		t.Fatal(err)
+	}
+	for _, fence := range []string{"", "abc", "01", "-1", "0", "1.5", " 1", "99999999999999999999"} {
+		wantReason(t, "fence "+fence, write(t, a, ns, obj, g, fence, "bad"), "NO_FENCE")
+	}
+	wantReason(t, "forged huge fence", write(t, a, ns, obj, g, "9223372036854775807", "bad"), "BINDING_MISMATCH")
+	wantReason(t, "another identity", write(t, b, ns, obj, g, "1", "bad"), "NOT_OWNER")
+	unknown := g.DeepCopy()
+	unknown.Name = "no-such-grant"
+	wantReason(t, "unknown grant", write(t, a, ns, obj, unknown, "1", "bad"), "UNKNOWN_GRANT")
+
+	cm := &corev1.ConfigMap{}
+	key := types.NamespacedName{Namespace: ns, Name: obj}
+	if err := a.c.Get(t.Context(), key, cm); err != nil {
+		t.Fatal(err)
+	}
+	noGrant := cm.DeepCopy()
+	delete(noGrant.Annotations, lockingv1alpha1.GrantAnnotation)
+	noGrant.Data["result"] = "bad"
+	wantReason(t, "no grant annotation", a.c.Update(t.Context(), noGrant), "NO_FENCE")
+	moved := cm.DeepCopy()
+	moved.Annotations[lockingv1alpha1.ResourceAnnotation] = "another/resource"
+	wantReason(t, "changing the resource", a.c.Update(t.Context(), moved), "BINDING_MISMATCH")
+	unguard := cm.DeepCopy()
+	delete(unguard.Labels, lockingv1alpha1.GuardedLabel)
+	if err := b.c.Update(t.Context(), unguard); reason(err) != "NOT_OWNER" {
+		t.Fatalf("another identity removing the guard label: %v, want NOT_OWNER", err)
+	}
+	bad := &corev1.ConfigMap{}
+	bad.Namespace, bad.Name = ns, "no-resource"
+	bad.Labels = map[string]string{lockingv1alpha1.GuardedLabel: "true"}
+	wantReason(t, "guarded object without a resource", a.c.Create(t.Context(), bad), "NO_RESOURCE")
+
+	if data, fence := readCM(t, ns, obj); data != "good" || fence != "1" {
+		t.Fatalf("object = %q at fence %s after refused writes, want good at 1", data, fence)
+	}
+
+	// Deleting: the stored object's grant must be the caller's current one.
+	wantReason(t, "delete by another identity", b.c.Delete(t.Context(), cm), "NOT_OWNER")
+	if err := a.c.Delete(t.Context(), cm); err != nil {
+		t.Fatalf("delete by the holder: %v", err)
+	}
+}
+
+// Nobody can lower a FenceCounter or delete it while its resource has grants.
+func TestFenceCounterProtection(t *testing.T) {
+	ns, tl := namespace(t), startTimeline()
+	tl.at(0)
+	g := mustAcquire(t, as(t, "fc-a"), ns, 30)
+	c := counterOf(t, ns)
+	if c.Spec.Fence != 1 || c.Spec.Holder == nil || c.Spec.Holder.UID != string(g.UID) {
+		t.Fatalf("counter = %+v, want fence 1 held by %s", c.Spec, g.Name)
+	}
+	lower := c.DeepCopy()
+	lower.Spec.Fence = 0
+	lower.Spec.Holder = nil
+	if err := admin.Update(t.Context(), lower); err == nil || !strings.Contains(err.Error(), "never decrease") {
+		t.Fatalf("lowering the fence as admin: %v, want refused", err)
+	}
+	if err := admin.Delete(t.Context(), c); reason(err) != "FENCE_REGRESSION" {
+		t.Fatalf("deleting the counter while grants exist: %v, want FENCE_REGRESSION", err)
+	}
+	if err := as(t, "fc-a").c.Delete(t.Context(), c); !apierrors.IsForbidden(err) {
+		t.Fatalf("a user deleting the counter: %v, want Forbidden by RBAC", err)
+	}
+	if got := counterOf(t, ns); got.Spec.Fence != 1 {
+		t.Fatalf("counter fence = %d after refused changes, want 1", got.Spec.Fence)
+	}
+}
