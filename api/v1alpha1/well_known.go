@@ -69,3 +69,13 @@ func FenceCounterName(resource string) string {
 	}
 	return prefix + "-" + hex.EncodeToString(sum[:])[:16]
 }
+
+// GrantNameForRequest returns the name a LockGrant with the given request ID
+// must have: a hash of the request ID, so that the API server's name
+// uniqueness makes acquisition idempotent. A client that retries a create
+// whose response was lost gets AlreadyExists and reads its grant by this
+// name; it can never create a second grant for the same request.
+func GrantNameForRequest(requestID string) string {
+	sum := sha256.Sum256([]byte(requestID))
+	return "req-" + hex.EncodeToString(sum[:])[:24]
+}

@@ -47,6 +47,11 @@ func (d *Defaulter) Default(ctx context.Context, g *lockingv1alpha1.LockGrant) e
 	if req.Operation != "CREATE" {
 		return nil
 	}
+	if g.Spec.RequestID != "" && g.Name == "" {
+		// Named after the request ID, so that a retried create of the same
+		// request fails with AlreadyExists instead of queuing twice.
+		g.Name = lockingv1alpha1.GrantNameForRequest(g.Spec.RequestID)
+	}
 	if g.Spec.Owner == "" {
 		g.Spec.Owner = req.UserInfo.Username
 	}
@@ -83,6 +88,11 @@ func (v *Validator) ValidateCreate(ctx context.Context, g *lockingv1alpha1.LockG
 	}
 	if g.Spec.Renewals != 0 || g.Spec.Release {
 		return nil, apierrors.NewBadRequest("a new LockGrant must have spec.renewals 0 and spec.release false")
+	}
+	if g.Spec.RequestID != "" {
+		if want := lockingv1alpha1.GrantNameForRequest(g.Spec.RequestID); g.Name != want {
+			return nil, apierrors.NewBadRequest(fmt.Sprintf("a LockGrant with requestID %q must be named %q (or use generateName)", g.Spec.RequestID, want))
+		}
 	}
 	return nil, nil
 }
