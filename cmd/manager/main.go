@@ -14,6 +14,7 @@ import (
 	"net/http"
 	"os"
 	"strings"
+	"time"
 
 	"github.com/open-policy-agent/cert-controller/pkg/rotator"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -47,6 +48,7 @@ type options struct {
 	dnsName                 string
 	mutatingConfig          string
 	validatingConfig        string
+	retention               time.Duration
 }
 
 func main() {
@@ -62,6 +64,7 @@ func main() {
 	flag.StringVar(&o.dnsName, "webhook-dns-name", "localhost", "DNS name the API server uses to reach the webhook server; it goes into the generated certificate.")
 	flag.StringVar(&o.mutatingConfig, "mutating-webhook-configuration", "lockwarden-mutating-webhook-configuration", "MutatingWebhookConfiguration to inject the CA into.")
 	flag.StringVar(&o.validatingConfig, "validating-webhook-configuration", "lockwarden-validating-webhook-configuration", "ValidatingWebhookConfiguration to inject the CA into.")
+	flag.DurationVar(&o.retention, "finished-grant-retention", time.Hour, "How long a LockGrant is kept after it ended (Released, Expired, TimedOut) before it is deleted; 0 keeps them forever.")
 	zapOpts := zap.Options{}
 	zapOpts.BindFlags(flag.CommandLine)
 	flag.Parse()
@@ -123,6 +126,8 @@ func run(o options) error {
 		APIReader: mgr.GetAPIReader(),
 		Clock:     clk,
 		Recorder:  mgr.GetEventRecorder("lockwarden"),
+
+		FinishedGrantRetention: o.retention,
 	}).SetupWithManager(ctx, mgr); err != nil {
 		return fmt.Errorf("setting up the LockGrant controller: %w", err)
 	}

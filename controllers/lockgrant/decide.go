@@ -29,8 +29,10 @@ const (
 
 // facts is what one decision about a resource needs.
 type facts struct {
-	now      time.Time
-	resource string
+	now time.Time
+	// retention is how long a finished grant is kept; 0 keeps it forever.
+	retention time.Duration
+	resource  string
 	// counter is the resource's FenceCounter from a direct read; nil when
 	// it does not exist yet.
 	counter *lockingv1alpha1.FenceCounter
@@ -55,7 +57,9 @@ type plan struct {
 	granted *lockingv1alpha1.LockGrant
 	// statuses are the grants whose status changes, with the new status set.
 	statuses []*lockingv1alpha1.LockGrant
-	events   []event
+	// deletes are finished grants past their retention.
+	deletes []*lockingv1alpha1.LockGrant
+	events  []event
 	// requeueAfter is the time to the next deadline (an expiry or a wait
 	// limit); 0 when there is none.
 	requeueAfter time.Duration
@@ -115,7 +119,16 @@ func decide(f facts) plan {
 		isHolder := holder != nil && string(g.UID) == holder.UID
 		switch {
 		case st.Phase.Final():
-			// Nothing ever changes a final grant.
+			// Nothing ever changes a final grant; it is deleted once its
+			// retention has passed.
+			if f.retention > 0 && st.EndedAt != nil {
+				gone := st.EndedAt.Add(f.retention)
+				if fencing.Expired(gone, f.now) {
+					p.deletes = append(p.deletes, g)
+				} else {
+					deadlines = append(deadlines, gone)
+				}
+			}
 		case isHolder:
 			if st.Phase != lockingv1alpha1.PhaseHeld {
 				// The counter names it but its status was never written

@@ -166,3 +166,21 @@ func findCond(s *lockingv1alpha1.LockGrantStatus, t string) *metav1.Condition {
 	}
 	return nil
 }
+
+func TestDecideDeletesFinishedGrantsAfterRetention(t *testing.T) {
+	old := grant("old", 0, 5)
+	ended := metav1.NewMicroTime(sec(10))
+	old.Status.Phase, old.Status.EndedAt = lockingv1alpha1.PhaseReleased, &ended
+	f := facts{now: sec(70), retention: time.Minute, resource: res, counter: counter(1, nil), grants: []lockingv1alpha1.LockGrant{old}}
+	if p := decide(f); len(p.deletes) != 1 || p.deletes[0].Name != "old" {
+		t.Fatalf("deletes at retention end = %v, want old", p.deletes)
+	}
+	f.now = sec(40)
+	if p := decide(f); len(p.deletes) != 0 || p.requeueAfter != 30*time.Second {
+		t.Fatalf("before retention end: deletes %v, requeue %v; want none, 30s", p.deletes, p.requeueAfter)
+	}
+	f.retention = 0
+	if p := decide(f); len(p.deletes) != 0 {
+		t.Fatal("retention 0 must keep finished grants")
+	}
+}

@@ -3,6 +3,7 @@ package lockgrant
 import (
 	"context"
 	"fmt"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -25,7 +26,7 @@ import (
 // FenceCounter, so that one resource's grants are listed from the cache.
 const CounterNameField = "spec.resource.counterName"
 
-// +kubebuilder:rbac:groups=locking.lockwarden.io,resources=lockgrants,verbs=get;list;watch
+// +kubebuilder:rbac:groups=locking.lockwarden.io,resources=lockgrants,verbs=get;list;watch;delete
 // +kubebuilder:rbac:groups=locking.lockwarden.io,resources=lockgrants/status,verbs=get;update;patch
 // +kubebuilder:rbac:groups=locking.lockwarden.io,resources=fencecounters,verbs=get;list;watch;create;update
 // +kubebuilder:rbac:groups=events.k8s.io,resources=events,verbs=create;patch
@@ -41,6 +42,11 @@ type Reconciler struct {
 	Clock clock.PassiveClock
 	// Recorder emits an Event for every transition.
 	Recorder events.EventRecorder
+	// FinishedGrantRetention is how long a grant is kept after it ended
+	// (Released, Expired, TimedOut) before the controller deletes it; 0
+	// keeps finished grants forever. The FenceCounter is never deleted, so
+	// fences keep increasing after their grants are gone.
+	FinishedGrantRetention time.Duration
 }
 
 // SetupWithManager registers the controller and the grant index.
@@ -84,6 +90,9 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reco
 	if err := r.writeStatuses(ctx, p); err != nil {
 		return reconcile.Result{}, err
 	}
+	if err := r.deleteFinished(ctx, p); err != nil {
+		return reconcile.Result{}, err
+	}
 	r.emit(p)
 	return reconcile.Result{RequeueAfter: p.requeueAfter}, nil
 }
@@ -92,7 +101,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reco
 // the counter and its holder directly from the API server, so that the
 // compare-and-swap and the holder's expiry are judged on fresh data.
 func (r *Reconciler) gather(ctx context.Context, req reconcile.Request) (facts, error) {
-	f := facts{now: r.Clock.Now()}
+	f := facts{now: r.Clock.Now(), retention: r.FinishedGrantRetention}
 	var list lockingv1alpha1.LockGrantList
 	if err := r.Client.List(ctx, &list, client.InNamespace(req.Namespace), client.MatchingFields{CounterNameField: req.Name}); err != nil {
 		return f, fmt.Errorf("listing grants: %w", err)
@@ -190,6 +199,20 @@ func (r *Reconciler) writeStatuses(ctx context.Context, p plan) error {
 				continue
 			}
 			return fmt.Errorf("writing status of grant %s: %w", g.Name, err)
+		}
+	}
+	return nil
+}
+
+// deleteFinished deletes finished grants past their retention, each with a
+// UID and resourceVersion precondition so that only the decided-on version
+// goes.
+func (r *Reconciler) deleteFinished(ctx context.Context, p plan) error {
+	for _, g := range p.deletes {
+		uid, rv := g.UID, g.ResourceVersion
+		err := r.Client.Delete(ctx, g, client.Preconditions{UID: &uid, ResourceVersion: &rv})
+		if err != nil && !apierrors.IsNotFound(err) {
+			return fmt.Errorf("deleting finished grant %s: %w", g.Name, err)
 		}
 	}
 	return nil
