@@ -56,3 +56,54 @@ func FuzzCheckWrite(f *testing.F) {
 		}
 	})
 }
+
+// FuzzParseProof checks that the proof decoder never panics and accepts
+// only proofs whose record re-encodes to the same canonical bytes.
+func FuzzParseProof(f *testing.F) {
+	f.Add(string(fencing.Sign(sampleRecord(), testKey("one"))))
+	f.Add("lgv1.")
+	f.Add("lgv1.c2NoZW1hOjEyOmxvY2tHcmFudC52MQo.AA")
+	f.Fuzz(func(t *testing.T, s string) {
+		r, sig, err := fencing.ParseProof(fencing.Proof(s))
+		if err != nil {
+			if fencing.ReasonOf(err) != fencing.ReasonBadSignature {
+				t.Fatalf("refused with %v, want BAD_SIGNATURE", err)
+			}
+			return
+		}
+		if got := fencing.FormatProof(r, sig); got != fencing.Proof(s) {
+			t.Fatalf("accepted a non-canonical proof: %q re-encodes to %q", s, got)
+		}
+	})
+}
+
+// FuzzCheckProvenWrite flips bytes of a valid proof: a changed proof is
+// never accepted.
+func FuzzCheckProvenWrite(f *testing.F) {
+	key := testKey("one")
+	good := fencing.Sign(sampleRecord(), key)
+	f.Add(0, byte(1))
+	f.Add(len(good)-1, byte(0x20))
+	f.Fuzz(func(t *testing.T, pos int, flip byte) {
+		if flip == 0 || pos < 0 || pos >= len(good) {
+			return
+		}
+		b := []byte(good)
+		b[pos] ^= flip
+		r := sampleRecord()
+		w := fencing.ProvenWrite{
+			Proof:  fencing.Proof(b),
+			Bundle: bundle(trusted("k1", key, fencing.KeyActive)),
+			Policy: r.Policy, PolicyGeneration: r.PolicyGeneration,
+			Write: fencing.Write{
+				Resource: r.Resource, Caller: r.Owner, Fence: r.Fence,
+				Grant:   &fencing.Grant{UID: r.LeaseID, Resource: r.Resource, Owner: r.Owner, State: fencing.StateHeld, Fence: r.Fence, ExpiresAt: time.Unix(100, 0)},
+				Counter: &fencing.Counter{Fence: r.Fence, HolderUID: r.LeaseID},
+				Now:     time.Unix(50, 0),
+			},
+		}
+		if err := fencing.CheckProvenWrite(w); err == nil {
+			t.Fatalf("accepted a proof changed at byte %d", pos)
+		}
+	})
+}
