@@ -65,6 +65,10 @@ tools: ## Build the local control plane and controller-gen into bin/ (once; see 
 demo: tools build ## Play the paused-holder story on a local control plane, and stop everything after.
 	$(LOCALBIN)/lockwarden-demo --assets $(LOCALBIN) --manager $(LOCALBIN)/manager
 
+.PHONY: playground
+playground: tools build ## Start a local control plane with the manager for the README walkthrough; Ctrl-C stops it.
+	$(LOCALBIN)/lockwarden-demo --assets $(LOCALBIN) --manager $(LOCALBIN)/manager --serve
+
 .PHONY: run
 run: tools install ## Run the manager locally against the cluster in $KUBECONFIG (webhooks on https://localhost:9443).
 	$(KUBECTL) apply -k config/local

@@ -20,6 +20,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
 	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
+	"k8s.io/client-go/kubernetes"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/utils/clock"
 	ctrl "sigs.k8s.io/controller-runtime"
@@ -59,7 +60,7 @@ func main() {
 	flag.StringVar(&o.leaderElectionNamespace, "leader-election-namespace", "", "Namespace of the leader election Lease (default: the pod's namespace).")
 	flag.StringVar(&o.webhookHost, "webhook-host", "", "Address the webhook server binds to (default: all interfaces).")
 	flag.IntVar(&o.webhookPort, "webhook-port", 9443, "Port the webhook server listens on.")
-	flag.StringVar(&o.certDir, "webhook-cert-dir", "", "Directory of the webhook serving certificate (tls.crt, tls.key); default: a temporary directory.")
+	flag.StringVar(&o.certDir, "webhook-cert-dir", "", "Directory of the webhook serving certificate (tls.crt, tls.key), e.g. where the certificate Secret is mounted. Default: a temporary directory that the manager fills from --webhook-cert-secret (for a manager running outside a pod).")
 	flag.StringVar(&o.certSecret, "webhook-cert-secret", "", "Secret (NAME or NAMESPACE/NAME) in which the manager generates and rotates its own webhook CA and certificate, injecting the CA into the webhook configurations. Empty: certificates in --webhook-cert-dir are managed by someone else.")
 	flag.StringVar(&o.dnsName, "webhook-dns-name", "localhost", "DNS name the API server uses to reach the webhook server; it goes into the generated certificate.")
 	flag.StringVar(&o.mutatingConfig, "mutating-webhook-configuration", "lockwarden-mutating-webhook-configuration", "MutatingWebhookConfiguration to inject the CA into.")
@@ -81,11 +82,15 @@ func run(o options) error {
 	utilruntime.Must(clientgoscheme.AddToScheme(scheme))
 	utilruntime.Must(lockingv1alpha1.AddToScheme(scheme))
 
-	if o.certDir == "" {
+	// Without --webhook-cert-dir the manager runs outside a pod: it keeps
+	// its certificate in a temporary directory, filled from the Secret.
+	syncCerts := o.certDir == ""
+	if syncCerts {
 		dir, err := os.MkdirTemp("", "lockwarden-webhook-certs-")
 		if err != nil {
 			return err
 		}
+		defer os.RemoveAll(dir)
 		o.certDir = dir
 	}
 	mgr, err := ctrl.NewManager(ctrl.GetConfigOrDie(), ctrl.Options{
@@ -111,8 +116,18 @@ func run(o options) error {
 
 	certsReady := make(chan struct{})
 	if o.certSecret != "" {
-		if err := addCertRotator(mgr, o, certsReady); err != nil {
+		key, err := addCertRotator(mgr, o, certsReady)
+		if err != nil {
 			return err
+		}
+		if syncCerts {
+			cs, err := kubernetes.NewForConfig(mgr.GetConfig())
+			if err != nil {
+				return err
+			}
+			if err := mgr.Add(&certSync{clientset: cs, secret: key, dir: o.certDir}); err != nil {
+				return err
+			}
 		}
 	} else {
 		close(certsReady)
@@ -170,7 +185,7 @@ func run(o options) error {
 	return nil
 }
 
-func addCertRotator(mgr ctrl.Manager, o options, ready chan struct{}) error {
+func addCertRotator(mgr ctrl.Manager, o options, ready chan struct{}) (types.NamespacedName, error) {
 	key := types.NamespacedName{Name: o.certSecret}
 	if ns, name, ok := strings.Cut(o.certSecret, "/"); ok {
 		key = types.NamespacedName{Namespace: ns, Name: name}
@@ -180,7 +195,7 @@ func addCertRotator(mgr ctrl.Manager, o options, ready chan struct{}) error {
 			key.Namespace = "lockwarden-system"
 		}
 	}
-	return rotator.AddRotator(mgr, &rotator.CertRotator{
+	return key, rotator.AddRotator(mgr, &rotator.CertRotator{
 		SecretKey:      key,
 		CertDir:        o.certDir,
 		CAName:         "lockwarden-ca",
