@@ -67,6 +67,7 @@ func run(m *testing.M) int {
 	var err error
 	if cfg, err = env.Start(); err != nil {
 		fmt.Fprintf(os.Stderr, "starting envtest (did `make tools` build bin/?): %v\n", err)
+		_ = env.Stop() // a half-started control plane must not outlive the test
 		return 1
 	}
 	defer func() {
