@@ -3,17 +3,25 @@
 // pkg/fencing; none of them holds a fencing rule of its own.
 //
 //   - lockgrant: defaults the owner to the requester, stamps the request
-//     time, and lets only the owner renew or release.
+//     time, checks the request against its GuardPolicy, lets only the
+//     owner renew or release, and requires the force-release verb to
+//     delete someone else's live grant.
 //   - fencecounter: refuses to lower a fence or to delete a counter whose
 //     resource still has grants.
-//   - guard: the guarded-write webhook, the enforcement point for
-//     Kubernetes objects labeled locking.lockwarden.io/guarded=true.
+//   - guard: the guarded-write webhooks, the enforcement point for
+//     Kubernetes objects labeled locking.lockwarden.io/guarded=true or
+//     covered by a GuardPolicy (Enforce: validating; Shadow: mutating,
+//     record-only).
 package webhook
 
 import (
+	"context"
+
 	"k8s.io/utils/clock"
 	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
 
+	"github.com/lockwarden/lockwarden/pkg/fencing"
 	"github.com/lockwarden/lockwarden/webhook/fencecounter"
 	"github.com/lockwarden/lockwarden/webhook/guard"
 	"github.com/lockwarden/lockwarden/webhook/lockgrant"
@@ -27,14 +35,29 @@ const (
 	GuardPath                = "/validate-guarded"
 )
 
+// +kubebuilder:rbac:groups=authorization.k8s.io,resources=subjectaccessreviews,verbs=create
+// +kubebuilder:rbac:groups="",resources=namespaces,verbs=get;list;watch
+
 // Setup registers every webhook with the manager's webhook server. clk is
 // the clock admission judges leases by; it must be the controller's clock.
-func Setup(mgr ctrl.Manager, clk clock.PassiveClock) error {
+// bundle returns the issuer's trust bundle.
+func Setup(mgr ctrl.Manager, clk clock.PassiveClock, bundle func(context.Context) (*fencing.TrustBundle, error)) error {
 	reader := mgr.GetAPIReader()
 	srv := mgr.GetWebhookServer()
 	srv.Register(MutateLockGrantPath, lockgrant.NewDefaulter(mgr.GetScheme(), clk))
-	srv.Register(ValidateLockGrantPath, lockgrant.NewValidator(mgr.GetScheme(), clk))
+	srv.Register(ValidateLockGrantPath, lockgrant.NewValidator(mgr.GetScheme(), clk, mgr.GetClient(), mgr.GetClient()))
 	srv.Register(ValidateFenceCounterPath, fencecounter.NewValidator(mgr.GetScheme(), reader))
-	srv.Register(GuardPath, guard.NewWebhook(reader, clk))
+
+	checker := &guard.Checker{Reader: reader, Clock: clk, Bundle: bundle}
+	recorder := mgr.GetEventRecorder("lockwarden-guard")
+	srv.Register(GuardPath, &admission.Webhook{Handler: &guard.LabelHandler{Checker: checker}})
+	srv.Register(guard.EnforcePathPrefix, &admission.Webhook{
+		Handler:         &guard.PolicyHandler{Checker: checker, Policies: mgr.GetClient(), Recorder: recorder},
+		WithContextFunc: guard.WithPath,
+	})
+	srv.Register(guard.ShadowPathPrefix, &admission.Webhook{
+		Handler:         &guard.PolicyHandler{Checker: checker, Policies: mgr.GetClient(), Recorder: recorder, Shadow: true},
+		WithContextFunc: guard.WithPath,
+	})
 	return nil
 }

@@ -23,6 +23,9 @@ const (
 // +kubebuilder:validation:XValidation:rule="(has(self.waitTimeoutSeconds) ? self.waitTimeoutSeconds : 0) == (has(oldSelf.waitTimeoutSeconds) ? oldSelf.waitTimeoutSeconds : 0)",message="waitTimeoutSeconds is immutable"
 // +kubebuilder:validation:XValidation:rule="has(self.requestID) == has(oldSelf.requestID) && (!has(self.requestID) || self.requestID == oldSelf.requestID)",message="requestID is immutable"
 // +kubebuilder:validation:XValidation:rule="(has(self.renewals) ? self.renewals : 0) >= (has(oldSelf.renewals) ? oldSelf.renewals : 0)",message="renewals never decreases"
+// +kubebuilder:validation:XValidation:rule="has(self.operationRoot) == has(oldSelf.operationRoot) && (!has(self.operationRoot) || self.operationRoot == oldSelf.operationRoot)",message="operationRoot is immutable"
+// +kubebuilder:validation:XValidation:rule="has(self.operationClass) == has(oldSelf.operationClass) && (!has(self.operationClass) || self.operationClass == oldSelf.operationClass)",message="operationClass is immutable"
+// +kubebuilder:validation:XValidation:rule="has(self.policy) == has(oldSelf.policy) && (!has(self.policy) || self.policy == oldSelf.policy)",message="policy is immutable"
 // +kubebuilder:validation:XValidation:rule="!(has(oldSelf.release) && oldSelf.release) || (has(self.release) && self.release)",message="release cannot be unset"
 type LockGrantSpec struct {
 	// resource is the canonical ID of the protected resource, for example
@@ -74,6 +77,33 @@ type LockGrantSpec struct {
 	// +kubebuilder:validation:Pattern=`^[A-Za-z0-9]([A-Za-z0-9._-]*[A-Za-z0-9])?$`
 	RequestID string `json:"requestID,omitempty"`
 
+	// operationRoot binds the grant to one operation: the sha256 digest of
+	// the operation's description, as "sha256:" and 64 lowercase hex
+	// digits, chosen by the requester. It goes into the signed grant record,
+	// and enforcement points that are told the root of a write refuse a
+	// grant of another root. Immutable.
+	// +optional
+	// +kubebuilder:validation:Pattern=`^sha256:[0-9a-f]{64}$`
+	OperationRoot string `json:"operationRoot,omitempty"`
+
+	// operationClass names the kind of operation, e.g. "settlement"; up to
+	// 63 lowercase letters, digits and "-". Recorded in the grant record.
+	// Immutable.
+	// +optional
+	// +kubebuilder:validation:MaxLength=63
+	// +kubebuilder:validation:Pattern=`^[a-z0-9]([a-z0-9-]*[a-z0-9])?$`
+	OperationClass string `json:"operationClass,omitempty"`
+
+	// policy is the name of the GuardPolicy this grant is requested under.
+	// Writes to objects that a policy covers must carry a grant issued
+	// under that policy. Admission refuses the request unless the policy
+	// exists, lists the requester among its holders and allows the lease
+	// duration; if the policy later stops allowing the grant, the grant is
+	// Revoked. Immutable.
+	// +optional
+	// +kubebuilder:validation:MaxLength=253
+	Policy string `json:"policy,omitempty"`
+
 	// renewals counts the renewals the owner has asked for. To renew, the
 	// owner raises it by one; the controller then extends expiresAt to its
 	// clock's now plus leaseDurationSeconds, if the grant is still Held and
@@ -91,7 +121,7 @@ type LockGrantSpec struct {
 }
 
 // LockGrantPhase is where a grant is in its life.
-// +kubebuilder:validation:Enum=Pending;Held;Expired;Released;TimedOut
+// +kubebuilder:validation:Enum=Pending;Held;Expired;Released;TimedOut;Revoked
 type LockGrantPhase string
 
 const (
@@ -108,12 +138,16 @@ const (
 	// PhaseTimedOut means the request's wait limit passed before it was
 	// granted. Final: it is never granted later.
 	PhaseTimedOut LockGrantPhase = "TimedOut"
+	// PhaseRevoked means the grant was ended by the issuer before its
+	// lease ran out: its issuer epoch was revoked or superseded, or its
+	// GuardPolicy no longer allows it. Its fence stays consumed. Final.
+	PhaseRevoked LockGrantPhase = "Revoked"
 )
 
 // Final reports whether the phase can never change again.
 func (p LockGrantPhase) Final() bool {
 	switch p {
-	case PhaseExpired, PhaseReleased, PhaseTimedOut:
+	case PhaseExpired, PhaseReleased, PhaseTimedOut, PhaseRevoked:
 		return true
 	}
 	return false
@@ -171,11 +205,63 @@ type LockGrantStatus struct {
 	// +kubebuilder:validation:Minimum=0
 	ObservedRenewals int64 `json:"observedRenewals,omitempty"`
 
+	// record is the signed grant record (lockGrant.v1), published when the
+	// grant becomes Held and never changed after. See docs/grant-record.md.
+	// +optional
+	Record *GrantRecord `json:"record,omitempty"`
+
+	// proof is the record in its compact signed form, "lgv1.<record>.<signature>":
+	// what a guarded write carries in the annotation
+	// locking.lockwarden.io/proof and what any verifier checks with the
+	// issuer's trust bundle.
+	// +optional
+	Proof string `json:"proof,omitempty"`
+
 	// conditions are Ready and Renewed.
 	// +optional
 	// +listType=map
 	// +listMapKey=type
 	Conditions []metav1.Condition `json:"conditions,omitempty"`
+}
+
+// GrantRecord is the lockGrant.v1 record of a Held grant; every field is
+// covered by the signature in status.proof (docs/grant-record.md).
+type GrantRecord struct {
+	// schema is "lockGrant.v1".
+	Schema string `json:"schema"`
+	// resource is the resource ID.
+	Resource string `json:"resource"`
+	// owner is the owner identity.
+	Owner string `json:"owner"`
+	// requestID is the request ID, if any.
+	// +optional
+	RequestID string `json:"requestID,omitempty"`
+	// leaseID is the LockGrant's UID.
+	LeaseID string `json:"leaseID"`
+	// operationRoot is the operation root, if any.
+	// +optional
+	OperationRoot string `json:"operationRoot,omitempty"`
+	// operationClass is the operation class, if any.
+	// +optional
+	OperationClass string `json:"operationClass,omitempty"`
+	// fenceToken is the fencing token.
+	FenceToken int64 `json:"fenceToken"`
+	// backendRevision is the FenceCounter's resourceVersion right after the
+	// fence was issued (opaque).
+	BackendRevision string `json:"backendRevision"`
+	// policy is the GuardPolicy the grant was issued under, if any.
+	// +optional
+	Policy string `json:"policy,omitempty"`
+	// policyGeneration is that policy's generation at issue; 0 without one.
+	// +optional
+	PolicyGeneration int64 `json:"policyGeneration,omitempty"`
+	// issuerEpoch is the issuer epoch at issue.
+	// +optional
+	IssuerEpoch int64 `json:"issuerEpoch,omitempty"`
+	// ttlSeconds is the lease duration, in seconds.
+	TTLSeconds int64 `json:"ttlSeconds"`
+	// keyID names the signing key.
+	KeyID string `json:"keyID"`
 }
 
 // LockGrant is one acquisition of a lease on a resource. Its UID is the

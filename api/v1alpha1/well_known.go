@@ -29,6 +29,21 @@ const (
 	// checks the incoming write and records its fence in the same write.
 	FenceAnnotation = "locking.lockwarden.io/fence"
 
+	// ProofAnnotation carries the grant proof (status.proof of the grant) on
+	// a guarded write. Writes to objects a GuardPolicy covers must carry it;
+	// on other guarded objects it is checked when present.
+	ProofAnnotation = "locking.lockwarden.io/proof"
+
+	// ShadowDenialAnnotation is set on an object by a GuardPolicy in Shadow
+	// mode when Enforce would have denied the write: "REASON: detail". It
+	// is removed by the next write Enforce would admit.
+	ShadowDenialAnnotation = "locking.lockwarden.io/shadow-denial"
+
+	// OwnerGroupsAnnotation is stamped on every LockGrant at creation by
+	// admission with the requester's groups (comma-separated), so that a
+	// GuardPolicy that lists groups can be re-checked later. Immutable.
+	OwnerGroupsAnnotation = "locking.lockwarden.io/owner-groups"
+
 	// RequestedAtAnnotation is stamped on every LockGrant at creation by the
 	// admission webhook (RFC 3339 with nanoseconds, the webhook's clock) and is
 	// immutable. It orders waiters FIFO and starts the wait limit. A value sent

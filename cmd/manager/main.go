@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/open-policy-agent/cert-controller/pkg/rotator"
+	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
 	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
@@ -24,13 +25,16 @@ import (
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/utils/clock"
 	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/healthz"
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 	"sigs.k8s.io/controller-runtime/pkg/webhook"
 
 	lockingv1alpha1 "github.com/lockwarden/lockwarden/api/v1alpha1"
-	"github.com/lockwarden/lockwarden/controllers/lockgrant"
+	"github.com/lockwarden/lockwarden/controllers"
+	"github.com/lockwarden/lockwarden/internal/issuer"
 	lwwebhook "github.com/lockwarden/lockwarden/webhook"
 )
 
@@ -50,6 +54,7 @@ type options struct {
 	mutatingConfig          string
 	validatingConfig        string
 	retention               time.Duration
+	namespace               string
 }
 
 func main() {
@@ -66,6 +71,7 @@ func main() {
 	flag.StringVar(&o.mutatingConfig, "mutating-webhook-configuration", "lockwarden-mutating-webhook-configuration", "MutatingWebhookConfiguration to inject the CA into.")
 	flag.StringVar(&o.validatingConfig, "validating-webhook-configuration", "lockwarden-validating-webhook-configuration", "ValidatingWebhookConfiguration to inject the CA into.")
 	flag.DurationVar(&o.retention, "finished-grant-retention", time.Hour, "How long a LockGrant is kept after it ended (Released, Expired, TimedOut) before it is deleted; 0 keeps them forever.")
+	flag.StringVar(&o.namespace, "namespace", defaultNamespace(), "The manager's namespace, where the signing keys Secret and the trust bundle ConfigMap live (default: $POD_NAMESPACE, else lockwarden-system).")
 	zapOpts := zap.Options{}
 	zapOpts.BindFlags(flag.CommandLine)
 	flag.Parse()
@@ -94,7 +100,12 @@ func run(o options) error {
 		o.certDir = dir
 	}
 	mgr, err := ctrl.NewManager(ctrl.GetConfigOrDie(), ctrl.Options{
-		Scheme:                        scheme,
+		Scheme: scheme,
+		// Secrets and ConfigMaps are read only in the manager's namespace.
+		Cache: cache.Options{ByObject: map[client.Object]cache.ByObject{
+			&corev1.Secret{}:    {Namespaces: map[string]cache.Config{o.namespace: {}}},
+			&corev1.ConfigMap{}: {Namespaces: map[string]cache.Config{o.namespace: {}}},
+		}},
 		Metrics:                       metricsserver.Options{BindAddress: o.metricsAddr},
 		HealthProbeBindAddress:        o.probeAddr,
 		LeaderElection:                o.leaderElect,
@@ -136,15 +147,12 @@ func run(o options) error {
 	clk := clock.RealClock{}
 	ctx, cancel := context.WithCancelCause(ctrl.SetupSignalHandler())
 	defer cancel(nil)
-	if err := (&lockgrant.Reconciler{
-		Client:    mgr.GetClient(),
-		APIReader: mgr.GetAPIReader(),
-		Clock:     clk,
-		Recorder:  mgr.GetEventRecorder("lockwarden"),
-
-		FinishedGrantRetention: o.retention,
-	}).SetupWithManager(ctx, mgr); err != nil {
-		return fmt.Errorf("setting up the LockGrant controller: %w", err)
+	keyring := &issuer.Keyring{Reader: mgr.GetClient(), Namespace: o.namespace}
+	if err := controllers.Setup(ctx, mgr, controllers.Options{
+		Clock: clk, Keyring: keyring, Namespace: o.namespace,
+		FinishedGrantRetention: o.retention, WebhookConfiguration: o.validatingConfig,
+	}); err != nil {
+		return err
 	}
 	// The webhook server starts when it is first registered, which must
 	// wait for its certificate to exist; the manager starts runnables added
@@ -156,7 +164,7 @@ func run(o options) error {
 		case <-ctx.Done():
 			return
 		}
-		if err := lwwebhook.Setup(mgr, clk); err != nil {
+		if err := lwwebhook.Setup(mgr, clk, keyring.TrustBundle); err != nil {
 			cancel(fmt.Errorf("setting up webhooks: %w", err))
 			return
 		}
@@ -185,15 +193,17 @@ func run(o options) error {
 	return nil
 }
 
+func defaultNamespace() string {
+	if ns := os.Getenv("POD_NAMESPACE"); ns != "" {
+		return ns
+	}
+	return "lockwarden-system"
+}
+
 func addCertRotator(mgr ctrl.Manager, o options, ready chan struct{}) (types.NamespacedName, error) {
-	key := types.NamespacedName{Name: o.certSecret}
+	key := types.NamespacedName{Namespace: o.namespace, Name: o.certSecret}
 	if ns, name, ok := strings.Cut(o.certSecret, "/"); ok {
 		key = types.NamespacedName{Namespace: ns, Name: name}
-	} else {
-		key.Namespace = os.Getenv("POD_NAMESPACE")
-		if key.Namespace == "" {
-			key.Namespace = "lockwarden-system"
-		}
 	}
 	return key, rotator.AddRotator(mgr, &rotator.CertRotator{
 		SecretKey:      key,

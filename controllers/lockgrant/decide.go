@@ -2,6 +2,7 @@ package lockgrant
 
 import (
 	"cmp"
+	"fmt"
 	"slices"
 	"time"
 
@@ -10,6 +11,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	lockingv1alpha1 "github.com/lockwarden/lockwarden/api/v1alpha1"
+	"github.com/lockwarden/lockwarden/internal/issuer"
+	"github.com/lockwarden/lockwarden/internal/policy"
 	"github.com/lockwarden/lockwarden/pkg/fencing"
 )
 
@@ -25,6 +28,10 @@ const (
 	ReasonTimedOut   = "TimedOut"
 	ReasonSuperseded = "Superseded"
 	ReasonNotHeld    = string(fencing.ReasonNotHeld)
+	// ReasonRevokedEpoch: the grant's issuer epoch was revoked or superseded.
+	ReasonRevokedEpoch = string(fencing.ReasonRevokedEpoch)
+	// ReasonPolicyDenied: the grant's GuardPolicy no longer allows it.
+	ReasonPolicyDenied = "PolicyDenied"
 )
 
 // facts is what one decision about a resource needs.
@@ -38,6 +45,39 @@ type facts struct {
 	counter *lockingv1alpha1.FenceCounter
 	// grants are every LockGrant of the resource in the namespace.
 	grants []lockingv1alpha1.LockGrant
+	// epoch is the current issuer epoch, revoked the revoked epochs.
+	epoch   int64
+	revoked []int64
+	// policies are the GuardPolicies the grants name; a nil value means
+	// the policy does not exist.
+	policies map[string]*lockingv1alpha1.GuardPolicy
+	// params are the issuer's epoch and signing key, for records.
+	params issuer.Params
+}
+
+// revocation says why a grant that is Held or waiting must be revoked, or
+// "" when it may go on: its epoch was revoked or superseded, or its policy
+// no longer allows it.
+func (f facts) revocation(g *lockingv1alpha1.LockGrant) (reason, msg string) {
+	if g.Status.FenceToken > 0 {
+		e := fencing.EpochOf(g.Status.FenceToken)
+		switch {
+		case slices.Contains(f.revoked, e):
+			return ReasonRevokedEpoch, fmt.Sprintf("Issuer epoch %d was revoked", e)
+		case e < f.epoch:
+			return ReasonRevokedEpoch, fmt.Sprintf("Issued in epoch %d; the issuer moved to epoch %d", e, f.epoch)
+		}
+	}
+	if name := g.Spec.Policy; name != "" {
+		pol := f.policies[name]
+		if pol == nil {
+			return ReasonPolicyDenied, fmt.Sprintf("GuardPolicy %q does not exist", name)
+		}
+		if why := policy.AllowsGrant(pol, g.Spec.Owner, policy.Groups(g), g.Spec.LeaseDurationSeconds); why != "" {
+			return ReasonPolicyDenied, why
+		}
+	}
+	return "", ""
 }
 
 // event is one Kubernetes Event to emit about a grant.
@@ -60,6 +100,9 @@ type plan struct {
 	// deletes are finished grants past their retention.
 	deletes []*lockingv1alpha1.LockGrant
 	events  []event
+	// policyGenerations are the generations of the policies grants name,
+	// bound into their records.
+	policyGenerations map[string]int64
 	// requeueAfter is the time to the next deadline (an expiry or a wait
 	// limit); 0 when there is none.
 	requeueAfter time.Duration
@@ -98,7 +141,12 @@ func waitDeadline(g *lockingv1alpha1.LockGrant) time.Time {
 
 // decide computes, from the facts alone, every change for one resource.
 func decide(f facts) plan {
-	var p plan
+	p := plan{policyGenerations: map[string]int64{}}
+	for name, pol := range f.policies {
+		if pol != nil {
+			p.policyGenerations[name] = pol.Generation
+		}
+	}
 	now := metav1.NewMicroTime(f.now)
 	grants := slices.Clone(f.grants)
 	slices.SortFunc(grants, fifo)
@@ -136,7 +184,9 @@ func decide(f facts) plan {
 				// counter's fence, never issue another.
 				p.events = append(p.events, hold(g, holder.Fence, now))
 			}
-			if e, ended := settleHolder(g, now); ended {
+			if reason, msg := f.revocation(g); reason != "" {
+				p.events = append(p.events, end(g, lockingv1alpha1.PhaseRevoked, reason, msg, now, true))
+			} else if e, ended := settleHolder(g, now); ended {
 				p.events = append(p.events, e...)
 			} else {
 				p.events = append(p.events, e...)
@@ -149,7 +199,10 @@ func decide(f facts) plan {
 			// before ending this grant). It can never hold again.
 			p.events = append(p.events, endHeldNotHolder(g, now))
 		default: // Pending, or new.
+			reason, msg := f.revocation(g)
 			switch {
+			case reason != "":
+				p.events = append(p.events, end(g, lockingv1alpha1.PhaseRevoked, reason, msg, now, true))
 			case g.Spec.Release:
 				p.events = append(p.events, end(g, lockingv1alpha1.PhaseReleased, ReasonCancelled, "Request withdrawn before it was granted", now, false))
 			case !waitDeadline(g).IsZero() && fencing.Expired(waitDeadline(g), f.now):
@@ -170,7 +223,7 @@ func decide(f facts) plan {
 	if !holderLive && len(waiting) > 0 {
 		next := waiting[0]
 		waiting = waiting[1:]
-		fence++
+		fence = fencing.NextFence(fence, f.epoch)
 		p.counter = &lockingv1alpha1.FenceCounterSpec{
 			Resource: f.resource,
 			Fence:    fence,

@@ -16,20 +16,26 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller"
 	"sigs.k8s.io/controller-runtime/pkg/handler"
+	logf "sigs.k8s.io/controller-runtime/pkg/log"
 	"sigs.k8s.io/controller-runtime/pkg/predicate"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	lockingv1alpha1 "github.com/lockwarden/lockwarden/api/v1alpha1"
+	"github.com/lockwarden/lockwarden/internal/issuer"
 )
 
 // CounterNameField indexes LockGrants by the name of their resource's
 // FenceCounter, so that one resource's grants are listed from the cache.
 const CounterNameField = "spec.resource.counterName"
 
+// PolicyField indexes LockGrants by spec.policy.
+const PolicyField = "spec.policy"
+
 // +kubebuilder:rbac:groups=locking.lockwarden.io,resources=lockgrants,verbs=get;list;watch;delete
 // +kubebuilder:rbac:groups=locking.lockwarden.io,resources=lockgrants/status,verbs=get;update;patch
 // +kubebuilder:rbac:groups=locking.lockwarden.io,resources=fencecounters,verbs=get;list;watch;create;update
 // +kubebuilder:rbac:groups=events.k8s.io,resources=events,verbs=create;patch
+// +kubebuilder:rbac:groups=locking.lockwarden.io,resources=guardpolicies;fenceissuers,verbs=get;list;watch
 
 // Reconciler grants LockGrants of one resource at a time; see the package doc.
 type Reconciler struct {
@@ -42,11 +48,18 @@ type Reconciler struct {
 	Clock clock.PassiveClock
 	// Recorder emits an Event for every transition.
 	Recorder events.EventRecorder
+	// Keyring gives the issuer epoch and the Active signing key.
+	Keyring Keyring
 	// FinishedGrantRetention is how long a grant is kept after it ended
 	// (Released, Expired, TimedOut) before the controller deletes it; 0
 	// keeps finished grants forever. The FenceCounter is never deleted, so
 	// fences keep increasing after their grants are gone.
 	FinishedGrantRetention time.Duration
+}
+
+// Keyring is the issuer's state the controller issues grants with.
+type Keyring interface {
+	Params(ctx context.Context) (issuer.Params, error)
 }
 
 // SetupWithManager registers the controller and the grant index.
@@ -56,10 +69,24 @@ func (r *Reconciler) SetupWithManager(ctx context.Context, mgr ctrl.Manager) err
 	}); err != nil {
 		return fmt.Errorf("indexing lockgrants: %w", err)
 	}
+	if err := mgr.GetFieldIndexer().IndexField(ctx, &lockingv1alpha1.LockGrant{}, PolicyField, func(o client.Object) []string {
+		if p := o.(*lockingv1alpha1.LockGrant).Spec.Policy; p != "" {
+			return []string{p}
+		}
+		return nil
+	}); err != nil {
+		return fmt.Errorf("indexing lockgrants: %w", err)
+	}
 	return ctrl.NewControllerManagedBy(mgr).
 		Named("lockgrant").
 		For(&lockingv1alpha1.FenceCounter{}, builder.WithPredicates(predicate.GenerationChangedPredicate{})).
 		Watches(&lockingv1alpha1.LockGrant{}, handler.EnqueueRequestsFromMapFunc(resourceOf)).
+		// A new epoch or revoked epoch can revoke grants of any resource.
+		Watches(&lockingv1alpha1.FenceIssuer{}, handler.EnqueueRequestsFromMapFunc(r.allResources),
+			builder.WithPredicates(predicate.GenerationChangedPredicate{})).
+		// A policy change can revoke the grants issued under it.
+		Watches(&lockingv1alpha1.GuardPolicy{}, handler.EnqueueRequestsFromMapFunc(r.resourcesUnderPolicy),
+			builder.WithPredicates(predicate.GenerationChangedPredicate{})).
 		WithOptions(controller.Options{MaxConcurrentReconciles: 4}).
 		Complete(r)
 }
@@ -72,21 +99,54 @@ func resourceOf(_ context.Context, o client.Object) []reconcile.Request {
 	}}}
 }
 
+// allResources maps to every resource that has a counter.
+func (r *Reconciler) allResources(ctx context.Context, _ client.Object) []reconcile.Request {
+	var list lockingv1alpha1.FenceCounterList
+	if err := r.Client.List(ctx, &list); err != nil {
+		logf.FromContext(ctx).Error(err, "Listing fence counters")
+		return nil
+	}
+	reqs := make([]reconcile.Request, 0, len(list.Items))
+	for i := range list.Items {
+		reqs = append(reqs, reconcile.Request{NamespacedName: client.ObjectKeyFromObject(&list.Items[i])})
+	}
+	return reqs
+}
+
+// resourcesUnderPolicy maps a policy to the resources of its grants.
+func (r *Reconciler) resourcesUnderPolicy(ctx context.Context, o client.Object) []reconcile.Request {
+	var list lockingv1alpha1.LockGrantList
+	if err := r.Client.List(ctx, &list, client.MatchingFields{PolicyField: o.GetName()}); err != nil {
+		logf.FromContext(ctx).Error(err, "Listing grants of a policy", "policy", o.GetName())
+		return nil
+	}
+	var reqs []reconcile.Request
+	for i := range list.Items {
+		reqs = append(reqs, resourceOf(ctx, &list.Items[i])...)
+	}
+	return reqs
+}
+
 // Reconcile brings one resource's grants and counter up to date.
 func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reconcile.Result, error) {
 	var p plan
+	var params issuer.Params
+	var revision string
 	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
 		f, err := r.gather(ctx, req)
 		if err != nil || f.resource == "" {
 			p = plan{}
 			return err
 		}
+		params = f.params
 		p = decide(f)
-		return r.writeCounter(ctx, req, f.counter, p.counter)
+		revision, err = r.writeCounter(ctx, req, f.counter, p.counter)
+		return err
 	})
 	if err != nil {
 		return reconcile.Result{}, err
 	}
+	sign(p, params, revision)
 	if err := r.writeStatuses(ctx, p); err != nil {
 		return reconcile.Result{}, err
 	}
@@ -127,7 +187,41 @@ func (r *Reconciler) gather(ctx context.Context, req reconcile.Request) (facts, 
 	} else if len(f.grants) > 0 {
 		f.resource = f.grants[0].Spec.Resource
 	}
+	if len(f.grants) == 0 {
+		return f, nil // at most a stale holder to clear; no issuing
+	}
+	params, err := r.Keyring.Params(ctx)
+	if err != nil {
+		return f, err
+	}
+	f.params, f.epoch, f.revoked = params, params.Epoch, params.Revoked
+	if f.policies, err = r.policies(ctx, f.grants); err != nil {
+		return f, err
+	}
 	return f, nil
+}
+
+// policies reads the GuardPolicies the grants name, from the cache.
+func (r *Reconciler) policies(ctx context.Context, grants []lockingv1alpha1.LockGrant) (map[string]*lockingv1alpha1.GuardPolicy, error) {
+	out := map[string]*lockingv1alpha1.GuardPolicy{}
+	for i := range grants {
+		name := grants[i].Spec.Policy
+		if name == "" {
+			continue
+		}
+		if _, seen := out[name]; seen {
+			continue
+		}
+		pol := &lockingv1alpha1.GuardPolicy{}
+		switch err := r.Client.Get(ctx, types.NamespacedName{Name: name}, pol); {
+		case apierrors.IsNotFound(err):
+			pol = nil
+		case err != nil:
+			return nil, fmt.Errorf("reading GuardPolicy %q: %w", name, err)
+		}
+		out[name] = pol
+	}
+	return out, nil
 }
 
 // refreshHolder replaces the holder's cached copy with a direct read: a
@@ -160,9 +254,15 @@ func (r *Reconciler) refreshHolder(ctx context.Context, f *facts, ns string, h *
 // writeCounter applies the counter's new spec by compare-and-swap: an update
 // carries the resourceVersion read in gather, so a concurrent writer makes it
 // fail with Conflict and the whole pass is gathered again.
-func (r *Reconciler) writeCounter(ctx context.Context, req reconcile.Request, cur *lockingv1alpha1.FenceCounter, spec *lockingv1alpha1.FenceCounterSpec) error {
+//
+// It returns the counter's resourceVersion after the write (or as read,
+// when nothing changes): the backend revision of grants issued in this pass.
+func (r *Reconciler) writeCounter(ctx context.Context, req reconcile.Request, cur *lockingv1alpha1.FenceCounter, spec *lockingv1alpha1.FenceCounterSpec) (string, error) {
 	if spec == nil {
-		return nil
+		if cur == nil {
+			return "", nil
+		}
+		return cur.ResourceVersion, nil
 	}
 	if cur == nil {
 		c := &lockingv1alpha1.FenceCounter{
@@ -172,21 +272,21 @@ func (r *Reconciler) writeCounter(ctx context.Context, req reconcile.Request, cu
 		if err := r.Client.Create(ctx, c); err != nil {
 			if apierrors.IsAlreadyExists(err) {
 				// Someone created it since we looked: gather again.
-				return apierrors.NewConflict(lockingv1alpha1.GroupVersion.WithResource("fencecounters").GroupResource(), req.Name, err)
+				return "", apierrors.NewConflict(lockingv1alpha1.GroupVersion.WithResource("fencecounters").GroupResource(), req.Name, err)
 			}
-			return fmt.Errorf("creating fence counter: %w", err)
+			return "", fmt.Errorf("creating fence counter: %w", err)
 		}
-		return nil
+		return c.ResourceVersion, nil
 	}
 	next := cur.DeepCopy()
 	next.Spec = *spec
 	if err := r.Client.Update(ctx, next); err != nil {
 		if apierrors.IsConflict(err) {
-			return err
+			return "", err
 		}
-		return fmt.Errorf("updating fence counter: %w", err)
+		return "", fmt.Errorf("updating fence counter: %w", err)
 	}
-	return nil
+	return next.ResourceVersion, nil
 }
 
 // writeStatuses writes each changed status once, the new holder first. Each

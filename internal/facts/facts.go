@@ -38,6 +38,8 @@ func State(p lockingv1alpha1.LockGrantPhase) fencing.State {
 		return fencing.StateReleased
 	case lockingv1alpha1.PhaseTimedOut:
 		return fencing.StateTimedOut
+	case lockingv1alpha1.PhaseRevoked:
+		return fencing.StateRevoked
 	}
 	return fencing.StatePending
 }

@@ -35,7 +35,7 @@ func FuzzCheckWrite(f *testing.F) {
 	f.Add(int64(1), int64(0), int64(1), int64(1), true, int64(10), int64(5), "A", "A", 1)
 	f.Add(int64(1), int64(2), int64(1), int64(2), false, int64(10), int64(12), "A", "A", 2)
 	f.Fuzz(func(t *testing.T, fence, recorded, grantFence, counterFence int64, holder bool, expires, now int64, owner, caller string, state int) {
-		g := &fencing.Grant{UID: "g", Resource: "r", Owner: owner, State: fencing.State(((state % 5) + 5) % 5), Fence: grantFence, ExpiresAt: time.Unix(expires, 0)}
+		g := &fencing.Grant{UID: "g", Resource: "r", Owner: owner, State: fencing.State(((state % 6) + 6) % 6), Fence: grantFence, ExpiresAt: time.Unix(expires, 0)}
 		c := &fencing.Counter{Fence: counterFence}
 		if holder {
 			c.HolderUID = "g"

@@ -16,6 +16,8 @@ const (
 	StateReleased
 	// StateTimedOut: the wait limit passed before it was granted. Final.
 	StateTimedOut
+	// StateRevoked: ended by the issuer (revoked epoch, policy). Final.
+	StateRevoked
 )
 
 // Grant is what the registry says about one acquisition. Enforcement points
@@ -64,6 +66,8 @@ func CheckRenew(g Grant, caller string, now time.Time) error {
 		return refuse(ReasonExpired, "the grant has expired; acquire again for a new fence")
 	case StateReleased, StateTimedOut:
 		return refuse(ReasonAlreadyEnded, "the grant has already ended")
+	case StateRevoked:
+		return refuse(ReasonRevoked, "the issuer revoked the grant")
 	}
 	if Expired(g.ExpiresAt, now) {
 		return refuse(ReasonExpired, "the lease expired at %s; acquire again for a new fence", g.ExpiresAt.UTC().Format(time.RFC3339Nano))
@@ -86,6 +90,8 @@ func CheckRelease(g Grant, caller string, now time.Time) error {
 		return refuse(ReasonExpired, "the grant has already expired")
 	case StateReleased, StateTimedOut:
 		return refuse(ReasonAlreadyEnded, "the grant has already ended")
+	case StateRevoked:
+		return refuse(ReasonRevoked, "the issuer revoked the grant")
 	}
 	if Expired(g.ExpiresAt, now) {
 		return refuse(ReasonExpired, "the lease expired at %s", g.ExpiresAt.UTC().Format(time.RFC3339Nano))

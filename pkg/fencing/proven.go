@@ -13,7 +13,9 @@ type ProvenWrite struct {
 	// OperationRoot is the operation root the write claims, or empty.
 	OperationRoot string
 	// Policy and PolicyGeneration are the GuardPolicy covering the written
-	// object and its current generation; empty when none covers it.
+	// object and its current generation. When Policy is set, the record
+	// must have been issued under that policy at a generation no newer
+	// than PolicyGeneration; when empty, the record's policy is not checked.
 	Policy           string
 	PolicyGeneration int64
 	// Write holds the resource, caller, fence, recorded fence and the
@@ -77,7 +79,7 @@ func checkBinding(r Record, w ProvenWrite) error {
 		return mismatch("fence", FormatFence(r.Fence), FormatFence(w.Fence))
 	case w.OperationRoot != "" && r.OperationRoot != w.OperationRoot:
 		return mismatch("operation root", r.OperationRoot, w.OperationRoot)
-	case r.Policy != w.Policy:
+	case w.Policy != "" && r.Policy != w.Policy:
 		return mismatch("policy", r.Policy, w.Policy)
 	case w.Policy != "" && (r.PolicyGeneration < 1 || r.PolicyGeneration > w.PolicyGeneration):
 		return refuse(ReasonBindingMismatch, "the grant record is for generation %d of policy %q, which is at generation %d", r.PolicyGeneration, w.Policy, w.PolicyGeneration)

@@ -37,7 +37,7 @@ type Write struct {
 //     accepted, than the resource's highest issued fence, or than the
 //     grant's own fence. A superseded grant is STALE_OWNER even when it has
 //     also expired: the resource has moved on to a newer owner.
-//  5. ReasonExpired / ReasonNotHeld / ReasonAlreadyEnded: the grant is not
+//  5. ReasonExpired / ReasonNotHeld / ReasonAlreadyEnded / ReasonRevoked: the grant is not
 //     Held and unexpired at w.Now, or the registry no longer names it as
 //     the resource's holder.
 //
@@ -78,6 +78,8 @@ func CheckWrite(w Write) error {
 		return refuse(ReasonExpired, "the grant has expired")
 	case StateReleased, StateTimedOut:
 		return refuse(ReasonAlreadyEnded, "the grant has ended")
+	case StateRevoked:
+		return refuse(ReasonRevoked, "the issuer revoked the grant")
 	}
 	if Expired(g.ExpiresAt, w.Now) {
 		return refuse(ReasonExpired, "the lease expired at %s", g.ExpiresAt.UTC().Format(time.RFC3339Nano))

@@ -198,7 +198,7 @@ func readCM(t *testing.T, ns, name string) (string, string) {
 	return cm.Data["result"], cm.Annotations[lockingv1alpha1.FenceAnnotation]
 }
 
-var reasonRE = regexp.MustCompile(`\b(NO_FENCE|NO_RESOURCE|UNKNOWN_GRANT|BINDING_MISMATCH|NOT_OWNER|STALE_OWNER|EXPIRED|NOT_HELD|ALREADY_ENDED|FENCE_REGRESSION)\b`)
+var reasonRE = regexp.MustCompile(`\b(NO_FENCE|NO_RESOURCE|UNKNOWN_GRANT|BINDING_MISMATCH|NOT_OWNER|STALE_OWNER|EXPIRED|NOT_HELD|ALREADY_ENDED|FENCE_REGRESSION|BAD_SIGNATURE|REVOKED_EPOCH|REVOKED)\b`)
 
 // reason is the reason code in an admission denial, or "" for none.
 func reason(err error) string {

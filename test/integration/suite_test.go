@@ -20,6 +20,7 @@ import (
 	"k8s.io/client-go/rest"
 	clocktesting "k8s.io/utils/clock/testing"
 	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 	logf "sigs.k8s.io/controller-runtime/pkg/log"
@@ -30,7 +31,8 @@ import (
 	"go.uber.org/zap/zapcore"
 
 	lockingv1alpha1 "github.com/lockwarden/lockwarden/api/v1alpha1"
-	"github.com/lockwarden/lockwarden/controllers/lockgrant"
+	"github.com/lockwarden/lockwarden/controllers"
+	"github.com/lockwarden/lockwarden/internal/issuer"
 	lwwebhook "github.com/lockwarden/lockwarden/webhook"
 )
 
@@ -43,6 +45,9 @@ var (
 	// clk is the controller's and the webhooks' clock.
 	clk *clocktesting.FakeClock
 )
+
+// managerNamespace holds the issuer's keys and trust bundle.
+const managerNamespace = "lockwarden-system"
 
 func TestMain(m *testing.M) {
 	os.Exit(run(m))
@@ -105,8 +110,15 @@ func zapLevel() int8 {
 // does, on the fake clock, and waits until the webhook server answers.
 func startManager(ctx context.Context, env *envtest.Environment) error {
 	wo := &env.WebhookInstallOptions
+	if err := admin.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: managerNamespace}}); err != nil {
+		return err
+	}
 	mgr, err := ctrl.NewManager(cfg, ctrl.Options{
-		Scheme:  scheme,
+		Scheme: scheme,
+		Cache: cache.Options{ByObject: map[client.Object]cache.ByObject{
+			&corev1.Secret{}:    {Namespaces: map[string]cache.Config{managerNamespace: {}}},
+			&corev1.ConfigMap{}: {Namespaces: map[string]cache.Config{managerNamespace: {}}},
+		}},
 		Metrics: metricsserver.Options{BindAddress: "0"},
 		WebhookServer: webhook.NewServer(webhook.Options{
 			Host: wo.LocalServingHost, Port: wo.LocalServingPort, CertDir: wo.LocalServingCertDir,
@@ -115,13 +127,14 @@ func startManager(ctx context.Context, env *envtest.Environment) error {
 	if err != nil {
 		return err
 	}
-	if err := (&lockgrant.Reconciler{
-		Client: mgr.GetClient(), APIReader: mgr.GetAPIReader(), Clock: clk,
-		Recorder: mgr.GetEventRecorder("lockwarden"),
-	}).SetupWithManager(ctx, mgr); err != nil {
+	keyring := &issuer.Keyring{Reader: mgr.GetClient(), Namespace: managerNamespace}
+	if err := controllers.Setup(ctx, mgr, controllers.Options{
+		Clock: clk, Keyring: keyring, Namespace: managerNamespace,
+		WebhookConfiguration: "validating-webhook-configuration",
+	}); err != nil {
 		return err
 	}
-	if err := lwwebhook.Setup(mgr, clk); err != nil {
+	if err := lwwebhook.Setup(mgr, clk, keyring.TrustBundle); err != nil {
 		return err
 	}
 	go func() {

@@ -8,17 +8,27 @@ import (
 	"github.com/lockwarden/lockwarden/pkg/fencing"
 )
 
-// decisions counts guarded-write decisions by outcome and reason code.
-var decisions = prometheus.NewCounterVec(prometheus.CounterOpts{
-	Name: "lockwarden_guarded_write_decisions_total",
-	Help: "Guarded writes admitted or denied, by reason code (empty when admitted).",
-}, []string{"decision", "reason", "operation"})
+var (
+	// decisions counts guarded-write decisions by webhook, outcome and
+	// reason code.
+	decisions = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "lockwarden_guarded_write_decisions_total",
+		Help: "Guarded writes checked, by webhook (label, enforce, shadow), decision (admitted, denied, error) and reason code.",
+	}, []string{"webhook", "decision", "reason", "operation"})
+
+	// shadowDenials counts writes a Shadow policy admitted that Enforce
+	// would have denied.
+	shadowDenials = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "lockwarden_guardpolicy_shadow_denials_total",
+		Help: "Writes a GuardPolicy in Shadow mode admitted that Enforce would have denied, by policy and reason code.",
+	}, []string{"policy", "reason"})
+)
 
 func init() {
-	metrics.Registry.MustRegister(decisions)
+	metrics.Registry.MustRegister(decisions, shadowDenials)
 }
 
-func observe(req admission.Request, err error) {
+func observe(webhook string, req admission.Request, err error) {
 	decision, reason := "admitted", ""
 	if err != nil {
 		decision, reason = "denied", string(fencing.ReasonOf(err))
@@ -26,5 +36,5 @@ func observe(req admission.Request, err error) {
 			decision, reason = "error", "INTERNAL"
 		}
 	}
-	decisions.WithLabelValues(decision, reason, string(req.Operation)).Inc()
+	decisions.WithLabelValues(webhook, decision, reason, string(req.Operation)).Inc()
 }

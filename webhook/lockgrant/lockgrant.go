@@ -6,7 +6,15 @@ package lockgrant
 import (
 	"context"
 	"fmt"
+	"strings"
 	"time"
+
+	authorizationv1 "k8s.io/api/authorization/v1"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/klog/v2"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	logf "sigs.k8s.io/controller-runtime/pkg/log"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -15,6 +23,7 @@ import (
 
 	lockingv1alpha1 "github.com/lockwarden/lockwarden/api/v1alpha1"
 	"github.com/lockwarden/lockwarden/internal/facts"
+	"github.com/lockwarden/lockwarden/internal/policy"
 	"github.com/lockwarden/lockwarden/pkg/fencing"
 )
 
@@ -59,20 +68,31 @@ func (d *Defaulter) Default(ctx context.Context, g *lockingv1alpha1.LockGrant) e
 		g.Annotations = map[string]string{}
 	}
 	g.Annotations[lockingv1alpha1.RequestedAtAnnotation] = d.Clock.Now().UTC().Format(time.RFC3339Nano)
+	g.Annotations[lockingv1alpha1.OwnerGroupsAnnotation] = strings.Join(req.UserInfo.Groups, ",")
 	return nil
 }
 
-// Validator refuses a spoofed owner and any renew or release that is not
-// the owner's or that the grant's state does not allow.
+// Validator refuses a spoofed owner, a request its GuardPolicy does not
+// allow, any renew or release that is not the owner's or that the grant's
+// state does not allow, and a forced release without its permission.
 type Validator struct {
 	Clock clock.PassiveClock
+	// Reader reads GuardPolicies and namespaces.
+	Reader client.Reader
+	// Authorizer answers SubjectAccessReviews for forced releases.
+	Authorizer client.Client
 }
+
+// ForceReleaseVerb is the RBAC verb on lockgrants that lets an identity
+// delete (force-release) a live grant it does not own. Owners delete their
+// own grants with the ordinary delete verb.
+const ForceReleaseVerb = "force-release"
 
 var _ admission.Validator[*lockingv1alpha1.LockGrant] = &Validator{}
 
 // NewValidator returns the validating webhook of LockGrants.
-func NewValidator(s *runtime.Scheme, clk clock.PassiveClock) *admission.Webhook {
-	return admission.WithValidator(s, &Validator{Clock: clk})
+func NewValidator(s *runtime.Scheme, clk clock.PassiveClock, r client.Reader, authz client.Client) *admission.Webhook {
+	return admission.WithValidator(s, &Validator{Clock: clk, Reader: r, Authorizer: authz})
 }
 
 // ValidateCreate checks that the owner is the requester and that the
@@ -94,7 +114,29 @@ func (v *Validator) ValidateCreate(ctx context.Context, g *lockingv1alpha1.LockG
 			return nil, apierrors.NewBadRequest(fmt.Sprintf("a LockGrant with requestID %q must be named %q (or use generateName)", g.Spec.RequestID, want))
 		}
 	}
+	if g.Spec.Policy != "" {
+		return nil, v.checkPolicy(ctx, g)
+	}
 	return nil, nil
+}
+
+// checkPolicy refuses a request its GuardPolicy does not allow.
+func (v *Validator) checkPolicy(ctx context.Context, g *lockingv1alpha1.LockGrant) error {
+	pol := &lockingv1alpha1.GuardPolicy{}
+	if err := v.Reader.Get(ctx, types.NamespacedName{Name: g.Spec.Policy}, pol); err != nil {
+		if apierrors.IsNotFound(err) {
+			return apierrors.NewBadRequest(fmt.Sprintf("GuardPolicy %q does not exist", g.Spec.Policy))
+		}
+		return err
+	}
+	if !policy.AllowsHolder(pol, g.Spec.Owner, policy.Groups(g)) {
+		return deny(g.Name, &fencing.Error{Reason: fencing.ReasonNotOwner,
+			Detail: fmt.Sprintf("%q is not a holder of GuardPolicy %q", g.Spec.Owner, pol.Name)})
+	}
+	if !policy.AllowsTTL(pol, g.Spec.LeaseDurationSeconds) {
+		return apierrors.NewBadRequest(fmt.Sprintf("GuardPolicy %q allows leases of at most %d seconds", pol.Name, pol.Spec.MaxLeaseDurationSeconds))
+	}
+	return nil
 }
 
 // ValidateUpdate lets the owner renew (raise spec.renewals) or release (set
@@ -107,8 +149,10 @@ func (v *Validator) ValidateUpdate(ctx context.Context, oldG, newG *lockingv1alp
 	if err != nil {
 		return nil, err
 	}
-	if oldG.Annotations[lockingv1alpha1.RequestedAtAnnotation] != newG.Annotations[lockingv1alpha1.RequestedAtAnnotation] {
-		return nil, apierrors.NewBadRequest("annotation " + lockingv1alpha1.RequestedAtAnnotation + " is immutable")
+	for _, a := range []string{lockingv1alpha1.RequestedAtAnnotation, lockingv1alpha1.OwnerGroupsAnnotation} {
+		if oldG.Annotations[a] != newG.Annotations[a] {
+			return nil, apierrors.NewBadRequest("annotation " + a + " is immutable")
+		}
 	}
 	now := v.Clock.Now()
 	g := *facts.Grant(oldG)
@@ -128,9 +172,44 @@ func (v *Validator) ValidateUpdate(ctx context.Context, oldG, newG *lockingv1alp
 	return nil, nil
 }
 
-// ValidateDelete allows deletion; RBAC decides who may delete.
-func (v *Validator) ValidateDelete(context.Context, *lockingv1alpha1.LockGrant) (admission.Warnings, error) {
-	return nil, nil
+// ValidateDelete lets the owner delete its grant, anyone with delete
+// rights delete a finished one, and otherwise requires the force-release
+// verb: deleting a live grant someone else holds is a forced release, a
+// separate and audited action (the next grant gets a higher fence). Grants
+// in a namespace being deleted can always go.
+func (v *Validator) ValidateDelete(ctx context.Context, g *lockingv1alpha1.LockGrant) (admission.Warnings, error) {
+	req, err := admission.RequestFromContext(ctx)
+	if err != nil {
+		return nil, err
+	}
+	if req.UserInfo.Username == g.Spec.Owner || g.Status.Phase.Final() {
+		return nil, nil
+	}
+	ns := &corev1.Namespace{}
+	if err := v.Reader.Get(ctx, types.NamespacedName{Name: g.Namespace}, ns); err == nil && ns.DeletionTimestamp != nil {
+		return nil, nil
+	}
+	extra := map[string]authorizationv1.ExtraValue{}
+	for k, vals := range req.UserInfo.Extra {
+		extra[k] = authorizationv1.ExtraValue(vals)
+	}
+	sar := &authorizationv1.SubjectAccessReview{Spec: authorizationv1.SubjectAccessReviewSpec{
+		User: req.UserInfo.Username, UID: req.UserInfo.UID, Groups: req.UserInfo.Groups, Extra: extra,
+		ResourceAttributes: &authorizationv1.ResourceAttributes{
+			Namespace: g.Namespace, Verb: ForceReleaseVerb, Group: lockingv1alpha1.GroupVersion.Group,
+			Resource: "lockgrants", Name: g.Name,
+		},
+	}}
+	if err := v.Authorizer.Create(ctx, sar); err != nil {
+		return nil, fmt.Errorf("checking the force-release permission: %w", err)
+	}
+	if !sar.Status.Allowed {
+		return nil, deny(g.Name, &fencing.Error{Reason: fencing.ReasonNotOwner, Detail: fmt.Sprintf(
+			"%q is not the owner of this %s grant; deleting it is a forced release, which needs the %q verb on lockgrants",
+			req.UserInfo.Username, g.Status.Phase, ForceReleaseVerb)})
+	}
+	logf.FromContext(ctx).Info("Forced release", "grant", klog.KObj(g), "by", req.UserInfo.Username, "owner", g.Spec.Owner, "fence", g.Status.FenceToken)
+	return admission.Warnings{fmt.Sprintf("forced release of %s's grant (fence %d)", g.Spec.Owner, g.Status.FenceToken)}, nil
 }
 
 func requester(ctx context.Context) (string, error) {

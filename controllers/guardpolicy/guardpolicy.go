@@ -1,0 +1,261 @@
+// Package guardpolicy is the GuardPolicy controller. From all policies it
+// writes two admission webhook configurations: a validating one with one
+// webhook per Enforce policy (failurePolicy Fail) and a mutating one with
+// one webhook per Shadow policy (failurePolicy Ignore: a Shadow policy only
+// records). Each webhook selects the policy's resources, namespaces and
+// labels, and calls the manager at /guardpolicy/{enforce,shadow}/<name>,
+// reached the same way (Service or URL, same CA) as the static guarded-write
+// webhook it copies from. It reports each policy's Ready condition.
+//
+// Revoking grants that a changed policy no longer allows is the LockGrant
+// controller's job; this one only installs admission.
+package guardpolicy
+
+import (
+	"context"
+	"fmt"
+	"net/url"
+	"slices"
+
+	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
+	"k8s.io/apimachinery/pkg/api/equality"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/utils/ptr"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/builder"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/handler"
+	"sigs.k8s.io/controller-runtime/pkg/predicate"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+
+	lockingv1alpha1 "github.com/lockwarden/lockwarden/api/v1alpha1"
+	"github.com/lockwarden/lockwarden/webhook/guard"
+)
+
+// Names of the webhook configurations this controller owns.
+const (
+	EnforceConfigName = "lockwarden-guardpolicies"
+	ShadowConfigName  = "lockwarden-guardpolicies-shadow"
+	// TemplateWebhookName is the static guarded-write webhook whose
+	// clientConfig the policy webhooks copy.
+	TemplateWebhookName = "guard.locking.lockwarden.io"
+)
+
+// +kubebuilder:rbac:groups=locking.lockwarden.io,resources=guardpolicies,verbs=get;list;watch
+// +kubebuilder:rbac:groups=locking.lockwarden.io,resources=guardpolicies/status,verbs=get;update;patch
+// +kubebuilder:rbac:groups=admissionregistration.k8s.io,resources=validatingwebhookconfigurations;mutatingwebhookconfigurations,verbs=get;list;watch;create;update;patch
+
+// Reconciler installs the policies' webhooks.
+type Reconciler struct {
+	Client client.Client
+	// TemplateConfig is the ValidatingWebhookConfiguration holding the
+	// static guarded-write webhook.
+	TemplateConfig string
+}
+
+// all is the single reconcile request: every pass rebuilds both
+// configurations from every policy.
+var all = reconcile.Request{NamespacedName: types.NamespacedName{Name: "all"}}
+
+// SetupWithManager registers the controller.
+func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
+	toAll := handler.EnqueueRequestsFromMapFunc(func(context.Context, client.Object) []reconcile.Request {
+		return []reconcile.Request{all}
+	})
+	named := func(names ...string) predicate.Predicate {
+		return predicate.NewPredicateFuncs(func(o client.Object) bool { return slices.Contains(names, o.GetName()) })
+	}
+	return ctrl.NewControllerManagedBy(mgr).
+		Named("guardpolicy").
+		Watches(&lockingv1alpha1.GuardPolicy{}, toAll, builder.WithPredicates(predicate.GenerationChangedPredicate{})).
+		Watches(&admissionregistrationv1.ValidatingWebhookConfiguration{}, toAll, builder.WithPredicates(named(r.TemplateConfig, EnforceConfigName))).
+		Watches(&admissionregistrationv1.MutatingWebhookConfiguration{}, toAll, builder.WithPredicates(named(ShadowConfigName))).
+		Complete(r)
+}
+
+// Reconcile writes both configurations and every policy's status.
+func (r *Reconciler) Reconcile(ctx context.Context, _ reconcile.Request) (reconcile.Result, error) {
+	var list lockingv1alpha1.GuardPolicyList
+	if err := r.Client.List(ctx, &list); err != nil {
+		return reconcile.Result{}, err
+	}
+	slices.SortFunc(list.Items, func(a, b lockingv1alpha1.GuardPolicy) int { return compare(a.Name, b.Name) })
+	template, err := r.template(ctx)
+	if err != nil {
+		return reconcile.Result{}, err
+	}
+	var enforce []admissionregistrationv1.ValidatingWebhook
+	var shadow []admissionregistrationv1.MutatingWebhook
+	for i := range list.Items {
+		p := &list.Items[i]
+		if p.Spec.Mode == lockingv1alpha1.ModeEnforce {
+			enforce = append(enforce, validating(p, withPath(template, guard.EnforcePathPrefix+p.Name)))
+		} else {
+			shadow = append(shadow, mutating(p, withPath(template, guard.ShadowPathPrefix+p.Name)))
+		}
+	}
+	if err := r.writeValidating(ctx, enforce); err != nil {
+		return reconcile.Result{}, err
+	}
+	if err := r.writeMutating(ctx, shadow); err != nil {
+		return reconcile.Result{}, err
+	}
+	for i := range list.Items {
+		if err := r.setReady(ctx, &list.Items[i]); err != nil {
+			return reconcile.Result{}, err
+		}
+	}
+	return reconcile.Result{}, nil
+}
+
+func compare(a, b string) int {
+	switch {
+	case a < b:
+		return -1
+	case a > b:
+		return 1
+	}
+	return 0
+}
+
+// template returns the static guarded-write webhook's clientConfig.
+func (r *Reconciler) template(ctx context.Context) (admissionregistrationv1.WebhookClientConfig, error) {
+	cfg := &admissionregistrationv1.ValidatingWebhookConfiguration{}
+	if err := r.Client.Get(ctx, types.NamespacedName{Name: r.TemplateConfig}, cfg); err != nil {
+		return admissionregistrationv1.WebhookClientConfig{}, fmt.Errorf("reading %s: %w", r.TemplateConfig, err)
+	}
+	for _, w := range cfg.Webhooks {
+		if w.Name == TemplateWebhookName {
+			return w.ClientConfig, nil
+		}
+	}
+	return admissionregistrationv1.WebhookClientConfig{}, fmt.Errorf("%s has no webhook %s", r.TemplateConfig, TemplateWebhookName)
+}
+
+// withPath points a copy of the client config at path.
+func withPath(c admissionregistrationv1.WebhookClientConfig, path string) admissionregistrationv1.WebhookClientConfig {
+	out := *c.DeepCopy()
+	switch {
+	case out.Service != nil:
+		out.Service.Path = ptr.To(path)
+	case out.URL != nil:
+		if u, err := url.Parse(*out.URL); err == nil {
+			u.Path = path
+			out.URL = ptr.To(u.String())
+		}
+	}
+	return out
+}
+
+func rules(p *lockingv1alpha1.GuardPolicy) []admissionregistrationv1.RuleWithOperations {
+	var out []admissionregistrationv1.RuleWithOperations
+	for _, r := range p.Spec.Resources {
+		out = append(out, admissionregistrationv1.RuleWithOperations{
+			Operations: []admissionregistrationv1.OperationType{admissionregistrationv1.Create, admissionregistrationv1.Update, admissionregistrationv1.Delete},
+			Rule: admissionregistrationv1.Rule{
+				APIGroups: []string{r.APIGroup}, APIVersions: []string{"*"}, Resources: []string{r.Resource},
+				Scope: ptr.To(admissionregistrationv1.AllScopes),
+			},
+		})
+	}
+	return out
+}
+
+func namespaceSelector(p *lockingv1alpha1.GuardPolicy) *metav1.LabelSelector {
+	if len(p.Spec.Namespaces) == 0 {
+		return &metav1.LabelSelector{}
+	}
+	return &metav1.LabelSelector{MatchExpressions: []metav1.LabelSelectorRequirement{{
+		Key: "kubernetes.io/metadata.name", Operator: metav1.LabelSelectorOpIn, Values: slices.Clone(p.Spec.Namespaces),
+	}}}
+}
+
+func objectSelector(p *lockingv1alpha1.GuardPolicy) *metav1.LabelSelector {
+	if p.Spec.Selector == nil {
+		return &metav1.LabelSelector{}
+	}
+	return p.Spec.Selector.DeepCopy()
+}
+
+func webhookName(p *lockingv1alpha1.GuardPolicy) string {
+	return p.Name + ".guardpolicy.locking.lockwarden.io"
+}
+
+func validating(p *lockingv1alpha1.GuardPolicy, cc admissionregistrationv1.WebhookClientConfig) admissionregistrationv1.ValidatingWebhook {
+	return admissionregistrationv1.ValidatingWebhook{
+		Name: webhookName(p), ClientConfig: cc, Rules: rules(p),
+		FailurePolicy:           ptr.To(admissionregistrationv1.Fail),
+		MatchPolicy:             ptr.To(admissionregistrationv1.Equivalent),
+		NamespaceSelector:       namespaceSelector(p),
+		ObjectSelector:          objectSelector(p),
+		SideEffects:             ptr.To(admissionregistrationv1.SideEffectClassNone),
+		TimeoutSeconds:          ptr.To[int32](10),
+		AdmissionReviewVersions: []string{"v1"},
+	}
+}
+
+func mutating(p *lockingv1alpha1.GuardPolicy, cc admissionregistrationv1.WebhookClientConfig) admissionregistrationv1.MutatingWebhook {
+	return admissionregistrationv1.MutatingWebhook{
+		Name: webhookName(p), ClientConfig: cc, Rules: rules(p),
+		// Shadow mode must never block a write, not even when the
+		// manager is down.
+		FailurePolicy:           ptr.To(admissionregistrationv1.Ignore),
+		MatchPolicy:             ptr.To(admissionregistrationv1.Equivalent),
+		NamespaceSelector:       namespaceSelector(p),
+		ObjectSelector:          objectSelector(p),
+		SideEffects:             ptr.To(admissionregistrationv1.SideEffectClassNoneOnDryRun),
+		TimeoutSeconds:          ptr.To[int32](10),
+		AdmissionReviewVersions: []string{"v1"},
+		ReinvocationPolicy:      ptr.To(admissionregistrationv1.NeverReinvocationPolicy),
+	}
+}
+
+func (r *Reconciler) writeValidating(ctx context.Context, hooks []admissionregistrationv1.ValidatingWebhook) error {
+	cfg := &admissionregistrationv1.ValidatingWebhookConfiguration{}
+	err := r.Client.Get(ctx, types.NamespacedName{Name: EnforceConfigName}, cfg)
+	if apierrors.IsNotFound(err) {
+		cfg = &admissionregistrationv1.ValidatingWebhookConfiguration{ObjectMeta: metav1.ObjectMeta{Name: EnforceConfigName}, Webhooks: hooks}
+		return r.Client.Create(ctx, cfg)
+	}
+	if err != nil {
+		return err
+	}
+	if equality.Semantic.DeepEqual(cfg.Webhooks, hooks) {
+		return nil
+	}
+	cfg.Webhooks = hooks
+	return r.Client.Update(ctx, cfg)
+}
+
+func (r *Reconciler) writeMutating(ctx context.Context, hooks []admissionregistrationv1.MutatingWebhook) error {
+	cfg := &admissionregistrationv1.MutatingWebhookConfiguration{}
+	err := r.Client.Get(ctx, types.NamespacedName{Name: ShadowConfigName}, cfg)
+	if apierrors.IsNotFound(err) {
+		cfg = &admissionregistrationv1.MutatingWebhookConfiguration{ObjectMeta: metav1.ObjectMeta{Name: ShadowConfigName}, Webhooks: hooks}
+		return r.Client.Create(ctx, cfg)
+	}
+	if err != nil {
+		return err
+	}
+	if equality.Semantic.DeepEqual(cfg.Webhooks, hooks) {
+		return nil
+	}
+	cfg.Webhooks = hooks
+	return r.Client.Update(ctx, cfg)
+}
+
+func (r *Reconciler) setReady(ctx context.Context, p *lockingv1alpha1.GuardPolicy) error {
+	before := p.Status.DeepCopy()
+	p.Status.ObservedGeneration = p.Generation
+	meta.SetStatusCondition(&p.Status.Conditions, metav1.Condition{
+		Type: "Ready", Status: metav1.ConditionTrue, Reason: "WebhookInstalled", ObservedGeneration: p.Generation,
+		Message: fmt.Sprintf("%s webhook %s installed", p.Spec.Mode, webhookName(p)),
+	})
+	if equality.Semantic.DeepEqual(before, &p.Status) {
+		return nil
+	}
+	return r.Client.Status().Update(ctx, p)
+}

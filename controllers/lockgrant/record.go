@@ -1,0 +1,43 @@
+package lockgrant
+
+import (
+	lockingv1alpha1 "github.com/lockwarden/lockwarden/api/v1alpha1"
+	"github.com/lockwarden/lockwarden/internal/issuer"
+	"github.com/lockwarden/lockwarden/pkg/fencing"
+)
+
+// sign publishes the signed grant record of every grant that becomes Held in
+// this pass. revision is the FenceCounter's resourceVersion after the fence
+// was issued. A record, once published, never changes.
+func sign(p plan, params issuer.Params, revision string) {
+	for _, g := range p.statuses {
+		st := &g.Status
+		if st.Phase != lockingv1alpha1.PhaseHeld || st.Record != nil {
+			continue
+		}
+		r := fencing.Record{
+			Namespace:        g.Namespace,
+			Resource:         g.Spec.Resource,
+			Owner:            g.Spec.Owner,
+			RequestID:        g.Spec.RequestID,
+			Grant:            g.Name,
+			LeaseID:          string(g.UID),
+			OperationRoot:    g.Spec.OperationRoot,
+			OperationClass:   g.Spec.OperationClass,
+			Fence:            st.FenceToken,
+			BackendRevision:  revision,
+			Policy:           g.Spec.Policy,
+			PolicyGeneration: p.policyGenerations[g.Spec.Policy],
+			IssuerEpoch:      fencing.EpochOf(st.FenceToken),
+			TTLSeconds:       int64(g.Spec.LeaseDurationSeconds),
+			KeyID:            params.KeyID,
+		}
+		st.Proof = string(fencing.Sign(r, params.Key))
+		st.Record = &lockingv1alpha1.GrantRecord{
+			Schema: fencing.RecordSchema, Resource: r.Resource, Owner: r.Owner, RequestID: r.RequestID,
+			LeaseID: r.LeaseID, OperationRoot: r.OperationRoot, OperationClass: r.OperationClass,
+			FenceToken: r.Fence, BackendRevision: r.BackendRevision, Policy: r.Policy,
+			PolicyGeneration: r.PolicyGeneration, IssuerEpoch: r.IssuerEpoch, TTLSeconds: r.TTLSeconds, KeyID: r.KeyID,
+		}
+	}
+}

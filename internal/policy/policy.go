@@ -1,0 +1,102 @@
+// Package policy holds the pure rules of GuardPolicies: which objects a
+// policy covers, the resource ID it maps an object to, and who may hold
+// grants under it. The LockGrant webhook and controller and the guarded-write
+// webhook all call it.
+package policy
+
+import (
+	"fmt"
+	"slices"
+	"strings"
+
+	rbacv1 "k8s.io/api/rbac/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
+
+	lockingv1alpha1 "github.com/lockwarden/lockwarden/api/v1alpha1"
+)
+
+// AllowsHolder reports whether an identity (user name and groups) is among
+// the policy's holders: a User subject by name, a Group subject by one of
+// groups, a ServiceAccount subject by its system:serviceaccount:NS:NAME name.
+func AllowsHolder(p *lockingv1alpha1.GuardPolicy, user string, groups []string) bool {
+	for _, s := range p.Spec.Holders {
+		switch s.Kind {
+		case rbacv1.UserKind:
+			if s.Name == user {
+				return true
+			}
+		case rbacv1.GroupKind:
+			if slices.Contains(groups, s.Name) {
+				return true
+			}
+		case rbacv1.ServiceAccountKind:
+			if "system:serviceaccount:"+s.Namespace+":"+s.Name == user {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// AllowsTTL reports whether the policy allows a lease of ttl seconds.
+func AllowsTTL(p *lockingv1alpha1.GuardPolicy, ttl int32) bool {
+	return p.Spec.MaxLeaseDurationSeconds == 0 || ttl <= p.Spec.MaxLeaseDurationSeconds
+}
+
+// AllowsGrant reports why a grant by owner (with groups) for ttl seconds is
+// not allowed under the policy, or "" when it is.
+func AllowsGrant(p *lockingv1alpha1.GuardPolicy, owner string, groups []string, ttl int32) string {
+	switch {
+	case !AllowsHolder(p, owner, groups):
+		return fmt.Sprintf("%q is not a holder of GuardPolicy %q", owner, p.Name)
+	case !AllowsTTL(p, ttl):
+		return fmt.Sprintf("GuardPolicy %q allows leases of at most %d seconds", p.Name, p.Spec.MaxLeaseDurationSeconds)
+	}
+	return ""
+}
+
+// Covers reports whether the policy covers an object of the given API group
+// and resource in namespace ns with these labels.
+func Covers(p *lockingv1alpha1.GuardPolicy, group, resource, ns string, objLabels map[string]string) (bool, error) {
+	if !slices.ContainsFunc(p.Spec.Resources, func(r lockingv1alpha1.GuardedResource) bool {
+		return r.APIGroup == group && r.Resource == resource
+	}) {
+		return false, nil
+	}
+	if len(p.Spec.Namespaces) > 0 && !slices.Contains(p.Spec.Namespaces, ns) {
+		return false, nil
+	}
+	if p.Spec.Selector == nil {
+		return true, nil
+	}
+	sel, err := metav1.LabelSelectorAsSelector(p.Spec.Selector)
+	if err != nil {
+		return false, fmt.Errorf("GuardPolicy %q selector: %w", p.Name, err)
+	}
+	return sel.Matches(labels.Set(objLabels)), nil
+}
+
+// ResourceID maps an object to its resource ID under the policy: the
+// template with {namespace} and {name} replaced, or the object's resource
+// annotation when the policy has no template. It returns "" when the object
+// has no valid resource ID.
+func ResourceID(p *lockingv1alpha1.GuardPolicy, ns, name string, annotations map[string]string) string {
+	id := annotations[lockingv1alpha1.ResourceAnnotation]
+	if t := p.Spec.ResourceIDTemplate; t != "" {
+		id = strings.NewReplacer("{namespace}", ns, "{name}", name).Replace(t)
+	}
+	if !lockingv1alpha1.ValidResourceID(id) {
+		return ""
+	}
+	return id
+}
+
+// Groups splits the owner-groups annotation of a LockGrant.
+func Groups(g *lockingv1alpha1.LockGrant) []string {
+	v := g.Annotations[lockingv1alpha1.OwnerGroupsAnnotation]
+	if v == "" {
+		return nil
+	}
+	return strings.Split(v, ",")
+}
