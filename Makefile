@@ -28,7 +28,8 @@ help: ## Show this help.
 
 .PHONY: manifests
 manifests: tools ## Generate CRDs and RBAC from the Go markers (webhook manifests are written by hand).
-	$(CONTROLLER_GEN) rbac:roleName=manager-role crd paths="./..." output:crd:artifacts:config=config/crd/bases output:rbac:artifacts:config=config/rbac
+	$(CONTROLLER_GEN) crd paths="./api/..." output:crd:artifacts:config=config/crd/bases
+	$(CONTROLLER_GEN) rbac:roleName=manager-role paths="./cmd/...;./controllers/...;./webhook/..." output:rbac:artifacts:config=config/rbac
 
 .PHONY: generate
 generate: tools ## Generate DeepCopy methods.
