@@ -48,7 +48,7 @@ func Setup(ctx context.Context, mgr ctrl.Manager, o Options) error {
 	if err := (&issuer.Reconciler{Client: mgr.GetClient(), Namespace: o.Namespace}).SetupWithManager(mgr); err != nil {
 		return fmt.Errorf("setting up the FenceIssuer controller: %w", err)
 	}
-	if err := (&guardpolicy.Reconciler{Client: mgr.GetClient(), TemplateConfig: o.WebhookConfiguration}).SetupWithManager(mgr); err != nil {
+	if err := (&guardpolicy.Reconciler{Client: mgr.GetClient(), APIReader: mgr.GetAPIReader(), TemplateConfig: o.WebhookConfiguration}).SetupWithManager(mgr); err != nil {
 		return fmt.Errorf("setting up the GuardPolicy controller: %w", err)
 	}
 	return nil

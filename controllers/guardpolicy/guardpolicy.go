@@ -51,6 +51,9 @@ const (
 // Reconciler installs the policies' webhooks.
 type Reconciler struct {
 	Client client.Client
+	// APIReader reads the configurations this controller owns directly,
+	// so that a lagging cache never makes it create one twice.
+	APIReader client.Reader
 	// TemplateConfig is the ValidatingWebhookConfiguration holding the
 	// static guarded-write webhook.
 	TemplateConfig string
@@ -215,7 +218,7 @@ func mutating(p *lockingv1alpha1.GuardPolicy, cc admissionregistrationv1.Webhook
 
 func (r *Reconciler) writeValidating(ctx context.Context, hooks []admissionregistrationv1.ValidatingWebhook) error {
 	cfg := &admissionregistrationv1.ValidatingWebhookConfiguration{}
-	err := r.Client.Get(ctx, types.NamespacedName{Name: EnforceConfigName}, cfg)
+	err := r.APIReader.Get(ctx, types.NamespacedName{Name: EnforceConfigName}, cfg)
 	if apierrors.IsNotFound(err) {
 		cfg = &admissionregistrationv1.ValidatingWebhookConfiguration{ObjectMeta: metav1.ObjectMeta{Name: EnforceConfigName}, Webhooks: hooks}
 		return r.Client.Create(ctx, cfg)
@@ -232,7 +235,7 @@ func (r *Reconciler) writeValidating(ctx context.Context, hooks []admissionregis
 
 func (r *Reconciler) writeMutating(ctx context.Context, hooks []admissionregistrationv1.MutatingWebhook) error {
 	cfg := &admissionregistrationv1.MutatingWebhookConfiguration{}
-	err := r.Client.Get(ctx, types.NamespacedName{Name: ShadowConfigName}, cfg)
+	err := r.APIReader.Get(ctx, types.NamespacedName{Name: ShadowConfigName}, cfg)
 	if apierrors.IsNotFound(err) {
 		cfg = &admissionregistrationv1.MutatingWebhookConfiguration{ObjectMeta: metav1.ObjectMeta{Name: ShadowConfigName}, Webhooks: hooks}
 		return r.Client.Create(ctx, cfg)

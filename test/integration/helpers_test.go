@@ -159,6 +159,17 @@ func wake(t *testing.T, g *lockingv1alpha1.LockGrant) {
 // with the given fence annotation: create when it does not exist, else update.
 func write(t *testing.T, a *actor, ns, name string, g *lockingv1alpha1.LockGrant, fence, data string) error {
 	t.Helper()
+	return writeCM(t, a, ns, name, data, map[string]string{
+		lockingv1alpha1.ResourceAnnotation: resource,
+		lockingv1alpha1.GrantAnnotation:    g.Name,
+		lockingv1alpha1.FenceAnnotation:    fence,
+	}, map[string]string{lockingv1alpha1.GuardedLabel: "true"})
+}
+
+// writeCM creates or updates ConfigMap name as a, setting the given
+// annotations and labels (an empty value deletes the key) and data.
+func writeCM(t *testing.T, a *actor, ns, name, data string, annotations, labels map[string]string) error {
+	t.Helper()
 	cm := &corev1.ConfigMap{}
 	err := a.c.Get(t.Context(), types.NamespacedName{Namespace: ns, Name: name}, cm)
 	if err != nil && !apierrors.IsNotFound(err) {
@@ -174,10 +185,18 @@ func write(t *testing.T, a *actor, ns, name string, g *lockingv1alpha1.LockGrant
 	if cm.Annotations == nil {
 		cm.Annotations = map[string]string{}
 	}
-	cm.Labels[lockingv1alpha1.GuardedLabel] = "true"
-	cm.Annotations[lockingv1alpha1.ResourceAnnotation] = resource
-	cm.Annotations[lockingv1alpha1.GrantAnnotation] = g.Name
-	cm.Annotations[lockingv1alpha1.FenceAnnotation] = fence
+	for k, v := range labels {
+		cm.Labels[k] = v
+		if v == "" {
+			delete(cm.Labels, k)
+		}
+	}
+	for k, v := range annotations {
+		cm.Annotations[k] = v
+		if v == "" {
+			delete(cm.Annotations, k)
+		}
+	}
 	cm.Data = map[string]string{"result": data}
 	if create {
 		return a.c.Create(t.Context(), cm)
@@ -223,4 +242,28 @@ func counterOf(t *testing.T, ns string) *lockingv1alpha1.FenceCounter {
 		t.Fatal(err)
 	}
 	return c
+}
+
+// waitUntil polls cond every 20 ms until it holds, for at most 30 s.
+func waitUntil(t *testing.T, what string, cond func() (bool, error)) {
+	t.Helper()
+	err := wait.PollUntilContextTimeout(t.Context(), 20*time.Millisecond, 30*time.Second, true, func(context.Context) (bool, error) {
+		return cond()
+	})
+	if err != nil {
+		t.Fatalf("waiting until %s: %v", what, err)
+	}
+}
+
+// configMap reads a ConfigMap as admin; nil when absent.
+func configMap(t *testing.T, ns, name string) *corev1.ConfigMap {
+	t.Helper()
+	cm := &corev1.ConfigMap{}
+	if err := admin.Get(t.Context(), types.NamespacedName{Namespace: ns, Name: name}, cm); err != nil {
+		if apierrors.IsNotFound(err) {
+			return nil
+		}
+		t.Fatal(err)
+	}
+	return cm
 }

@@ -159,7 +159,7 @@ func grantUsersAccess(ctx context.Context) error {
 	role := &rbacv1.ClusterRole{
 		ObjectMeta: metav1.ObjectMeta{Name: "lockwarden-test-user"},
 		Rules: []rbacv1.PolicyRule{
-			{APIGroups: []string{"locking.lockwarden.io"}, Resources: []string{"lockgrants"}, Verbs: []string{"*"}},
+			{APIGroups: []string{"locking.lockwarden.io"}, Resources: []string{"lockgrants"}, Verbs: []string{"get", "list", "watch", "create", "update", "patch", "delete"}},
 			{APIGroups: []string{"locking.lockwarden.io"}, Resources: []string{"lockgrants/status", "fencecounters"}, Verbs: []string{"get", "list", "watch"}},
 			{APIGroups: []string{""}, Resources: []string{"configmaps"}, Verbs: []string{"*"}},
 		},
