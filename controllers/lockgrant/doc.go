@@ -6,7 +6,7 @@
 // One reconcile request is one resource (namespace + FenceCounter name), so
 // every decision about a resource is taken by one worker at a time, on one
 // consistent set of facts: gather (grants from the cache, the counter by a
-// direct read), decide (a pure function, decide.go), apply (the counter by
+// direct read), decide (the pure internal/grantplan), apply (the counter by
 // compare-and-swap first, then each changed status once).
 //
 // Guarantees, given that only this controller writes FenceCounters and

@@ -21,6 +21,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	lockingv1alpha1 "github.com/lockwarden/lockwarden/api/v1alpha1"
+	"github.com/lockwarden/lockwarden/internal/grantplan"
 	"github.com/lockwarden/lockwarden/internal/issuer"
 )
 
@@ -129,24 +130,24 @@ func (r *Reconciler) resourcesUnderPolicy(ctx context.Context, o client.Object) 
 
 // Reconcile brings one resource's grants and counter up to date.
 func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reconcile.Result, error) {
-	var p plan
+	var p grantplan.Plan
 	var params issuer.Params
 	var revision string
 	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
 		f, err := r.gather(ctx, req)
-		if err != nil || f.resource == "" {
-			p = plan{}
+		if err != nil || f.Resource == "" {
+			p = grantplan.Plan{}
 			return err
 		}
-		params = f.params
-		p = decide(f)
-		revision, err = r.writeCounter(ctx, req, f.counter, p.counter)
+		params = f.Params
+		p = grantplan.Decide(f)
+		revision, err = r.writeCounter(ctx, req, f.Counter, p.Counter)
 		return err
 	})
 	if err != nil {
 		return reconcile.Result{}, err
 	}
-	sign(p, params, revision)
+	grantplan.Sign(p, params, revision)
 	if err := r.writeStatuses(ctx, p); err != nil {
 		return reconcile.Result{}, err
 	}
@@ -154,19 +155,19 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reco
 		return reconcile.Result{}, err
 	}
 	r.emit(p)
-	return reconcile.Result{RequeueAfter: p.requeueAfter}, nil
+	return reconcile.Result{RequeueAfter: p.RequeueAfter}, nil
 }
 
 // gather reads what decide needs: the resource's grants from the cache, and
 // the counter and its holder directly from the API server, so that the
 // compare-and-swap and the holder's expiry are judged on fresh data.
-func (r *Reconciler) gather(ctx context.Context, req reconcile.Request) (facts, error) {
-	f := facts{now: r.Clock.Now(), retention: r.FinishedGrantRetention}
+func (r *Reconciler) gather(ctx context.Context, req reconcile.Request) (grantplan.Facts, error) {
+	f := grantplan.Facts{Now: r.Clock.Now(), Retention: r.FinishedGrantRetention}
 	var list lockingv1alpha1.LockGrantList
 	if err := r.Client.List(ctx, &list, client.InNamespace(req.Namespace), client.MatchingFields{CounterNameField: req.Name}); err != nil {
 		return f, fmt.Errorf("listing grants: %w", err)
 	}
-	f.grants = list.Items
+	f.Grants = list.Items
 
 	counter := &lockingv1alpha1.FenceCounter{}
 	switch err := r.APIReader.Get(ctx, req.NamespacedName, counter); {
@@ -175,27 +176,27 @@ func (r *Reconciler) gather(ctx context.Context, req reconcile.Request) (facts, 
 	case err != nil:
 		return f, fmt.Errorf("reading fence counter: %w", err)
 	}
-	f.counter = counter
+	f.Counter = counter
 
 	if counter != nil {
-		f.resource = counter.Spec.Resource
+		f.Resource = counter.Spec.Resource
 		if h := counter.Spec.Holder; h != nil {
 			if err := r.refreshHolder(ctx, &f, req.Namespace, h); err != nil {
 				return f, err
 			}
 		}
-	} else if len(f.grants) > 0 {
-		f.resource = f.grants[0].Spec.Resource
+	} else if len(f.Grants) > 0 {
+		f.Resource = f.Grants[0].Spec.Resource
 	}
-	if len(f.grants) == 0 {
+	if len(f.Grants) == 0 {
 		return f, nil // at most a stale holder to clear; no issuing
 	}
 	params, err := r.Keyring.Params(ctx)
 	if err != nil {
 		return f, err
 	}
-	f.params, f.epoch, f.revoked = params, params.Epoch, params.Revoked
-	if f.policies, err = r.policies(ctx, f.grants); err != nil {
+	f.Params, f.Epoch, f.Revoked = params, params.Epoch, params.Revoked
+	if f.Policies, err = r.policies(ctx, f.Grants); err != nil {
 		return f, err
 	}
 	return f, nil
@@ -226,7 +227,7 @@ func (r *Reconciler) policies(ctx context.Context, grants []lockingv1alpha1.Lock
 
 // refreshHolder replaces the holder's cached copy with a direct read: a
 // renew applied a moment ago must not look expired because the cache lags.
-func (r *Reconciler) refreshHolder(ctx context.Context, f *facts, ns string, h *lockingv1alpha1.FenceHolder) error {
+func (r *Reconciler) refreshHolder(ctx context.Context, f *grantplan.Facts, ns string, h *lockingv1alpha1.FenceHolder) error {
 	fresh := &lockingv1alpha1.LockGrant{}
 	err := r.APIReader.Get(ctx, types.NamespacedName{Namespace: ns, Name: h.Name}, fresh)
 	found := err == nil && string(fresh.UID) == h.UID
@@ -234,19 +235,19 @@ func (r *Reconciler) refreshHolder(ctx context.Context, f *facts, ns string, h *
 		return fmt.Errorf("reading holder grant: %w", err)
 	}
 	replaced := false
-	for i := range f.grants {
-		if string(f.grants[i].UID) == h.UID {
+	for i := range f.Grants {
+		if string(f.Grants[i].UID) == h.UID {
 			if found {
-				f.grants[i] = *fresh
+				f.Grants[i] = *fresh
 			} else {
-				f.grants = append(f.grants[:i], f.grants[i+1:]...)
+				f.Grants = append(f.Grants[:i], f.Grants[i+1:]...)
 			}
 			replaced = true
 			break
 		}
 	}
 	if found && !replaced {
-		f.grants = append(f.grants, *fresh)
+		f.Grants = append(f.Grants, *fresh)
 	}
 	return nil
 }
@@ -292,8 +293,8 @@ func (r *Reconciler) writeCounter(ctx context.Context, req reconcile.Request, cu
 // writeStatuses writes each changed status once, the new holder first. Each
 // update carries the resourceVersion it was decided on; a Conflict requeues
 // the resource, and the next pass converges on the counter.
-func (r *Reconciler) writeStatuses(ctx context.Context, p plan) error {
-	for _, g := range p.statuses {
+func (r *Reconciler) writeStatuses(ctx context.Context, p grantplan.Plan) error {
+	for _, g := range p.Statuses {
 		if err := r.Client.Status().Update(ctx, g); err != nil {
 			if apierrors.IsNotFound(err) {
 				continue
@@ -307,8 +308,8 @@ func (r *Reconciler) writeStatuses(ctx context.Context, p plan) error {
 // deleteFinished deletes finished grants past their retention, each with a
 // UID and resourceVersion precondition so that only the decided-on version
 // goes.
-func (r *Reconciler) deleteFinished(ctx context.Context, p plan) error {
-	for _, g := range p.deletes {
+func (r *Reconciler) deleteFinished(ctx context.Context, p grantplan.Plan) error {
+	for _, g := range p.Deletes {
 		uid, rv := g.UID, g.ResourceVersion
 		err := r.Client.Delete(ctx, g, client.Preconditions{UID: &uid, ResourceVersion: &rv})
 		if err != nil && !apierrors.IsNotFound(err) {
@@ -318,15 +319,15 @@ func (r *Reconciler) deleteFinished(ctx context.Context, p plan) error {
 	return nil
 }
 
-func (r *Reconciler) emit(p plan) {
+func (r *Reconciler) emit(p grantplan.Plan) {
 	if r.Recorder == nil {
 		return
 	}
-	for _, e := range p.events {
+	for _, e := range p.Events {
 		t := corev1.EventTypeNormal
-		if e.warning {
+		if e.Warning {
 			t = corev1.EventTypeWarning
 		}
-		r.Recorder.Eventf(e.grant, nil, t, e.reason, e.reason, "%s", e.note)
+		r.Recorder.Eventf(e.Grant, nil, t, e.Reason, e.Reason, "%s", e.Note)
 	}
 }

@@ -1,4 +1,4 @@
-package lockgrant
+package grantplan
 
 import (
 	lockingv1alpha1 "github.com/lockwarden/lockwarden/api/v1alpha1"
@@ -9,8 +9,8 @@ import (
 // sign publishes the signed grant record of every grant that becomes Held in
 // this pass. revision is the FenceCounter's resourceVersion after the fence
 // was issued. A record, once published, never changes.
-func sign(p plan, params issuer.Params, revision string) {
-	for _, g := range p.statuses {
+func Sign(p Plan, params issuer.Params, revision string) {
+	for _, g := range p.Statuses {
 		st := &g.Status
 		if st.Phase != lockingv1alpha1.PhaseHeld || st.Record != nil {
 			continue
@@ -27,7 +27,7 @@ func sign(p plan, params issuer.Params, revision string) {
 			Fence:            st.FenceToken,
 			BackendRevision:  revision,
 			Policy:           g.Spec.Policy,
-			PolicyGeneration: p.policyGenerations[g.Spec.Policy],
+			PolicyGeneration: p.PolicyGenerations[g.Spec.Policy],
 			IssuerEpoch:      fencing.EpochOf(st.FenceToken),
 			TTLSeconds:       int64(g.Spec.LeaseDurationSeconds),
 			KeyID:            params.KeyID,

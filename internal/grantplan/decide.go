@@ -1,4 +1,4 @@
-package lockgrant
+package grantplan
 
 import (
 	"cmp"
@@ -34,42 +34,44 @@ const (
 	ReasonPolicyDenied = "PolicyDenied"
 )
 
-// facts is what one decision about a resource needs.
-type facts struct {
-	now time.Time
-	// retention is how long a finished grant is kept; 0 keeps it forever.
-	retention time.Duration
-	resource  string
-	// counter is the resource's FenceCounter from a direct read; nil when
+// Facts is what one decision about a resource needs.
+type Facts struct {
+	// Now is the controller's clock.
+	Now time.Time
+	// Retention is how long a finished grant is kept; 0 keeps it forever.
+	Retention time.Duration
+	// Resource is the resource ID.
+	Resource string
+	// Counter is the resource's FenceCounter from a direct read; nil when
 	// it does not exist yet.
-	counter *lockingv1alpha1.FenceCounter
-	// grants are every LockGrant of the resource in the namespace.
-	grants []lockingv1alpha1.LockGrant
-	// epoch is the current issuer epoch, revoked the revoked epochs.
-	epoch   int64
-	revoked []int64
-	// policies are the GuardPolicies the grants name; a nil value means
+	Counter *lockingv1alpha1.FenceCounter
+	// Grants are every LockGrant of the resource in the namespace.
+	Grants []lockingv1alpha1.LockGrant
+	// Epoch is the current issuer epoch, revoked the revoked epochs.
+	Epoch   int64
+	Revoked []int64
+	// Policies are the GuardPolicies the grants name; a nil value means
 	// the policy does not exist.
-	policies map[string]*lockingv1alpha1.GuardPolicy
-	// params are the issuer's epoch and signing key, for records.
-	params issuer.Params
+	Policies map[string]*lockingv1alpha1.GuardPolicy
+	// Params are the issuer's epoch and signing key, for records.
+	Params issuer.Params
 }
 
 // revocation says why a grant that is Held or waiting must be revoked, or
 // "" when it may go on: its epoch was revoked or superseded, or its policy
 // no longer allows it.
-func (f facts) revocation(g *lockingv1alpha1.LockGrant) (reason, msg string) {
+func (f Facts) revocation(g *lockingv1alpha1.LockGrant) (reason, msg string) {
 	if g.Status.FenceToken > 0 {
 		e := fencing.EpochOf(g.Status.FenceToken)
 		switch {
-		case slices.Contains(f.revoked, e):
+		case slices.Contains(f.Revoked, e):
 			return ReasonRevokedEpoch, fmt.Sprintf("Issuer epoch %d was revoked", e)
-		case e < f.epoch:
-			return ReasonRevokedEpoch, fmt.Sprintf("Issued in epoch %d; the issuer moved to epoch %d", e, f.epoch)
+		case e < f.Epoch:
+			return ReasonRevokedEpoch, fmt.Sprintf("Issued in epoch %d; the issuer moved to epoch %d", e, f.Epoch)
 		}
 	}
 	if name := g.Spec.Policy; name != "" {
-		pol := f.policies[name]
+		pol := f.Policies[name]
 		if pol == nil {
 			return ReasonPolicyDenied, fmt.Sprintf("GuardPolicy %q does not exist", name)
 		}
@@ -80,32 +82,33 @@ func (f facts) revocation(g *lockingv1alpha1.LockGrant) (reason, msg string) {
 	return "", ""
 }
 
-// event is one Kubernetes Event to emit about a grant.
-type event struct {
-	grant   *lockingv1alpha1.LockGrant
-	warning bool
-	reason  string
-	note    string
+// Event is one Kubernetes Event to emit about a grant.
+type Event struct {
+	Grant   *lockingv1alpha1.LockGrant
+	Warning bool
+	Reason  string
+	Note    string
 }
 
-// plan is the outcome of decide: what to write, in order.
-type plan struct {
-	// counter is the counter's new spec, or nil when it does not change.
-	counter *lockingv1alpha1.FenceCounterSpec
-	// granted is the grant that becomes Held in this pass, if any; its
+// Plan is the outcome of Decide: what to write, in order.
+type Plan struct {
+	// Counter is the counter's new spec, or nil when it does not change.
+	Counter *lockingv1alpha1.FenceCounterSpec
+	// Granted is the grant that becomes Held in this pass, if any; its
 	// status is written first.
-	granted *lockingv1alpha1.LockGrant
-	// statuses are the grants whose status changes, with the new status set.
-	statuses []*lockingv1alpha1.LockGrant
-	// deletes are finished grants past their retention.
-	deletes []*lockingv1alpha1.LockGrant
-	events  []event
-	// policyGenerations are the generations of the policies grants name,
+	Granted *lockingv1alpha1.LockGrant
+	// Statuses are the grants whose status changes, with the new status set.
+	Statuses []*lockingv1alpha1.LockGrant
+	// Deletes are finished grants past their retention.
+	Deletes []*lockingv1alpha1.LockGrant
+	// Events are the Events to emit.
+	Events []Event
+	// PolicyGenerations are the generations of the policies grants name,
 	// bound into their records.
-	policyGenerations map[string]int64
-	// requeueAfter is the time to the next deadline (an expiry or a wait
+	PolicyGenerations map[string]int64
+	// RequeueAfter is the time to the next deadline (an expiry or a wait
 	// limit); 0 when there is none.
-	requeueAfter time.Duration
+	RequeueAfter time.Duration
 }
 
 // fifo orders requests by admission time, then creation time, then UID.
@@ -139,22 +142,26 @@ func waitDeadline(g *lockingv1alpha1.LockGrant) time.Time {
 	return requestedAt(g).Add(time.Duration(g.Spec.WaitTimeoutSeconds) * time.Second)
 }
 
-// decide computes, from the facts alone, every change for one resource.
-func decide(f facts) plan {
-	p := plan{policyGenerations: map[string]int64{}}
-	for name, pol := range f.policies {
+// Decide computes, from the facts alone, every change for one resource: who
+// holds it (FIFO by admission time), the next fence (fencing.NextFence over
+// the counter, in the current issuer epoch), which grants end (released,
+// expired at expiresAt, timed out, revoked), renewals, queue positions, and
+// the next deadline to requeue at. It does no I/O.
+func Decide(f Facts) Plan {
+	p := Plan{PolicyGenerations: map[string]int64{}}
+	for name, pol := range f.Policies {
 		if pol != nil {
-			p.policyGenerations[name] = pol.Generation
+			p.PolicyGenerations[name] = pol.Generation
 		}
 	}
-	now := metav1.NewMicroTime(f.now)
-	grants := slices.Clone(f.grants)
+	now := metav1.NewMicroTime(f.Now)
+	grants := slices.Clone(f.Grants)
 	slices.SortFunc(grants, fifo)
 
 	var holder *lockingv1alpha1.FenceHolder
 	var fence int64
-	if f.counter != nil {
-		holder, fence = f.counter.Spec.Holder, f.counter.Spec.Fence
+	if f.Counter != nil {
+		holder, fence = f.Counter.Spec.Holder, f.Counter.Spec.Fence
 	}
 	holderLive := false
 	var waiting []*lockingv1alpha1.LockGrant
@@ -169,10 +176,10 @@ func decide(f facts) plan {
 		case st.Phase.Final():
 			// Nothing ever changes a final grant; it is deleted once its
 			// retention has passed.
-			if f.retention > 0 && st.EndedAt != nil {
-				gone := st.EndedAt.Add(f.retention)
-				if fencing.Expired(gone, f.now) {
-					p.deletes = append(p.deletes, g)
+			if f.Retention > 0 && st.EndedAt != nil {
+				gone := st.EndedAt.Add(f.Retention)
+				if fencing.Expired(gone, f.Now) {
+					p.Deletes = append(p.Deletes, g)
 				} else {
 					deadlines = append(deadlines, gone)
 				}
@@ -182,14 +189,14 @@ func decide(f facts) plan {
 				// The counter names it but its status was never written
 				// (a crash between the two writes): converge on the
 				// counter's fence, never issue another.
-				p.events = append(p.events, hold(g, holder.Fence, now))
+				p.Events = append(p.Events, hold(g, holder.Fence, now))
 			}
 			if reason, msg := f.revocation(g); reason != "" {
-				p.events = append(p.events, end(g, lockingv1alpha1.PhaseRevoked, reason, msg, now, true))
+				p.Events = append(p.Events, end(g, lockingv1alpha1.PhaseRevoked, reason, msg, now, true))
 			} else if e, ended := settleHolder(g, now); ended {
-				p.events = append(p.events, e...)
+				p.Events = append(p.Events, e...)
 			} else {
-				p.events = append(p.events, e...)
+				p.Events = append(p.Events, e...)
 				holderLive = true
 				deadlines = append(deadlines, st.ExpiresAt.Time)
 			}
@@ -197,16 +204,16 @@ func decide(f facts) plan {
 			// Held in status but no longer the counter's holder: the
 			// counter moved on (this controller wrote the counter and died
 			// before ending this grant). It can never hold again.
-			p.events = append(p.events, endHeldNotHolder(g, now))
+			p.Events = append(p.Events, endHeldNotHolder(g, now))
 		default: // Pending, or new.
 			reason, msg := f.revocation(g)
 			switch {
 			case reason != "":
-				p.events = append(p.events, end(g, lockingv1alpha1.PhaseRevoked, reason, msg, now, true))
+				p.Events = append(p.Events, end(g, lockingv1alpha1.PhaseRevoked, reason, msg, now, true))
 			case g.Spec.Release:
-				p.events = append(p.events, end(g, lockingv1alpha1.PhaseReleased, ReasonCancelled, "Request withdrawn before it was granted", now, false))
-			case !waitDeadline(g).IsZero() && fencing.Expired(waitDeadline(g), f.now):
-				p.events = append(p.events, end(g, lockingv1alpha1.PhaseTimedOut, ReasonTimedOut, "Wait limit passed before the resource was granted", now, true))
+				p.Events = append(p.Events, end(g, lockingv1alpha1.PhaseReleased, ReasonCancelled, "Request withdrawn before it was granted", now, false))
+			case !waitDeadline(g).IsZero() && fencing.Expired(waitDeadline(g), f.Now):
+				p.Events = append(p.Events, end(g, lockingv1alpha1.PhaseTimedOut, ReasonTimedOut, "Wait limit passed before the resource was granted", now, true))
 			default:
 				waiting = append(waiting, g)
 				if d := waitDeadline(g); !d.IsZero() {
@@ -215,7 +222,7 @@ func decide(f facts) plan {
 			}
 		}
 		if !equalStatus(old, st) {
-			p.statuses = append(p.statuses, g)
+			p.Statuses = append(p.Statuses, g)
 		}
 	}
 
@@ -223,22 +230,22 @@ func decide(f facts) plan {
 	if !holderLive && len(waiting) > 0 {
 		next := waiting[0]
 		waiting = waiting[1:]
-		fence = fencing.NextFence(fence, f.epoch)
-		p.counter = &lockingv1alpha1.FenceCounterSpec{
-			Resource: f.resource,
+		fence = fencing.NextFence(fence, f.Epoch)
+		p.Counter = &lockingv1alpha1.FenceCounterSpec{
+			Resource: f.Resource,
 			Fence:    fence,
 			Holder: &lockingv1alpha1.FenceHolder{
 				Name: next.Name, UID: string(next.UID), Owner: next.Spec.Owner, Fence: fence,
 			},
 		}
-		p.events = append(p.events, hold(next, fence, now))
+		p.Events = append(p.Events, hold(next, fence, now))
 		next.Status.ObservedRenewals = next.Spec.Renewals
-		p.granted = next
+		p.Granted = next
 		deadlines = append(deadlines, next.Status.ExpiresAt.Time)
-		p.statuses = slices.DeleteFunc(p.statuses, func(g *lockingv1alpha1.LockGrant) bool { return g.UID == next.UID })
+		p.Statuses = slices.DeleteFunc(p.Statuses, func(g *lockingv1alpha1.LockGrant) bool { return g.UID == next.UID })
 	} else if !holderLive && holder != nil {
 		// The holder ended or is gone and nobody waits: free the resource.
-		p.counter = &lockingv1alpha1.FenceCounterSpec{Resource: f.resource, Fence: fence}
+		p.Counter = &lockingv1alpha1.FenceCounterSpec{Resource: f.Resource, Fence: fence}
 	}
 
 	// Queue positions of those still waiting.
@@ -248,24 +255,24 @@ func decide(f facts) plan {
 		g.Status.Phase = lockingv1alpha1.PhasePending
 		g.Status.QueuePosition = &pos
 		setReady(g, metav1.ConditionFalse, ReasonPending, "Waiting in the queue for the resource", now)
-		if !equalStatus(old, &g.Status) && !slices.Contains(p.statuses, g) {
-			p.statuses = append(p.statuses, g)
+		if !equalStatus(old, &g.Status) && !slices.Contains(p.Statuses, g) {
+			p.Statuses = append(p.Statuses, g)
 		}
 	}
-	if p.granted != nil {
-		p.statuses = append([]*lockingv1alpha1.LockGrant{p.granted}, p.statuses...)
+	if p.Granted != nil {
+		p.Statuses = append([]*lockingv1alpha1.LockGrant{p.Granted}, p.Statuses...)
 	}
 
 	for _, d := range deadlines {
-		if wait := d.Sub(f.now); wait > 0 && (p.requeueAfter == 0 || wait < p.requeueAfter) {
-			p.requeueAfter = wait
+		if wait := d.Sub(f.Now); wait > 0 && (p.RequeueAfter == 0 || wait < p.RequeueAfter) {
+			p.RequeueAfter = wait
 		}
 	}
 	return p
 }
 
 // hold makes g Held with fence from now.
-func hold(g *lockingv1alpha1.LockGrant, fence int64, now metav1.MicroTime) event {
+func hold(g *lockingv1alpha1.LockGrant, fence int64, now metav1.MicroTime) Event {
 	st := &g.Status
 	st.Phase = lockingv1alpha1.PhaseHeld
 	st.FenceToken = fence
@@ -274,20 +281,20 @@ func hold(g *lockingv1alpha1.LockGrant, fence int64, now metav1.MicroTime) event
 	exp := metav1.NewMicroTime(now.Add(ttl(g)))
 	st.ExpiresAt = &exp
 	setReady(g, metav1.ConditionTrue, ReasonGranted, "Held with fence "+fencing.FormatFence(fence), now)
-	return event{grant: g, reason: ReasonGranted, note: "Granted with fence " + fencing.FormatFence(fence)}
+	return Event{Grant: g, Reason: ReasonGranted, Note: "Granted with fence " + fencing.FormatFence(fence)}
 }
 
 // settleHolder applies the holder's release, expiry or renew. It reports
 // whether the grant ended.
-func settleHolder(g *lockingv1alpha1.LockGrant, now metav1.MicroTime) ([]event, bool) {
+func settleHolder(g *lockingv1alpha1.LockGrant, now metav1.MicroTime) ([]Event, bool) {
 	st := &g.Status
 	expired := fencing.Expired(st.ExpiresAt.Time, now.Time)
-	var evs []event
+	var evs []Event
 	if g.Spec.Renewals > st.ObservedRenewals {
 		st.ObservedRenewals = g.Spec.Renewals
 		if expired || g.Spec.Release {
 			setCond(g, lockingv1alpha1.ConditionRenewed, metav1.ConditionFalse, ReasonExpired, "Renew arrived after the lease expired; acquire again for a new fence", now)
-			evs = append(evs, event{grant: g, warning: true, reason: ReasonExpired, note: "Renew refused: the lease had expired"})
+			evs = append(evs, Event{Grant: g, Warning: true, Reason: ReasonExpired, Note: "Renew refused: the lease had expired"})
 		} else {
 			exp := metav1.NewMicroTime(now.Add(ttl(g)))
 			st.ExpiresAt = &exp
@@ -305,7 +312,7 @@ func settleHolder(g *lockingv1alpha1.LockGrant, now metav1.MicroTime) ([]event, 
 	return evs, false
 }
 
-func endHeldNotHolder(g *lockingv1alpha1.LockGrant, now metav1.MicroTime) event {
+func endHeldNotHolder(g *lockingv1alpha1.LockGrant, now metav1.MicroTime) Event {
 	switch {
 	case g.Spec.Release:
 		return end(g, lockingv1alpha1.PhaseReleased, ReasonReleased, "Released by its owner", now, false)
@@ -315,12 +322,12 @@ func endHeldNotHolder(g *lockingv1alpha1.LockGrant, now metav1.MicroTime) event 
 	return end(g, lockingv1alpha1.PhaseExpired, ReasonSuperseded, "The resource's fence record names another holder", now, true)
 }
 
-func end(g *lockingv1alpha1.LockGrant, phase lockingv1alpha1.LockGrantPhase, reason, msg string, now metav1.MicroTime, warning bool) event {
+func end(g *lockingv1alpha1.LockGrant, phase lockingv1alpha1.LockGrantPhase, reason, msg string, now metav1.MicroTime, warning bool) Event {
 	g.Status.Phase = phase
 	g.Status.QueuePosition = nil
 	g.Status.EndedAt = &now
 	setReady(g, metav1.ConditionFalse, reason, msg, now)
-	return event{grant: g, warning: warning, reason: reason, note: msg}
+	return Event{Grant: g, Warning: warning, Reason: reason, Note: msg}
 }
 
 func setReady(g *lockingv1alpha1.LockGrant, s metav1.ConditionStatus, reason, msg string, now metav1.MicroTime) {

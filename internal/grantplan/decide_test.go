@@ -1,4 +1,4 @@
-package lockgrant
+package grantplan
 
 import (
 	"testing"
@@ -41,8 +41,8 @@ func counter(fence int64, holder *lockingv1alpha1.LockGrant) *lockingv1alpha1.Fe
 	return c
 }
 
-func statusOf(p plan, name string) *lockingv1alpha1.LockGrantStatus {
-	for _, g := range p.statuses {
+func statusOf(p Plan, name string) *lockingv1alpha1.LockGrantStatus {
+	for _, g := range p.Statuses {
 		if g.Name == name {
 			return &g.Status
 		}
@@ -52,12 +52,12 @@ func statusOf(p plan, name string) *lockingv1alpha1.LockGrantStatus {
 
 func TestDecideGrantsFIFOWithNextFence(t *testing.T) {
 	// Listed out of order; b was requested first.
-	p := decide(facts{now: sec(1), resource: res, counter: counter(7, nil), grants: []lockingv1alpha1.LockGrant{grant("c", 0.3, 5), grant("b", 0.1, 5), grant("d", 0.2, 5)}})
-	if p.counter == nil || p.counter.Fence != 8 || p.counter.Holder.Name != "b" {
-		t.Fatalf("counter = %+v, want fence 8 held by b", p.counter)
+	p := Decide(Facts{Now: sec(1), Resource: res, Counter: counter(7, nil), Grants: []lockingv1alpha1.LockGrant{grant("c", 0.3, 5), grant("b", 0.1, 5), grant("d", 0.2, 5)}})
+	if p.Counter == nil || p.Counter.Fence != 8 || p.Counter.Holder.Name != "b" {
+		t.Fatalf("counter = %+v, want fence 8 held by b", p.Counter)
 	}
-	if p.statuses[0].Name != "b" {
-		t.Fatalf("first status write is %s, want the new holder b", p.statuses[0].Name)
+	if p.Statuses[0].Name != "b" {
+		t.Fatalf("first status write is %s, want the new holder b", p.Statuses[0].Name)
 	}
 	b := statusOf(p, "b")
 	if b.Phase != lockingv1alpha1.PhaseHeld || b.FenceToken != 8 || !b.ExpiresAt.Time.Equal(sec(6)) {
@@ -68,23 +68,23 @@ func TestDecideGrantsFIFOWithNextFence(t *testing.T) {
 			t.Fatalf("%s = %+v, want Pending at %d", name, s, pos)
 		}
 	}
-	if p.requeueAfter != 5*time.Second {
-		t.Fatalf("requeueAfter = %v, want the 5s to b's expiry", p.requeueAfter)
+	if p.RequeueAfter != 5*time.Second {
+		t.Fatalf("requeueAfter = %v, want the 5s to b's expiry", p.RequeueAfter)
 	}
 }
 
 func TestDecideExpiryIsAtExpiresAt(t *testing.T) {
 	a := held(grant("a", 0, 5), 1, 5)
 	b := grant("b", 1, 5)
-	p := decide(facts{now: sec(5), resource: res, counter: counter(1, &a), grants: []lockingv1alpha1.LockGrant{a, b}})
+	p := Decide(Facts{Now: sec(5), Resource: res, Counter: counter(1, &a), Grants: []lockingv1alpha1.LockGrant{a, b}})
 	if s := statusOf(p, "a"); s == nil || s.Phase != lockingv1alpha1.PhaseExpired {
 		t.Fatalf("a at t=5 = %+v, want Expired", s)
 	}
-	if p.counter == nil || p.counter.Fence != 2 || p.counter.Holder.Name != "b" {
-		t.Fatalf("counter = %+v, want fence 2 held by b", p.counter)
+	if p.Counter == nil || p.Counter.Fence != 2 || p.Counter.Holder.Name != "b" {
+		t.Fatalf("counter = %+v, want fence 2 held by b", p.Counter)
 	}
-	p = decide(facts{now: sec(4.999), resource: res, counter: counter(1, &a), grants: []lockingv1alpha1.LockGrant{a, b}})
-	if p.counter != nil || statusOf(p, "a") != nil {
+	p = Decide(Facts{Now: sec(4.999), Resource: res, Counter: counter(1, &a), Grants: []lockingv1alpha1.LockGrant{a, b}})
+	if p.Counter != nil || statusOf(p, "a") != nil {
 		t.Fatalf("at t=4.999 the plan changes the holder: %+v", p)
 	}
 }
@@ -92,13 +92,13 @@ func TestDecideExpiryIsAtExpiresAt(t *testing.T) {
 func TestDecideRenew(t *testing.T) {
 	a := held(grant("a", 0, 5), 1, 5)
 	a.Spec.Renewals = 1
-	p := decide(facts{now: sec(4), resource: res, counter: counter(1, &a), grants: []lockingv1alpha1.LockGrant{a}})
+	p := Decide(Facts{Now: sec(4), Resource: res, Counter: counter(1, &a), Grants: []lockingv1alpha1.LockGrant{a}})
 	s := statusOf(p, "a")
 	if s == nil || s.Phase != lockingv1alpha1.PhaseHeld || !s.ExpiresAt.Time.Equal(sec(9)) || s.FenceToken != 1 || s.ObservedRenewals != 1 {
 		t.Fatalf("renew at 4 = %+v, want Held fence 1 until 9", s)
 	}
 	// C08: a renew that arrives after expiry fails and never re-acquires.
-	p = decide(facts{now: sec(5.5), resource: res, counter: counter(1, &a), grants: []lockingv1alpha1.LockGrant{a}})
+	p = Decide(Facts{Now: sec(5.5), Resource: res, Counter: counter(1, &a), Grants: []lockingv1alpha1.LockGrant{a}})
 	s = statusOf(p, "a")
 	if s == nil || s.Phase != lockingv1alpha1.PhaseExpired || s.ObservedRenewals != 1 {
 		t.Fatalf("late renew = %+v, want Expired with the renew answered", s)
@@ -106,8 +106,8 @@ func TestDecideRenew(t *testing.T) {
 	if c := findCond(s, lockingv1alpha1.ConditionRenewed); c == nil || c.Status != metav1.ConditionFalse || c.Reason != ReasonExpired {
 		t.Fatalf("Renewed condition = %+v, want False/EXPIRED", c)
 	}
-	if p.counter == nil || p.counter.Holder != nil || p.counter.Fence != 1 {
-		t.Fatalf("counter = %+v, want freed at fence 1", p.counter)
+	if p.Counter == nil || p.Counter.Holder != nil || p.Counter.Fence != 1 {
+		t.Fatalf("counter = %+v, want freed at fence 1", p.Counter)
 	}
 }
 
@@ -115,21 +115,21 @@ func TestDecideTimedOutWaiterIsNeverGranted(t *testing.T) {
 	p1 := held(grant("p1", 0, 20), 1, 20)
 	p2 := grant("p2", 0.1, 5)
 	p2.Spec.WaitTimeoutSeconds = 5
-	p := decide(facts{now: sec(20), resource: res, counter: counter(1, &p1), grants: []lockingv1alpha1.LockGrant{p1, p2}})
+	p := Decide(Facts{Now: sec(20), Resource: res, Counter: counter(1, &p1), Grants: []lockingv1alpha1.LockGrant{p1, p2}})
 	if s := statusOf(p, "p2"); s == nil || s.Phase != lockingv1alpha1.PhaseTimedOut {
 		t.Fatalf("p2 = %+v, want TimedOut", s)
 	}
-	if p.counter == nil || p.counter.Holder != nil {
-		t.Fatalf("counter = %+v, want the resource free, not granted to p2", p.counter)
+	if p.Counter == nil || p.Counter.Holder != nil {
+		t.Fatalf("counter = %+v, want the resource free, not granted to p2", p.Counter)
 	}
 }
 
 func TestDecideConvergesAfterCrashBetweenWrites(t *testing.T) {
 	// The counter names b with fence 4, but b's status was never written.
 	b := grant("b", 1, 10)
-	p := decide(facts{now: sec(3), resource: res, counter: counter(4, &b), grants: []lockingv1alpha1.LockGrant{b, grant("c", 2, 10)}})
-	if p.counter != nil {
-		t.Fatalf("counter rewritten to %+v; the crash must not issue a second fence", p.counter)
+	p := Decide(Facts{Now: sec(3), Resource: res, Counter: counter(4, &b), Grants: []lockingv1alpha1.LockGrant{b, grant("c", 2, 10)}})
+	if p.Counter != nil {
+		t.Fatalf("counter rewritten to %+v; the crash must not issue a second fence", p.Counter)
 	}
 	if s := statusOf(p, "b"); s == nil || s.Phase != lockingv1alpha1.PhaseHeld || s.FenceToken != 4 {
 		t.Fatalf("b = %+v, want Held with the counter's fence 4", s)
@@ -140,21 +140,21 @@ func TestDecideHeldGrantThatIsNotTheHolderEnds(t *testing.T) {
 	a := held(grant("a", 0, 10), 1, 10)
 	a.Spec.Release = true
 	b := held(grant("b", 1, 10), 2, 12)
-	p := decide(facts{now: sec(3), resource: res, counter: counter(2, &b), grants: []lockingv1alpha1.LockGrant{a, b}})
+	p := Decide(Facts{Now: sec(3), Resource: res, Counter: counter(2, &b), Grants: []lockingv1alpha1.LockGrant{a, b}})
 	if s := statusOf(p, "a"); s == nil || s.Phase != lockingv1alpha1.PhaseReleased {
 		t.Fatalf("a = %+v, want Released", s)
 	}
-	if p.counter != nil {
-		t.Fatalf("counter changed: %+v", p.counter)
+	if p.Counter != nil {
+		t.Fatalf("counter changed: %+v", p.Counter)
 	}
 }
 
 func TestDecideDeletedHolderFreesTheResource(t *testing.T) {
 	gone := grant("gone", 0, 10)
 	next := grant("next", 1, 10)
-	p := decide(facts{now: sec(2), resource: res, counter: counter(3, &gone), grants: []lockingv1alpha1.LockGrant{next}})
-	if p.counter == nil || p.counter.Fence != 4 || p.counter.Holder.Name != "next" {
-		t.Fatalf("counter = %+v, want fence 4 held by next", p.counter)
+	p := Decide(Facts{Now: sec(2), Resource: res, Counter: counter(3, &gone), Grants: []lockingv1alpha1.LockGrant{next}})
+	if p.Counter == nil || p.Counter.Fence != 4 || p.Counter.Holder.Name != "next" {
+		t.Fatalf("counter = %+v, want fence 4 held by next", p.Counter)
 	}
 }
 
@@ -171,16 +171,16 @@ func TestDecideDeletesFinishedGrantsAfterRetention(t *testing.T) {
 	old := grant("old", 0, 5)
 	ended := metav1.NewMicroTime(sec(10))
 	old.Status.Phase, old.Status.EndedAt = lockingv1alpha1.PhaseReleased, &ended
-	f := facts{now: sec(70), retention: time.Minute, resource: res, counter: counter(1, nil), grants: []lockingv1alpha1.LockGrant{old}}
-	if p := decide(f); len(p.deletes) != 1 || p.deletes[0].Name != "old" {
-		t.Fatalf("deletes at retention end = %v, want old", p.deletes)
+	f := Facts{Now: sec(70), Retention: time.Minute, Resource: res, Counter: counter(1, nil), Grants: []lockingv1alpha1.LockGrant{old}}
+	if p := Decide(f); len(p.Deletes) != 1 || p.Deletes[0].Name != "old" {
+		t.Fatalf("deletes at retention end = %v, want old", p.Deletes)
 	}
-	f.now = sec(40)
-	if p := decide(f); len(p.deletes) != 0 || p.requeueAfter != 30*time.Second {
-		t.Fatalf("before retention end: deletes %v, requeue %v; want none, 30s", p.deletes, p.requeueAfter)
+	f.Now = sec(40)
+	if p := Decide(f); len(p.Deletes) != 0 || p.RequeueAfter != 30*time.Second {
+		t.Fatalf("before retention end: deletes %v, requeue %v; want none, 30s", p.Deletes, p.RequeueAfter)
 	}
-	f.retention = 0
-	if p := decide(f); len(p.deletes) != 0 {
+	f.Retention = 0
+	if p := Decide(f); len(p.Deletes) != 0 {
 		t.Fatal("retention 0 must keep finished grants")
 	}
 }
