@@ -227,7 +227,14 @@ func (r *Reconciler) policies(ctx context.Context, grants []lockingv1alpha1.Lock
 
 // refreshHolder replaces the holder's cached copy with a direct read: a
 // renew applied a moment ago must not look expired because the cache lags.
+// A cached copy that already asks for release needs no read: release can
+// never be unset, so the grant ends whatever else the cache lags on.
 func (r *Reconciler) refreshHolder(ctx context.Context, f *grantplan.Facts, ns string, h *lockingv1alpha1.FenceHolder) error {
+	for i := range f.Grants {
+		if g := &f.Grants[i]; string(g.UID) == h.UID && g.Spec.Release {
+			return nil
+		}
+	}
 	fresh := &lockingv1alpha1.LockGrant{}
 	err := r.APIReader.Get(ctx, types.NamespacedName{Namespace: ns, Name: h.Name}, fresh)
 	found := err == nil && string(fresh.UID) == h.UID

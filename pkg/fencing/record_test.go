@@ -36,15 +36,15 @@ func sampleRecord() fencing.Record {
 // vector is one test vector file: record -> canonical bytes -> digest ->
 // signature -> proof, for verifiers written in other languages.
 type vector struct {
-	Description   string          `json:"description"`
-	Record        fencing.Record  `json:"record"`
-	Canonical     string          `json:"canonical"`
-	DigestHex     string          `json:"digestSHA256Hex"`
-	PrivateSeed   string          `json:"ed25519PrivateSeedBase64"`
-	PublicKey     string          `json:"ed25519PublicKeyBase64"`
-	SignatureB64  string          `json:"signatureBase64URL"`
-	Proof         fencing.Proof   `json:"proof"`
-	TrustBundle   json.RawMessage `json:"trustBundle"`
+	Description  string          `json:"description"`
+	Record       fencing.Record  `json:"record"`
+	Canonical    string          `json:"canonical"`
+	DigestHex    string          `json:"digestSHA256Hex"`
+	PrivateSeed  string          `json:"ed25519PrivateSeedBase64"`
+	PublicKey    string          `json:"ed25519PublicKeyBase64"`
+	SignatureB64 string          `json:"signatureBase64URL"`
+	Proof        fencing.Proof   `json:"proof"`
+	TrustBundle  json.RawMessage `json:"trustBundle"`
 }
 
 func makeVector(desc string, r fencing.Record, key ed25519.PrivateKey) vector {
@@ -65,9 +65,9 @@ func TestVectors(t *testing.T) {
 	epoch := sampleRecord()
 	epoch.IssuerEpoch, epoch.Fence = 3, 3<<fencing.EpochBits|1
 	want := map[string]vector{
-		"settlement.json": makeVector("seed 000's settlement grant", sampleRecord(), testKey("lockwarden-test-key-1")),
+		"settlement.json":     makeVector("seed 000's settlement grant", sampleRecord(), testKey("lockwarden-test-key-1")),
 		"no-policy-utf8.json": makeVector("no policy, no operation root, a non-ASCII owner", unicode, testKey("lockwarden-test-key-1")),
-		"epoch-3.json": makeVector("first fence of issuer epoch 3", epoch, testKey("lockwarden-test-key-2")),
+		"epoch-3.json":        makeVector("first fence of issuer epoch 3", epoch, testKey("lockwarden-test-key-2")),
 	}
 	for name, v := range want {
 		path := filepath.Join("testdata", "grant-record", name)

@@ -1,6 +1,7 @@
-// Package fencecounter is the admission webhook of FenceCounters: nobody,
-// the controller included, may lower a recorded fence, and a counter cannot
-// be deleted while its resource has grants.
+// Package fencecounter is the admission webhook of FenceCounters: a counter
+// must be named after its resource and cannot be deleted while its resource
+// has grants. That nobody, the controller included, lowers a recorded fence
+// is the CRD's validation rule.
 package fencecounter
 
 import (
@@ -38,6 +39,11 @@ func (v *Validator) ValidateCreate(_ context.Context, c *lockingv1alpha1.FenceCo
 }
 
 // ValidateUpdate refuses any decrease of spec.fence with FENCE_REGRESSION.
+// The webhook is registered for CREATE and DELETE only: the CRD's own rule
+// ("fence never decreases", enforced by the API server on every write)
+// already refuses a decrease, and the controller's compare-and-swap on the
+// handoff path then costs no webhook call. ValidateUpdate stays for
+// clusters that register UPDATE too.
 func (v *Validator) ValidateUpdate(_ context.Context, oldC, newC *lockingv1alpha1.FenceCounter) (admission.Warnings, error) {
 	if newC.Spec.Fence < oldC.Spec.Fence {
 		return nil, forbid(newC.Name, &fencing.Error{Reason: fencing.ReasonFenceRegression,

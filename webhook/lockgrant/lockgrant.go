@@ -47,14 +47,14 @@ func (d *Defaulter) Default(ctx context.Context, g *lockingv1alpha1.LockGrant) e
 	if err != nil {
 		return err
 	}
+	if req.Operation != "CREATE" {
+		return nil // registered for CREATE only; renew and release skip it
+	}
 	if g.Spec.RequestID != "" {
 		if g.Labels == nil {
 			g.Labels = map[string]string{}
 		}
 		g.Labels[lockingv1alpha1.RequestIDLabel] = g.Spec.RequestID
-	}
-	if req.Operation != "CREATE" {
-		return nil
 	}
 	if g.Spec.RequestID != "" && g.Name == "" {
 		// Named after the request ID, so that a retried create of the same
@@ -153,6 +153,9 @@ func (v *Validator) ValidateUpdate(ctx context.Context, oldG, newG *lockingv1alp
 		if oldG.Annotations[a] != newG.Annotations[a] {
 			return nil, apierrors.NewBadRequest("annotation " + a + " is immutable")
 		}
+	}
+	if oldG.Labels[lockingv1alpha1.RequestIDLabel] != newG.Labels[lockingv1alpha1.RequestIDLabel] {
+		return nil, apierrors.NewBadRequest("label " + lockingv1alpha1.RequestIDLabel + " is immutable")
 	}
 	now := v.Clock.Now()
 	g := *facts.Grant(oldG)
