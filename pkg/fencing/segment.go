@@ -144,7 +144,8 @@ type SegmentDecision struct {
 //     ledger is never lowered to let the traffic through.
 //  4. ReasonStaleOwner: the fence is below the ledger's (a newer owner has
 //     written), then CheckWrite's remaining rules (stale against the
-//     registry, ReasonExpired, ReasonNotHeld, ReasonAlreadyEnded).
+//     registry, ReasonExpired, ReasonNotHeld, ReasonAlreadyEnded,
+//     ReasonRevoked).
 //  5. ReasonSegmentConflict: the segment was already accepted (Prior) with
 //     another digest. Quarantine it; never apply it.
 //  6. Under the ledger's own fence, grant and root: a resend of an accepted
@@ -241,13 +242,15 @@ func CheckSegment(w SegmentWrite) (SegmentDecision, error) {
 
 // authentic reports whether CheckWrite's judgement on the registry's facts
 // alone established a real grant of this caller for this resource and fence
-// (it may still be superseded or over).
+// (it may still be superseded or over). A reason not listed here counts as
+// not authentic, so a reason added to CheckWrite later is still a refusal;
+// it only skips the ledger's more specific STALE_OWNER and FENCE_REGRESSION.
 func authentic(err error) bool {
 	if err == nil {
 		return true
 	}
 	switch ReasonOf(err) {
-	case ReasonStaleOwner, ReasonExpired, ReasonNotHeld, ReasonAlreadyEnded:
+	case ReasonStaleOwner, ReasonExpired, ReasonNotHeld, ReasonAlreadyEnded, ReasonRevoked:
 		return true
 	}
 	return false

@@ -160,6 +160,21 @@ func TestCheckSegment(t *testing.T) {
 			verdict: fencing.VerdictApply, next: fencing.Ledger{Fence: 1<<fencing.EpochBits | 1, GrantUID: "uid-e", Root: "V", LastSeq: 1},
 		},
 		{
+			name: "a revoked grant with a fence below the ledger's",
+			w:    fencing.SegmentWrite{Caller: "A", Segment: seg(a, "X", 2, dig1), Grant: ended(held("uid-a", "A", 1), fencing.StateRevoked), Counter: &fencing.Counter{Fence: 1}, Ledger: fencing.Ledger{Fence: 2, GrantUID: "uid-b", Root: "Y", LastSeq: 1}},
+			want: fencing.ReasonStaleOwner,
+		},
+		{
+			name: "a revoked grant presenting the ledger's fence from another lease",
+			w:    fencing.SegmentWrite{Caller: "A", Segment: seg(a, "X", 1, dig1), Grant: ended(held("uid-a", "A", 1), fencing.StateRevoked), Counter: &fencing.Counter{Fence: 1}, Ledger: fencing.Ledger{Fence: 1, GrantUID: "uid-z", Root: "Z", LastSeq: 1}},
+			want: fencing.ReasonFenceRegression,
+		},
+		{
+			name: "a revoked holder",
+			w:    fencing.SegmentWrite{Caller: "A", Segment: seg(a, "X", 2, dig1), Grant: ended(held("uid-a", "A", 1), fencing.StateRevoked), Counter: current(a), Ledger: ledgerA("X", 1)},
+			want: fencing.ReasonRevoked,
+		},
+		{
 			name: "holder's lease is over",
 			w:    fencing.SegmentWrite{Caller: "A", Segment: seg(a, "X", 2, dig1), Grant: a, Counter: current(a), Ledger: ledgerA("X", 1), Now: at(10)},
 			want: fencing.ReasonExpired,
@@ -253,6 +268,7 @@ func sentinelOf(r fencing.Reason) error {
 		fencing.ReasonFenceRegression: fencing.ErrFenceRegression,
 		fencing.ReasonSequenceGap:     fencing.ErrSequenceGap,
 		fencing.ReasonSegmentConflict: fencing.ErrSegmentConflict,
+		fencing.ReasonRevoked:         fencing.ErrRevoked,
 	}[r]
 }
 

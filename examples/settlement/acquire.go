@@ -1,0 +1,87 @@
+package main
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/watch"
+	"k8s.io/client-go/util/retry"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	lockingv1alpha1 "github.com/lockwarden/lockwarden/api/v1alpha1"
+)
+
+// acquire creates a LockGrant for resource, bound to operation root, and
+// waits, watching it, until the controller reports it Held with a fence. A grant that ends before
+// (timed out, released) is an error. The request ID makes a retried
+// create find the same grant instead of queueing twice.
+func acquire(ctx context.Context, c client.WithWatch, namespace, resource, root string, ttlSeconds int32) (*lockingv1alpha1.LockGrant, error) {
+	id := make([]byte, 8)
+	_, _ = rand.Read(id)
+	requestID := "settlement-" + hex.EncodeToString(id)
+	g := &lockingv1alpha1.LockGrant{
+		ObjectMeta: metav1.ObjectMeta{Namespace: namespace, Name: lockingv1alpha1.GrantNameForRequest(requestID)},
+		Spec:       lockingv1alpha1.LockGrantSpec{Resource: resource, LeaseDurationSeconds: ttlSeconds, RequestID: requestID, OperationRoot: root, OperationClass: "settlement"},
+	}
+	if err := c.Create(ctx, g); err != nil {
+		return nil, fmt.Errorf("creating a LockGrant for %s: %w", resource, err)
+	}
+	for {
+		// A watch without a resourceVersion starts with the grant's current
+		// state, so nothing between Create and Watch is missed.
+		w, err := c.Watch(ctx, &lockingv1alpha1.LockGrantList{}, client.InNamespace(namespace), client.MatchingFields{"metadata.name": g.Name})
+		if err != nil {
+			return nil, fmt.Errorf("watching LockGrant %s: %w", g.Name, err)
+		}
+		held, err := untilHeld(ctx, w)
+		w.Stop()
+		if held != nil || err != nil {
+			return held, err
+		}
+	}
+}
+
+// untilHeld returns the grant once Held; nil, nil when the watch ended
+// first.
+func untilHeld(ctx context.Context, w watch.Interface) (*lockingv1alpha1.LockGrant, error) {
+	for {
+		select {
+		case <-ctx.Done():
+			return nil, fmt.Errorf("waiting for the grant: %w", ctx.Err())
+		case ev, ok := <-w.ResultChan():
+			if !ok || ev.Type == watch.Error {
+				return nil, nil
+			}
+			if ev.Type == watch.Deleted {
+				return nil, errors.New("the grant was deleted before it was held")
+			}
+			g, ok := ev.Object.(*lockingv1alpha1.LockGrant)
+			switch {
+			case !ok:
+			case g.Status.Phase == lockingv1alpha1.PhaseHeld && g.Status.FenceToken > 0:
+				return g, nil
+			case g.Status.Phase.Final():
+				return nil, fmt.Errorf("the grant ended %s before it was held", g.Status.Phase)
+			}
+		}
+	}
+}
+
+// release asks the controller to end the grant (spec.release=true).
+func release(ctx context.Context, c client.Client, g *lockingv1alpha1.LockGrant) error {
+	return retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		cur := &lockingv1alpha1.LockGrant{}
+		if err := c.Get(ctx, client.ObjectKeyFromObject(g), cur); err != nil {
+			return err
+		}
+		if cur.Spec.Release || cur.Status.Phase.Final() {
+			return nil
+		}
+		cur.Spec.Release = true
+		return c.Update(ctx, cur)
+	})
+}

@@ -1,0 +1,36 @@
+// Command settlement is the invoice-batch settlement worker of seed 000,
+// written against lockwarden: it acquires a lease on the batch through the
+// Kubernetes API server, then settles the batch in a PostgreSQL database as
+// a fenced multi-segment operation through pkg/store/postgres.
+//
+//	settlement --kubeconfig ~/.kube/config --namespace billing \
+//	    --dsn 'postgres://settlement@127.0.0.1:5432/billing?sslmode=disable' \
+//	    --batch 2026-07-19 --invoices 12 --segment-size 4
+//
+// What it does:
+//
+//  1. Creates a LockGrant for resource "invoice-batch/BATCH", bound to the
+//     batch's operation root (spec.operationRoot), and watches it until the
+//     controller reports it Held; reads its fence token.
+//  2. Applies the schema (pkg/store/postgres.Migrate and its own
+//     settlement_invoices table).
+//  3. Cuts the batch into segments of --segment-size invoices. The
+//     operation root is the SHA-256 of the whole batch, so a rerun of the
+//     same batch (after a crash, or by another worker) continues the same
+//     operation: segments already settled are answered with their original
+//     receipts and are not settled twice.
+//  4. Each segment settles its invoices and records the fence bookkeeping
+//     in one transaction. A refusal (STALE_OWNER: a newer worker took over;
+//     FENCE_REGRESSION: the registry was restored) stops the worker. A
+//     commit whose answer was lost (MUTATION_UNKNOWN) is looked up by
+//     operation root and segment, and resent only when the lookup does not
+//     find it (a resend with the same payload is idempotent).
+//  5. Releases the grant.
+//
+// Every step is printed as one line. The exit code is 0 when the batch is
+// settled, 1 when the worker stopped before (the operation stays partially
+// applied, visible in lockwarden_receipts, for the next run to continue).
+//
+// The lease is not renewed: choose --ttl longer than the batch takes. A
+// worker whose lease ran out is refused by the store and stops.
+package main
