@@ -161,6 +161,11 @@ const (
 	// ConditionRenewed reports the outcome of the owner's last renew
 	// (reason Renewed or EXPIRED).
 	ConditionRenewed = "Renewed"
+	// ConditionFenceRegression is True when a protected resource refused
+	// the grant's writes with FENCE_REGRESSION (reported by the holder in
+	// the annotation locking.lockwarden.io/fence-regression): the registry
+	// reissued a fence. Recover by bumping the issuer epoch.
+	ConditionFenceRegression = "FenceRegression"
 )
 
 // LockGrantStatus is written only by the lockwarden controller.
@@ -217,7 +222,7 @@ type LockGrantStatus struct {
 	// +optional
 	Proof string `json:"proof,omitempty"`
 
-	// conditions are Ready and Renewed.
+	// conditions are Ready, Renewed and FenceRegression.
 	// +optional
 	// +listType=map
 	// +listMapKey=type

@@ -39,6 +39,14 @@ const (
 	// is removed by the next write Enforce would admit.
 	ShadowDenialAnnotation = "locking.lockwarden.io/shadow-denial"
 
+	// FenceRegressionAnnotation is set on a LockGrant by its holder when a
+	// protected resource refused the grant's writes with FENCE_REGRESSION
+	// (the registry issued a fence the resource had already seen: a restore
+	// from an old snapshot). The value is the resource's message. The
+	// controller raises the grant's FenceRegression condition, a Warning
+	// Event and the metric lockwarden_grant_transitions_total{reason="FENCE_REGRESSION"}.
+	FenceRegressionAnnotation = "locking.lockwarden.io/fence-regression"
+
 	// OwnerGroupsAnnotation is stamped on every LockGrant at creation by
 	// admission with the requester's groups (comma-separated), so that a
 	// GuardPolicy that lists groups can be re-checked later. Immutable.

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/types"
@@ -17,6 +18,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/controller"
 	"sigs.k8s.io/controller-runtime/pkg/handler"
 	logf "sigs.k8s.io/controller-runtime/pkg/log"
+	"sigs.k8s.io/controller-runtime/pkg/metrics"
 	"sigs.k8s.io/controller-runtime/pkg/predicate"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
@@ -327,6 +329,9 @@ func (r *Reconciler) deleteFinished(ctx context.Context, p grantplan.Plan) error
 }
 
 func (r *Reconciler) emit(p grantplan.Plan) {
+	for _, e := range p.Events {
+		transitions.WithLabelValues(e.Reason).Inc()
+	}
 	if r.Recorder == nil {
 		return
 	}
@@ -338,3 +343,12 @@ func (r *Reconciler) emit(p grantplan.Plan) {
 		r.Recorder.Eventf(e.Grant, nil, t, e.Reason, e.Reason, "%s", e.Note)
 	}
 }
+
+// transitions counts grant transitions by reason, the same reasons as the
+// Events and conditions.
+var transitions = prometheus.NewCounterVec(prometheus.CounterOpts{
+	Name: "lockwarden_grant_transitions_total",
+	Help: "LockGrant transitions (Granted, Renewed, Released, EXPIRED, TimedOut, REVOKED_EPOCH, PolicyDenied, FENCE_REGRESSION, ...), by reason.",
+}, []string{"reason"})
+
+func init() { metrics.Registry.MustRegister(transitions) }

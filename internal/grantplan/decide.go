@@ -32,6 +32,8 @@ const (
 	ReasonRevokedEpoch = string(fencing.ReasonRevokedEpoch)
 	// ReasonPolicyDenied: the grant's GuardPolicy no longer allows it.
 	ReasonPolicyDenied = "PolicyDenied"
+	// ReasonFenceRegression: a resource refused the grant's fence as reissued.
+	ReasonFenceRegression = string(fencing.ReasonFenceRegression)
 )
 
 // Facts is what one decision about a resource needs.
@@ -220,6 +222,11 @@ func Decide(f Facts) Plan {
 					deadlines = append(deadlines, d)
 				}
 			}
+		}
+		if msg, ok := g.Annotations[lockingv1alpha1.FenceRegressionAnnotation]; ok && !meta.IsStatusConditionTrue(st.Conditions, lockingv1alpha1.ConditionFenceRegression) {
+			setCond(g, lockingv1alpha1.ConditionFenceRegression, metav1.ConditionTrue, ReasonFenceRegression, msg, now)
+			p.Events = append(p.Events, Event{Grant: g, Warning: true, Reason: ReasonFenceRegression,
+				Note: "A protected resource refused this grant's fence as a regression: " + msg})
 		}
 		if !equalStatus(old, st) {
 			p.Statuses = append(p.Statuses, g)

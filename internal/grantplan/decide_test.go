@@ -184,3 +184,24 @@ func TestDecideDeletesFinishedGrantsAfterRetention(t *testing.T) {
 		t.Fatal("retention 0 must keep finished grants")
 	}
 }
+
+func TestDecideRaisesFenceRegressionReportedByTheHolder(t *testing.T) {
+	a := held(grant("a", 0, 10), 3, 10)
+	a.Annotations[lockingv1alpha1.FenceRegressionAnnotation] = "fence 3 was accepted from another grant"
+	p := Decide(Facts{Now: sec(1), Resource: res, Counter: counter(3, &a), Grants: []lockingv1alpha1.LockGrant{a}})
+	s := statusOf(p, "a")
+	if s == nil {
+		t.Fatal("no status change for the reported regression")
+	}
+	if c := findCond(s, lockingv1alpha1.ConditionFenceRegression); c == nil || c.Status != metav1.ConditionTrue || c.Reason != "FENCE_REGRESSION" {
+		t.Fatalf("FenceRegression condition = %+v", c)
+	}
+	if len(p.Events) != 1 || !p.Events[0].Warning || p.Events[0].Reason != "FENCE_REGRESSION" {
+		t.Fatalf("events = %+v, want one FENCE_REGRESSION warning", p.Events)
+	}
+	// Raised once: the next pass changes nothing.
+	a.Status = *s
+	if p := Decide(Facts{Now: sec(2), Resource: res, Counter: counter(3, &a), Grants: []lockingv1alpha1.LockGrant{a}}); len(p.Statuses) != 0 || len(p.Events) != 0 {
+		t.Fatalf("second pass = %d statuses, %d events; want none", len(p.Statuses), len(p.Events))
+	}
+}
