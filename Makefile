@@ -47,6 +47,10 @@ vet: ## Run go vet.
 test: tools vet ## Run every test: unit, envtest (real kube-apiserver + etcd) and end-to-end.
 	go test $(GO_TEST_FLAGS) ./...
 
+.PHONY: faults
+faults: ## Run the fault simulation's release gate: ROUNDS rounds (default 100,000) of mixed faults.
+	go run ./cmd/lockwarden-faults -rounds $(or $(ROUNDS),100000) $(if $(SEED),-seed $(SEED))
+
 .PHONY: verify
 verify: manifests generate ## Fail if generated files are out of date.
 	git diff --exit-code -- api config

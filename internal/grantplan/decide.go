@@ -6,7 +6,6 @@ import (
 	"slices"
 	"time"
 
-	"k8s.io/apimachinery/pkg/api/equality"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
@@ -170,6 +169,9 @@ func Decide(f Facts) Plan {
 	deadlines := []time.Time{}
 
 	for i := range grants {
+		if quiet(&grants[i], f) {
+			continue // a finished grant with nothing left to do: no copy
+		}
 		g := grants[i].DeepCopy()
 		old := g.Status.DeepCopy()
 		st := &g.Status
@@ -278,6 +280,18 @@ func Decide(f Facts) Plan {
 	return p
 }
 
+// quiet reports whether a grant is final and needs nothing: no deletion
+// due, no retention deadline to wait for, no regression to raise.
+func quiet(g *lockingv1alpha1.LockGrant, f Facts) bool {
+	if !g.Status.Phase.Final() || f.Retention > 0 {
+		return false
+	}
+	if _, ok := g.Annotations[lockingv1alpha1.FenceRegressionAnnotation]; ok {
+		return meta.IsStatusConditionTrue(g.Status.Conditions, lockingv1alpha1.ConditionFenceRegression)
+	}
+	return true
+}
+
 // hold makes g Held with fence from now.
 func hold(g *lockingv1alpha1.LockGrant, fence int64, now metav1.MicroTime) Event {
 	st := &g.Status
@@ -348,6 +362,36 @@ func setCond(g *lockingv1alpha1.LockGrant, t string, s metav1.ConditionStatus, r
 	})
 }
 
+// equalStatus compares two statuses field by field (a reflective deep
+// comparison dominated the controller's CPU time).
 func equalStatus(a, b *lockingv1alpha1.LockGrantStatus) bool {
-	return equality.Semantic.DeepEqual(a, b)
+	if a.Phase != b.Phase || a.FenceToken != b.FenceToken || a.ObservedRenewals != b.ObservedRenewals || a.Proof != b.Proof ||
+		!equalPtr(a.QueuePosition, b.QueuePosition) || !equalPtr(a.Record, b.Record) ||
+		!equalTime(a.GrantedAt, b.GrantedAt) || !equalTime(a.ExpiresAt, b.ExpiresAt) ||
+		!equalTime(a.LastRenewTime, b.LastRenewTime) || !equalTime(a.EndedAt, b.EndedAt) ||
+		len(a.Conditions) != len(b.Conditions) {
+		return false
+	}
+	for i := range a.Conditions {
+		x, y := a.Conditions[i], b.Conditions[i]
+		if x.Type != y.Type || x.Status != y.Status || x.Reason != y.Reason || x.Message != y.Message ||
+			x.ObservedGeneration != y.ObservedGeneration || !x.LastTransitionTime.Equal(&y.LastTransitionTime) {
+			return false
+		}
+	}
+	return true
+}
+
+func equalPtr[T comparable](a, b *T) bool {
+	if a == nil || b == nil {
+		return a == b
+	}
+	return *a == *b
+}
+
+func equalTime(a, b *metav1.MicroTime) bool {
+	if a == nil || b == nil {
+		return a == b
+	}
+	return a.Equal(b)
 }

@@ -205,3 +205,35 @@ func TestDecideRaisesFenceRegressionReportedByTheHolder(t *testing.T) {
 		t.Fatalf("second pass = %d statuses, %d events; want none", len(p.Statuses), len(p.Events))
 	}
 }
+
+func TestEqualStatusSeesEveryField(t *testing.T) {
+	g := held(grant("a", 0, 5), 1, 5)
+	setCond(&g, lockingv1alpha1.ConditionReady, metav1.ConditionTrue, "Granted", "m", metav1.NewMicroTime(sec(0)))
+	base := g.Status
+	pos := int32(2)
+	mutations := map[string]func(*lockingv1alpha1.LockGrantStatus){
+		"phase":     func(s *lockingv1alpha1.LockGrantStatus) { s.Phase = lockingv1alpha1.PhaseExpired },
+		"fence":     func(s *lockingv1alpha1.LockGrantStatus) { s.FenceToken++ },
+		"queue":     func(s *lockingv1alpha1.LockGrantStatus) { s.QueuePosition = &pos },
+		"expiresAt": func(s *lockingv1alpha1.LockGrantStatus) { e := metav1.NewMicroTime(sec(6)); s.ExpiresAt = &e },
+		"endedAt":   func(s *lockingv1alpha1.LockGrantStatus) { e := metav1.NewMicroTime(sec(6)); s.EndedAt = &e },
+		"renewals":  func(s *lockingv1alpha1.LockGrantStatus) { s.ObservedRenewals++ },
+		"proof":     func(s *lockingv1alpha1.LockGrantStatus) { s.Proof = "lgv1.x.y" },
+		"record":    func(s *lockingv1alpha1.LockGrantStatus) { s.Record = &lockingv1alpha1.GrantRecord{FenceToken: 1} },
+		"condition": func(s *lockingv1alpha1.LockGrantStatus) {
+			s.Conditions = append(s.Conditions, metav1.Condition{Type: "X"})
+		},
+		"lastRenewal": func(s *lockingv1alpha1.LockGrantStatus) { e := metav1.NewMicroTime(sec(1)); s.LastRenewTime = &e },
+	}
+	for name, mutate := range mutations {
+		changed := *base.DeepCopy()
+		mutate(&changed)
+		if equalStatus(&base, &changed) {
+			t.Errorf("a change of %s went unnoticed", name)
+		}
+	}
+	same := *base.DeepCopy()
+	if !equalStatus(&base, &same) {
+		t.Error("a copy differs")
+	}
+}

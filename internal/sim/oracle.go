@@ -1,0 +1,157 @@
+package sim
+
+import (
+	"fmt"
+	"strings"
+	"time"
+
+	"k8s.io/apimachinery/pkg/types"
+)
+
+// Report counts what one round (or many) did and every violation the oracle
+// found. The *Accepted counters are the release gate: all must be zero.
+type Report struct {
+	Rounds int
+
+	// Mutations offered to and accepted by the resources.
+	Offered, Accepted int
+	// AcceptedChecked counts accepted mutations that passed the verifier's
+	// proof and fence checks (CheckProvenWrite or CheckSegment). The gate
+	// requires it to equal Accepted.
+	AcceptedChecked int
+	// Rejections by reason code.
+	Rejected map[string]int
+
+	// StaleAccepted: a mutation accepted with a fence older than one the
+	// registry had already issued for the resource, or than one the resource
+	// had already accepted.
+	StaleAccepted int
+	// ForgedAccepted: an injected forged, tampered or replayed mutation
+	// accepted.
+	ForgedAccepted int
+	// AuthFailMovedFence: a mutation refused for an authentication reason
+	// that nevertheless changed a resource's recorded fence.
+	AuthFailMovedFence int
+	// ExpiredOwnerAccepted: a mutation accepted after its grant had ended or
+	// its lease had run out by the registry's clock.
+	ExpiredOwnerAccepted int
+	// GapAccepted: a segment applied out of sequence.
+	GapAccepted int
+	// RegressionAccepted: a mutation accepted with a fence the resource had
+	// already accepted from another grant, or a lower one.
+	RegressionAccepted int
+	// DoubleEffect: a segment applied twice.
+	DoubleEffect int
+	// TwoHolders: two unexpired Held grants of one resource at once.
+	TwoHolders int
+	// UnknownNotReconciled: a holder that stayed OWNERSHIP_UNKNOWN longer
+	// than 15 minutes; MaxUnknown is the longest stay seen.
+	UnknownNotReconciled int
+	MaxUnknown           time.Duration
+
+	// Faults injected, by kind.
+	Faults map[string]int
+	// Violations describes the first few violations.
+	Violations []string
+}
+
+func newReport() *Report {
+	return &Report{Rejected: map[string]int{}, Faults: map[string]int{}}
+}
+
+// Add merges o into r.
+func (r *Report) Add(o *Report) {
+	r.Rounds += o.Rounds
+	r.Offered += o.Offered
+	r.Accepted += o.Accepted
+	r.AcceptedChecked += o.AcceptedChecked
+	r.StaleAccepted += o.StaleAccepted
+	r.ForgedAccepted += o.ForgedAccepted
+	r.AuthFailMovedFence += o.AuthFailMovedFence
+	r.ExpiredOwnerAccepted += o.ExpiredOwnerAccepted
+	r.GapAccepted += o.GapAccepted
+	r.RegressionAccepted += o.RegressionAccepted
+	r.DoubleEffect += o.DoubleEffect
+	r.TwoHolders += o.TwoHolders
+	r.UnknownNotReconciled += o.UnknownNotReconciled
+	r.MaxUnknown = max(r.MaxUnknown, o.MaxUnknown)
+	for k, v := range o.Rejected {
+		r.Rejected[k] += v
+	}
+	for k, v := range o.Faults {
+		r.Faults[k] += v
+	}
+	if len(r.Violations) < 10 {
+		r.Violations = append(r.Violations, o.Violations[:min(len(o.Violations), 10-len(r.Violations))]...)
+	}
+}
+
+// Forbidden is the sum of every counter the gate requires to be zero.
+func (r *Report) Forbidden() int {
+	return r.StaleAccepted + r.ForgedAccepted + r.AuthFailMovedFence + r.ExpiredOwnerAccepted +
+		r.GapAccepted + r.RegressionAccepted + r.DoubleEffect + r.TwoHolders + r.UnknownNotReconciled +
+		(r.Accepted - r.AcceptedChecked)
+}
+
+// CheckedShare is the share of accepted mutations that passed the proof and
+// fence checks, in percent.
+func (r *Report) CheckedShare() float64 {
+	if r.Accepted == 0 {
+		return 100
+	}
+	return 100 * float64(r.AcceptedChecked) / float64(r.Accepted)
+}
+
+// Summary is the one-line summary `make faults` prints.
+func (r *Report) Summary() string {
+	return fmt.Sprintf("rounds=%d mutations=%d accepted=%d checked=%.1f%% stale_accepted=%d forged_accepted=%d auth_fail_moved_fence=%d expired_owner_accepted=%d gap_accepted=%d regression_accepted=%d double_effect=%d two_holders=%d unknown_over_15m=%d max_unknown=%s",
+		r.Rounds, r.Offered, r.Accepted, r.CheckedShare(), r.StaleAccepted, r.ForgedAccepted, r.AuthFailMovedFence,
+		r.ExpiredOwnerAccepted, r.GapAccepted, r.RegressionAccepted, r.DoubleEffect, r.TwoHolders, r.UnknownNotReconciled, r.MaxUnknown)
+}
+
+// history is the oracle's record of what really happened, kept apart from
+// the registry (which a restore rolls back) and from the verifier.
+type history struct {
+	// issued is the highest fence ever issued per resource.
+	issued map[string]int64
+	// endedAt is when each grant reached a final phase.
+	endedAt map[types.UID]time.Duration
+	// expiresAt is the latest lease end the registry ever set per grant.
+	expiresAt map[types.UID]time.Duration
+	// heldSince is when each grant became Held.
+	heldSince map[types.UID]time.Duration
+}
+
+func newHistory() *history {
+	return &history{issued: map[string]int64{}, endedAt: map[types.UID]time.Duration{},
+		expiresAt: map[types.UID]time.Duration{}, heldSince: map[types.UID]time.Duration{}}
+}
+
+// liveAt reports whether grant uid was Held and unexpired at t, by the
+// registry's history.
+func (h *history) liveAt(uid types.UID, t time.Duration) bool {
+	since, ok := h.heldSince[uid]
+	if !ok || t < since {
+		return false
+	}
+	if end, ok := h.endedAt[uid]; ok && t >= end {
+		return false
+	}
+	return t < h.expiresAt[uid]
+}
+
+func (r *Report) violate(format string, args ...any) {
+	if len(r.Violations) < 10 {
+		r.Violations = append(r.Violations, fmt.Sprintf(format, args...))
+	}
+}
+
+// String renders the report for humans.
+func (r *Report) String() string {
+	var b strings.Builder
+	b.WriteString(r.Summary())
+	for _, v := range r.Violations {
+		b.WriteString("\n  violation: " + v)
+	}
+	return b.String()
+}

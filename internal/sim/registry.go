@@ -1,0 +1,238 @@
+package sim
+
+import (
+	"crypto/ed25519"
+	"fmt"
+	"maps"
+	"slices"
+	"strconv"
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+
+	lockingv1alpha1 "github.com/lockwarden/lockwarden/api/v1alpha1"
+	"github.com/lockwarden/lockwarden/internal/facts"
+	"github.com/lockwarden/lockwarden/internal/grantplan"
+	"github.com/lockwarden/lockwarden/internal/issuer"
+	"github.com/lockwarden/lockwarden/pkg/fencing"
+)
+
+// epochBase is the virtual clock's origin on the registry's wall clock.
+var epochBase = time.Date(2026, 7, 19, 0, 0, 0, 0, time.UTC)
+
+const namespace = "billing"
+
+// registry is the API server and etcd as the controller sees them: grants,
+// one FenceCounter per resource, the issuer. It applies what
+// grantplan.Decide plans, as the LockGrant controller does.
+type registry struct {
+	grants   map[types.UID]*lockingv1alpha1.LockGrant
+	counters map[string]*lockingv1alpha1.FenceCounter
+	byReq    map[string]types.UID
+	rv       int64
+	uids     int
+	epoch    int64
+	revoked  []int64
+	keyID    string
+	key      ed25519.PrivateKey
+	// crashNext makes the next pass stop between the counter write and
+	// the status writes, as a controller crash would.
+	crashNext bool
+	// onIssue is called for each grant that becomes Held.
+	onIssue func(g *lockingv1alpha1.LockGrant)
+	// onEnd is called for each grant that reaches a final phase.
+	onEnd func(g *lockingv1alpha1.LockGrant)
+}
+
+func newRegistry(seed uint64) *registry {
+	s := make([]byte, ed25519.SeedSize)
+	copy(s, strconv.FormatUint(seed, 16))
+	return &registry{
+		grants: map[types.UID]*lockingv1alpha1.LockGrant{}, counters: map[string]*lockingv1alpha1.FenceCounter{},
+		byReq: map[string]types.UID{}, keyID: "sim", key: ed25519.NewKeyFromSeed(s),
+	}
+}
+
+func (r *registry) wall(now time.Duration) time.Time { return epochBase.Add(now) }
+
+// bundle is the trust bundle verifiers use.
+func (r *registry) bundle() *fencing.TrustBundle {
+	return &fencing.TrustBundle{
+		Schema:        fencing.TrustBundleSchema,
+		CurrentEpoch:  r.epoch,
+		RevokedEpochs: slices.Clone(r.revoked),
+		Keys: []fencing.TrustedKey{{KeyID: r.keyID, Algorithm: "Ed25519", State: fencing.KeyActive,
+			PublicKey: r.key.Public().(ed25519.PublicKey)}},
+	}
+}
+
+// create admits a LockGrant, as the API server with lockwarden's webhooks
+// does. A request ID already known returns the existing grant (the name is
+// derived from it, so the API server answers AlreadyExists).
+func (r *registry) create(owner, resource string, ttl int32, requestID string, now time.Duration) *lockingv1alpha1.LockGrant {
+	if uid, ok := r.byReq[requestID]; ok {
+		return r.grants[uid]
+	}
+	r.uids++
+	r.rv++
+	uid := types.UID(fmt.Sprintf("uid-%d", r.uids))
+	g := &lockingv1alpha1.LockGrant{
+		ObjectMeta: metav1.ObjectMeta{
+			Namespace: namespace, Name: string(uid), UID: uid, ResourceVersion: strconv.FormatInt(r.rv, 10),
+			Annotations: map[string]string{lockingv1alpha1.RequestedAtAnnotation: r.wall(now).Format(time.RFC3339Nano)},
+		},
+		Spec: lockingv1alpha1.LockGrantSpec{Resource: resource, Owner: owner, LeaseDurationSeconds: ttl, RequestID: requestID},
+	}
+	r.grants[uid] = g
+	r.byReq[requestID] = uid
+	return g
+}
+
+// renew applies a renew as admission does: refused unless fencing allows it.
+func (r *registry) renew(uid types.UID, caller string, target int64, now time.Duration) error {
+	g := r.grants[uid]
+	if g == nil {
+		return &fencing.Error{Reason: fencing.ReasonUnknownGrant, Detail: "no such grant"}
+	}
+	if err := fencing.CheckRenew(*facts.Grant(g), caller, r.wall(now)); err != nil {
+		return err
+	}
+	if target > g.Spec.Renewals {
+		g.Spec.Renewals = target
+		r.rv++
+	}
+	return nil
+}
+
+// release applies a release as admission does.
+func (r *registry) release(uid types.UID, caller string, now time.Duration) error {
+	g := r.grants[uid]
+	if g == nil {
+		return &fencing.Error{Reason: fencing.ReasonUnknownGrant, Detail: "no such grant"}
+	}
+	if g.Spec.Release || g.Status.Phase.Final() {
+		return &fencing.Error{Reason: fencing.ReasonAlreadyEnded, Detail: "already ended"}
+	}
+	if err := fencing.CheckRelease(*facts.Grant(g), caller, r.wall(now)); err != nil {
+		return err
+	}
+	g.Spec.Release = true
+	r.rv++
+	return nil
+}
+
+// reconcile runs one controller pass over a resource: Decide on the facts,
+// then the counter write, the record signatures and the status writes. It
+// returns the time to the next deadline.
+func (r *registry) reconcile(resource string, now time.Duration) time.Duration {
+	var grants []lockingv1alpha1.LockGrant
+	for _, g := range r.grants {
+		if g.Spec.Resource == resource {
+			grants = append(grants, *g) // Decide copies what it changes
+		}
+	}
+	slices.SortFunc(grants, func(a, b lockingv1alpha1.LockGrant) int { return compareUID(a.UID, b.UID) })
+	var counter *lockingv1alpha1.FenceCounter
+	if c := r.counters[resource]; c != nil {
+		counter = c.DeepCopy()
+	}
+	params := issuer.Params{Epoch: r.epoch, Revoked: slices.Clone(r.revoked), KeyID: r.keyID, Key: r.key}
+	p := grantplan.Decide(grantplan.Facts{
+		Now: r.wall(now), Resource: resource, Counter: counter, Grants: grants,
+		Epoch: r.epoch, Revoked: params.Revoked, Params: params,
+	})
+	revision := ""
+	if c := r.counters[resource]; c != nil {
+		revision = c.ResourceVersion
+	}
+	if p.Counter != nil {
+		r.rv++
+		c := r.counters[resource]
+		if c == nil {
+			c = &lockingv1alpha1.FenceCounter{ObjectMeta: metav1.ObjectMeta{Namespace: namespace, Name: lockingv1alpha1.FenceCounterName(resource)}}
+			r.counters[resource] = c
+		}
+		if p.Counter.Fence < c.Spec.Fence {
+			panic(fmt.Sprintf("the plan lowers the fence of %s from %d to %d", resource, c.Spec.Fence, p.Counter.Fence))
+		}
+		c.Spec = *p.Counter.DeepCopy()
+		c.ResourceVersion = strconv.FormatInt(r.rv, 10)
+		revision = c.ResourceVersion
+	}
+	if r.crashNext {
+		r.crashNext = false
+		return time.Millisecond // the restarted controller comes back at once
+	}
+	grantplan.Sign(p, params, revision)
+	for _, g := range p.Statuses {
+		cur := r.grants[g.UID]
+		if cur == nil {
+			continue
+		}
+		wasHeld, wasFinal := cur.Status.Phase == lockingv1alpha1.PhaseHeld, cur.Status.Phase.Final()
+		cur.Status = *g.Status.DeepCopy()
+		r.rv++
+		if !wasHeld && cur.Status.Phase == lockingv1alpha1.PhaseHeld && r.onIssue != nil {
+			r.onIssue(cur)
+		}
+		if !wasFinal && cur.Status.Phase.Final() && r.onEnd != nil {
+			r.onEnd(cur)
+		}
+	}
+	return p.RequeueAfter
+}
+
+// snapshot is a copy of the registry's state, as an etcd snapshot.
+type snapshot struct {
+	grants   map[types.UID]*lockingv1alpha1.LockGrant
+	counters map[string]*lockingv1alpha1.FenceCounter
+	byReq    map[string]types.UID
+	epoch    int64
+	revoked  []int64
+}
+
+func (r *registry) snapshot() *snapshot {
+	s := &snapshot{grants: map[types.UID]*lockingv1alpha1.LockGrant{}, counters: map[string]*lockingv1alpha1.FenceCounter{},
+		byReq: maps.Clone(r.byReq), epoch: r.epoch, revoked: slices.Clone(r.revoked)}
+	for k, g := range r.grants {
+		s.grants[k] = g.DeepCopy()
+	}
+	for k, c := range r.counters {
+		s.counters[k] = c.DeepCopy()
+	}
+	return s
+}
+
+// restore rolls the registry back to s. Grant UIDs are never reused (etcd
+// revisions are bumped past the snapshot's, and UIDs are random in real
+// clusters), so new grants after the restore are new acquisitions.
+func (r *registry) restore(s *snapshot) {
+	r.grants, r.counters, r.byReq = map[types.UID]*lockingv1alpha1.LockGrant{}, map[string]*lockingv1alpha1.FenceCounter{}, maps.Clone(s.byReq)
+	for k, g := range s.grants {
+		r.grants[k] = g.DeepCopy()
+	}
+	for k, c := range s.counters {
+		r.counters[k] = c.DeepCopy()
+	}
+	r.epoch, r.revoked = s.epoch, slices.Clone(s.revoked)
+	r.rv += 1000
+}
+
+// facts reads a grant and its resource's counter as an enforcement point
+// does, linearizably.
+func (r *registry) facts(uid types.UID, resource string) (*fencing.Grant, *fencing.Counter) {
+	return facts.Grant(r.grants[uid]), facts.Counter(r.counters[resource])
+}
+
+func compareUID(a, b types.UID) int {
+	switch {
+	case len(a) != len(b):
+		return len(a) - len(b)
+	case a < b:
+		return -1
+	case a > b:
+		return 1
+	}
+	return 0
+}

@@ -1,0 +1,204 @@
+package sim
+
+import (
+	"time"
+
+	"k8s.io/apimachinery/pkg/types"
+
+	"github.com/lockwarden/lockwarden/pkg/fencing"
+)
+
+// object is a guarded Kubernetes object: it lives in the registry's etcd
+// (a restore rolls it back too) and records the fence of its last accepted
+// write in the same write, as the admission webhook does.
+type object struct {
+	resource string
+	recorded int64
+	// recordedBy is the grant of the recorded fence (for the oracle only).
+	recordedBy types.UID
+	data       string
+}
+
+// segKey names one segment of one operation.
+type segKey struct {
+	root string
+	seq  int64
+}
+
+// store is a PostgreSQL-like segment store: ledger, receipts and effects in
+// one transaction, outside the registry (a restore does not touch it).
+type store struct {
+	resource    string
+	ledger      fencing.Ledger
+	receipts    map[segKey]fencing.Receipt
+	rootLast    map[string]int64
+	effects     map[segKey]int
+	quarantined int
+	// grantOf is the grant of every fence the store accepted (oracle only).
+	grantOf map[int64]types.UID
+	// maxApplied is the oracle's view of the last applied sequence per root.
+	maxApplied map[string]int64
+	receiptN   int
+}
+
+func newStore(resource string) *store {
+	return &store{resource: resource, receipts: map[segKey]fencing.Receipt{}, rootLast: map[string]int64{},
+		effects: map[segKey]int{}, grantOf: map[int64]types.UID{}, maxApplied: map[string]int64{}}
+}
+
+// writeMsg is a guarded write in flight.
+type writeMsg struct {
+	caller string
+	uid    types.UID
+	fence  int64
+	proof  fencing.Proof
+	target string // resource ID of the object written
+	data   string
+	// injected marks a forged, tampered or replayed write.
+	injected string
+}
+
+// segMsg is a segment in flight.
+type segMsg struct {
+	caller   string
+	seg      fencing.Segment
+	payload  string
+	injected string
+	// ackLost drops the store's answer: the sender learns nothing.
+	ackLost  bool
+	onAnswer func(applied bool, reason fencing.Reason)
+}
+
+// authReasons are refusals of a write that did not authenticate.
+var authReasons = map[fencing.Reason]bool{
+	fencing.ReasonBadSignature: true, fencing.ReasonBindingMismatch: true, fencing.ReasonNotOwner: true,
+	fencing.ReasonRevokedEpoch: true, fencing.ReasonUnknownGrant: true, fencing.ReasonNoFence: true,
+	fencing.ReasonInvalidSegment: true,
+}
+
+// deliverWrite is the guarded-write webhook: gather from the registry, check
+// with CheckProvenWrite, record the fence on acceptance only.
+func (w *world) deliverWrite(m writeMsg) {
+	now := w.s.now
+	obj := w.objects[m.target]
+	w.rep.Offered++
+	g, c := w.reg.facts(m.uid, m.target)
+	before := obj.recorded
+	err := fencing.CheckProvenWrite(fencing.ProvenWrite{
+		Proof: m.proof, Bundle: w.reg.bundle(), GrantNamespace: namespace, GrantName: string(m.uid),
+		Write: fencing.Write{Resource: m.target, Caller: m.caller, Fence: m.fence, Recorded: obj.recorded,
+			Grant: g, Counter: c, Now: w.reg.wall(now)},
+	})
+	if w.acceptAll {
+		err = nil // a broken enforcement point, to show the oracle catches it
+	}
+	if err != nil {
+		reason := fencing.ReasonOf(err)
+		w.rep.Rejected[string(reason)]++
+		if authReasons[reason] && obj.recorded != before {
+			w.rep.AuthFailMovedFence++
+			w.rep.violate("seed %d: refused %s moved the recorded fence of %s", w.seed, reason, m.target)
+		}
+		return
+	}
+	w.rep.Accepted++
+	if !w.acceptAll {
+		w.rep.AcceptedChecked++
+	}
+	w.judge("write", m.target, m.uid, m.fence, m.injected, w.objIssued[m.target], obj.recorded, obj.recordedBy, now)
+	obj.recorded, obj.recordedBy, obj.data = m.fence, m.uid, m.data
+}
+
+// deliverSegment is the segment store: in one transaction, with the ledger
+// row locked, gather the registry's facts and CheckSegment, then apply.
+func (w *world) deliverSegment(m segMsg) {
+	now := w.s.now
+	st := w.stores[w.resource]
+	w.rep.Offered++
+	g, c := w.reg.facts(types.UID(m.seg.GrantUID), st.resource)
+	key := segKey{m.seg.Root, m.seg.Seq}
+	var prior *fencing.Receipt
+	if r, ok := st.receipts[key]; ok {
+		prior = &r
+	}
+	beforeLedger := st.ledger
+	d, err := fencing.CheckSegment(fencing.SegmentWrite{
+		Resource: st.resource, Caller: m.caller, Segment: m.seg, Grant: g, Counter: c, Now: w.reg.wall(now),
+		Ledger: st.ledger, Prior: prior, RootLastSeq: st.rootLast[m.seg.Root],
+	})
+	answer := func(applied bool, r fencing.Reason) {
+		if m.onAnswer != nil && !m.ackLost {
+			w.s.after(w.netDelay(), func() { m.onAnswer(applied, r) })
+		}
+	}
+	if err != nil {
+		reason := fencing.ReasonOf(err)
+		w.rep.Rejected[string(reason)]++
+		if reason == fencing.ReasonSegmentConflict {
+			st.quarantined++
+		}
+		if authReasons[reason] && st.ledger != beforeLedger {
+			w.rep.AuthFailMovedFence++
+			w.rep.violate("seed %d: refused %s moved the ledger of %s", w.seed, reason, st.resource)
+		}
+		answer(false, reason)
+		return
+	}
+	if d.Next.Fence < st.ledger.Fence {
+		w.rep.violate("seed %d: a decision lowers the ledger from %d to %d", w.seed, st.ledger.Fence, d.Next.Fence)
+		w.rep.RegressionAccepted++
+	}
+	if d.Verdict == fencing.VerdictApply {
+		w.rep.Accepted++
+		w.rep.AcceptedChecked++
+		w.judge("segment", st.resource, types.UID(m.seg.GrantUID), m.seg.Fence, m.injected, w.h.issued[st.resource], st.ledger.Fence, st.grantOf[st.ledger.Fence], now)
+		if want := st.maxApplied[m.seg.Root] + 1; m.seg.Seq != want {
+			w.rep.GapAccepted++
+			w.rep.violate("seed %d: segment %d of %s applied, expected %d", w.seed, m.seg.Seq, m.seg.Root, want)
+		}
+		st.effects[key]++
+		if st.effects[key] > 1 {
+			w.rep.DoubleEffect++
+			w.rep.violate("seed %d: segment %d of %s applied twice", w.seed, m.seg.Seq, m.seg.Root)
+		}
+		st.maxApplied[m.seg.Root] = max(st.maxApplied[m.seg.Root], m.seg.Seq)
+		st.receiptN++
+		st.receipts[key] = fencing.Receipt{ID: string(rune('a' + st.receiptN%26)), Resource: st.resource, Fence: m.seg.Fence,
+			GrantUID: m.seg.GrantUID, Root: m.seg.Root, Seq: m.seg.Seq, Digest: m.seg.Digest, AcceptedAt: w.reg.wall(now)}
+		st.rootLast[m.seg.Root] = max(st.rootLast[m.seg.Root], m.seg.Seq)
+	}
+	st.grantOf[d.Next.Fence] = types.UID(d.Next.GrantUID)
+	st.ledger = d.Next
+	answer(d.Verdict == fencing.VerdictApply || d.Verdict == fencing.VerdictDuplicate, "")
+}
+
+// judge checks one accepted mutation against the history, independently of
+// the verifier: it must come from a grant the registry really issued and
+// that was live at that instant, with a fence no older than any issued or
+// accepted before, and never re-use an accepted fence from another grant.
+//
+// issued is the highest fence issued for the resource as far as the written
+// place can know: the true history for a store outside the registry, the
+// rolled-back one for objects that live in the registry's own etcd.
+func (w *world) judge(kind, resource string, uid types.UID, fence int64, injected string, issued, highest int64, highestBy types.UID, now time.Duration) {
+	if injected != "" {
+		w.rep.ForgedAccepted++
+		w.rep.violate("seed %d: %s %s accepted (fence %d)", w.seed, injected, kind, fence)
+	}
+	if fence < issued || fence < highest {
+		w.rep.StaleAccepted++
+		w.rep.violate("seed %d: %s with fence %d accepted at %s; issued %d, accepted %d", w.seed, kind, fence, now, issued, highest)
+	}
+	if fence == highest && highestBy != "" && highestBy != uid {
+		w.rep.RegressionAccepted++
+		w.rep.violate("seed %d: %s with fence %d of %s accepted; the resource took fence %d from %s", w.seed, kind, fence, uid, highest, highestBy)
+	}
+	if !w.h.liveAt(uid, now) {
+		if w.resurrected[uid] && !w.recovered {
+			w.rep.Faults["resurrected-write-before-recovery"]++
+			return
+		}
+		w.rep.ExpiredOwnerAccepted++
+		w.rep.violate("seed %d: %s by %s accepted at %s after its grant ended or expired", w.seed, kind, uid, now)
+	}
+}

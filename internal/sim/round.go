@@ -1,0 +1,62 @@
+package sim
+
+import (
+	"runtime"
+	"sync"
+)
+
+// Round plays one round with the given faults, or, when faults is nil, a
+// random mix of one to four kinds chosen by the seed. It is deterministic:
+// the same seed and faults give the same report.
+func Round(seed uint64, faults []Fault) *Report {
+	w := newWorld(seed, nil)
+	if faults == nil {
+		n := 1 + w.rng.IntN(4)
+		perm := w.rng.Perm(len(Faults))
+		for _, i := range perm[:n] {
+			faults = append(faults, Faults[i])
+		}
+	}
+	for _, f := range faults {
+		w.fault[f] = true
+	}
+	return w.run()
+}
+
+// RoundSeed is the seed of round i of a run with master seed master.
+func RoundSeed(master uint64, i int) uint64 {
+	// SplitMix64 of master+i: well-spread, reproducible seeds.
+	z := master + uint64(i)*0x9e3779b97f4a7c15
+	z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9
+	z = (z ^ (z >> 27)) * 0x94d049bb133111eb
+	return z ^ (z >> 31)
+}
+
+// Run plays rounds 0..n-1 of a mixed schedule with master seed master on
+// parallel goroutines (0: one per CPU) and merges their reports. The seeds of
+// rounds with violations are listed in the report's violations.
+func Run(master uint64, n, parallel int) *Report {
+	if parallel <= 0 {
+		parallel = runtime.GOMAXPROCS(0)
+	}
+	total := newReport()
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	next := make(chan int)
+	for range parallel {
+		wg.Go(func() {
+			for i := range next {
+				r := Round(RoundSeed(master, i), nil)
+				mu.Lock()
+				total.Add(r)
+				mu.Unlock()
+			}
+		})
+	}
+	for i := range n {
+		next <- i
+	}
+	close(next)
+	wg.Wait()
+	return total
+}

@@ -1,0 +1,186 @@
+package sim
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"time"
+
+	"k8s.io/apimachinery/pkg/types"
+
+	lockingv1alpha1 "github.com/lockwarden/lockwarden/api/v1alpha1"
+)
+
+// Fault is one kind of fault the simulation injects.
+type Fault string
+
+// The fault matrix of seed 000.
+const (
+	// FaultPause freezes a holder between its validity check and its
+	// write, past its TTL (GC pause, SIGSTOP, VM migration).
+	FaultPause Fault = "pause"
+	// FaultLostRenew loses renew responses; the holder must read the grant.
+	FaultLostRenew Fault = "lost-renew"
+	// FaultReleaseReacquire loses a release reply; the owner re-acquires
+	// and then retries the release of its earlier grant (C03).
+	FaultReleaseReacquire Fault = "release-reacquire"
+	// FaultSegmentDisorder sends segments out of order, twice, and again
+	// with another payload.
+	FaultSegmentDisorder Fault = "segment-disorder"
+	// FaultLateMessage delivers a write long after it was sent.
+	FaultLateMessage Fault = "late-message"
+	// FaultRestore restores the registry from an old snapshot; the
+	// operator recovers by bumping the issuer epoch.
+	FaultRestore Fault = "restore"
+	// FaultLostAck loses a segment's commit acknowledgement; the holder
+	// resolves MUTATION_UNKNOWN by looking up the receipt.
+	FaultLostAck Fault = "lost-ack"
+	// FaultForgedFence presents a huge fence with a real proof.
+	FaultForgedFence Fault = "forged-fence"
+	// FaultTamperedRecord changes a field of a signed record.
+	FaultTamperedRecord Fault = "tampered-record"
+	// FaultReplay presents a proof for another resource's object.
+	FaultReplay Fault = "replay"
+	// FaultRevokedEpoch revokes the issuer epoch of the current grants.
+	FaultRevokedEpoch Fault = "revoked-epoch"
+	// FaultControllerCrash stops a controller pass between the counter
+	// write and the status writes.
+	FaultControllerCrash Fault = "controller-crash"
+)
+
+// Faults lists every fault kind.
+var Faults = []Fault{
+	FaultPause, FaultLostRenew, FaultReleaseReacquire, FaultSegmentDisorder, FaultLateMessage, FaultRestore,
+	FaultLostAck, FaultForgedFence, FaultTamperedRecord, FaultReplay, FaultRevokedEpoch, FaultControllerCrash,
+}
+
+// world is one round: the scheduler, the registry, the resources, the
+// workers and the oracle.
+type world struct {
+	seed  uint64
+	s     scheduler
+	rng   *rand.Rand
+	reg   *registry
+	h     *history
+	rep   *Report
+	fault map[Fault]bool
+
+	// resource is the contended resource; other is a second one, the
+	// target of replayed proofs.
+	resource, other string
+	objects         map[string]*object
+	stores          map[string]*store
+	workers         []*worker
+
+	// pending marks a reconcile already scheduled per resource.
+	pending map[string]bool
+	// resurrected are grants a restore brought back to life; recovered
+	// says the operator has since bumped the epoch.
+	resurrected map[types.UID]bool
+	recovered   bool
+	horizon     time.Duration
+	// acceptAll breaks the guarded-object enforcement point (tests only).
+	acceptAll bool
+	// objIssued is the highest fence issued per resource as the guarded
+	// objects' etcd knows it: a restore rolls it back together with the
+	// objects, while the oracle's history keeps the truth for the store.
+	objIssued map[string]int64
+}
+
+func newWorld(seed uint64, faults []Fault) *world {
+	w := &world{
+		seed: seed, rng: rand.New(rand.NewPCG(seed, 0x10c4a2de)), reg: newRegistry(seed), h: newHistory(), rep: newReport(),
+		fault: map[Fault]bool{}, resource: "invoice-batch/2026-07-19", other: "invoice-batch/2026-07-20",
+		objects: map[string]*object{}, stores: map[string]*store{}, pending: map[string]bool{},
+		resurrected: map[types.UID]bool{}, objIssued: map[string]int64{},
+	}
+	for _, f := range faults {
+		w.fault[f] = true
+	}
+	for _, r := range []string{w.resource, w.other} {
+		w.objects[r] = &object{resource: r}
+	}
+	w.stores[w.resource] = newStore(w.resource)
+	w.reg.onIssue = func(g *lockingv1alpha1.LockGrant) {
+		w.h.heldSince[g.UID] = w.s.now
+		w.h.issued[g.Spec.Resource] = max(w.h.issued[g.Spec.Resource], g.Status.FenceToken)
+		w.objIssued[g.Spec.Resource] = max(w.objIssued[g.Spec.Resource], g.Status.FenceToken)
+	}
+	w.reg.onEnd = func(g *lockingv1alpha1.LockGrant) {
+		if _, ok := w.h.endedAt[g.UID]; !ok {
+			w.h.endedAt[g.UID] = w.s.now
+		}
+	}
+	return w
+}
+
+// between returns a uniformly random duration in [lo, hi].
+func (w *world) between(lo, hi time.Duration) time.Duration {
+	if hi <= lo {
+		return lo
+	}
+	return lo + time.Duration(w.rng.Int64N(int64(hi-lo)+1))
+}
+
+func (w *world) chance(p float64) bool { return w.rng.Float64() < p }
+
+// netDelay is one network hop.
+func (w *world) netDelay() time.Duration { return w.between(time.Millisecond, 40*time.Millisecond) }
+
+// kick schedules a controller pass over resource, as a watch event does.
+func (w *world) kick(resource string) {
+	if w.pending[resource] {
+		return
+	}
+	w.pending[resource] = true
+	w.s.after(w.between(time.Millisecond, 15*time.Millisecond), func() { w.reconcile(resource) })
+}
+
+// reconcile runs the controller's pass, updates the oracle's history,
+// checks that at most one grant holds, and notifies the owners.
+func (w *world) reconcile(resource string) {
+	w.pending[resource] = false
+	if w.fault[FaultControllerCrash] && w.chance(0.05) {
+		w.reg.crashNext = true
+		w.rep.Faults[string(FaultControllerCrash)]++
+	}
+	requeue := w.reg.reconcile(resource, w.s.now)
+	held := 0
+	for _, g := range w.reg.grants {
+		if g.Spec.Resource != resource || g.Status.Phase != lockingv1alpha1.PhaseHeld || g.Status.ExpiresAt == nil {
+			continue
+		}
+		exp := g.Status.ExpiresAt.Sub(epochBase)
+		w.h.expiresAt[g.UID] = max(w.h.expiresAt[g.UID], exp)
+		if exp > w.s.now {
+			held++
+		}
+	}
+	if held > 1 {
+		w.rep.TwoHolders++
+		w.rep.violate("seed %d: %d unexpired Held grants of %s at %s", w.seed, held, resource, w.s.now)
+	}
+	if requeue > 0 {
+		w.s.after(requeue, func() { w.kick(resource) })
+	}
+	for _, wk := range w.workers {
+		wk.notify()
+	}
+}
+
+// run plays the round to its horizon and returns its report.
+func (w *world) run() *Report {
+	w.horizon = 3 * time.Minute
+	n := 2 + w.rng.IntN(3)
+	for i := range n {
+		wk := newWorker(w, fmt.Sprintf("system:serviceaccount:billing:worker-%d", i))
+		w.workers = append(w.workers, wk)
+		w.s.after(w.between(0, 2*time.Second), wk.step)
+	}
+	w.scheduleAdversary()
+	w.s.run(w.horizon)
+	for _, wk := range w.workers {
+		wk.finish()
+	}
+	w.rep.Rounds = 1
+	return w.rep
+}
