@@ -74,6 +74,17 @@ demo: tools build ## Play the paused-holder story on a local control plane, and 
 playground: tools build ## Start a local control plane with the manager for the README walkthrough; Ctrl-C stops it.
 	$(LOCALBIN)/lockwarden-demo --assets $(LOCALBIN) --manager $(LOCALBIN)/manager --serve
 
+# Sizes of make bench; empty means the bench's defaults (BENCH_QUICK=1: its quick ones).
+BENCH_QUICK ?=
+BENCH_HANDOFFS ?=
+BENCH_SCALE ?=
+BENCH_FLAGS ?=
+
+.PHONY: bench
+bench: tools build ## Measure lockwarden against etcd's mutex, a Lease lock and leader election on one local control plane; results in results/<time>/ (BENCH_QUICK=1 for ~2-3 min; BENCH_HANDOFFS, BENCH_SCALE, BENCH_FLAGS).
+	go build -o $(LOCALBIN)/lockwarden-bench ./cmd/lockwarden-bench
+	$(LOCALBIN)/lockwarden-bench --assets $(LOCALBIN) --manager $(LOCALBIN)/manager --out results $(if $(BENCH_QUICK),--quick) $(if $(BENCH_HANDOFFS),--handoffs=$(BENCH_HANDOFFS)) $(if $(BENCH_SCALE),--scale=$(BENCH_SCALE)) $(BENCH_FLAGS)
+
 .PHONY: run
 run: tools install ## Run the manager locally against the cluster in $KUBECONFIG (webhooks on https://localhost:9443).
 	$(KUBECTL) apply -k config/local

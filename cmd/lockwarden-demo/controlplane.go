@@ -6,6 +6,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 
 	"k8s.io/client-go/rest"
@@ -75,6 +76,23 @@ func (cp *controlPlane) kubectl(ctx context.Context, args ...string) error {
 	out, err := cmd.CombinedOutput()
 	if err != nil {
 		return fmt.Errorf("kubectl %s: %w\n%s", strings.Join(args, " "), err, out)
+	}
+	return nil
+}
+
+// applyLocalConfig installs the kustomization at dir (config/local), with
+// the webhook URLs moved from port 9443 to port when they differ.
+func (cp *controlPlane) applyLocalConfig(ctx context.Context, dir string, port int) error {
+	render := exec.CommandContext(ctx, cp.env.ControlPlane.KubectlPath, "kustomize", dir)
+	out, err := render.Output()
+	if err != nil {
+		return fmt.Errorf("kubectl kustomize %s: %w", dir, err)
+	}
+	manifests := strings.ReplaceAll(string(out), "https://localhost:"+strconv.Itoa(defaultWebhookPort)+"/", "https://localhost:"+strconv.Itoa(port)+"/")
+	apply := exec.CommandContext(ctx, cp.env.ControlPlane.KubectlPath, "--kubeconfig", cp.adminKubeconfig, "apply", "-f", "-")
+	apply.Stdin = strings.NewReader(manifests)
+	if b, err := apply.CombinedOutput(); err != nil {
+		return fmt.Errorf("kubectl apply: %w\n%s", err, b)
 	}
 	return nil
 }

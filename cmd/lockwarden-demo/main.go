@@ -33,6 +33,8 @@ type options struct {
 	// serve keeps the control plane and manager up instead of playing the
 	// story (make playground).
 	serve bool
+	// webhookPort is the manager's webhook port on localhost.
+	webhookPort int
 }
 
 func main() {
@@ -46,6 +48,7 @@ func main() {
 	flag.StringVar(&o.crds, "crds", "config/crd/bases", "Directory of the CRD manifests.")
 	flag.StringVar(&o.localConfig, "local-config", "config/local", "Kustomization installing the webhook configurations for a local manager.")
 	flag.DurationVar(&o.timeout, "timeout", 3*time.Minute, "Deadline of the whole demo.")
+	flag.IntVar(&o.webhookPort, "webhook-port", defaultWebhookPort, "Port of the manager's webhook server on localhost (the API server is pointed at it).")
 	flag.BoolVar(&o.serve, "serve", false, "Start the control plane and the manager, print a KUBECONFIG to use, and keep them running until Ctrl-C instead of playing the story.")
 	flag.Parse()
 	if o.serve {

@@ -26,7 +26,8 @@ import (
 
 // What config/local installs and the manager serves.
 const (
-	webhookPort          = 9443
+	// defaultWebhookPort is where config/local points the API server.
+	defaultWebhookPort   = 9443
 	webhookCertSecret    = "lockwarden-system/lockwarden-webhook-server-cert"
 	systemNamespace      = "lockwarden-system"
 	mutatingConfigName   = "lockwarden-mutating-webhook-configuration"
@@ -48,9 +49,9 @@ type managerProc struct {
 }
 
 // startManager starts the manager against the admin kubeconfig, with its
-// webhook server on localhost:9443 and its log in dir/manager.log. It fails
-// at once if port 9443 is taken.
-func startManager(bin, kubeconfig, dir string) (*managerProc, error) {
+// webhook server on localhost:webhookPort and its log in dir/manager.log. It
+// fails at once if the port is taken.
+func startManager(bin, kubeconfig, dir string, webhookPort int) (*managerProc, error) {
 	if err := checkPortFree(webhookPort); err != nil {
 		return nil, err
 	}

@@ -25,7 +25,7 @@ const (
 // stops everything it started before returning, whatever happens.
 func run(ctx context.Context, o options) error {
 	// Fail before starting anything if the webhook port is taken.
-	if err := checkPortFree(webhookPort); err != nil {
+	if err := checkPortFree(o.webhookPort); err != nil {
 		return err
 	}
 	dir, err := os.MkdirTemp("", "lockwarden-demo-")
@@ -53,13 +53,13 @@ func run(ctx context.Context, o options) error {
 	}
 
 	done = step("Installing the webhook configurations (kubectl apply -k config/local)")
-	if err := cp.kubectl(ctx, "apply", "-k", o.localConfig); err != nil {
+	if err := cp.applyLocalConfig(ctx, o.localConfig, o.webhookPort); err != nil {
 		return err
 	}
 	done()
 
 	done = step("Starting the manager")
-	mgr, err := startManager(o.manager, cp.adminKubeconfig, dir)
+	mgr, err := startManager(o.manager, cp.adminKubeconfig, dir, o.webhookPort)
 	if err != nil {
 		return err
 	}

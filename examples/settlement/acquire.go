@@ -4,15 +4,20 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
+	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/util/retry"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	lockingv1alpha1 "github.com/lockwarden/lockwarden/api/v1alpha1"
+	"github.com/lockwarden/lockwarden/pkg/store/postgres"
 )
 
 // acquire creates a LockGrant for resource, bound to operation root, and
@@ -84,4 +89,44 @@ func release(ctx context.Context, c client.Client, g *lockingv1alpha1.LockGrant)
 		cur.Spec.Release = true
 		return c.Update(ctx, cur)
 	})
+}
+
+// reportTimeout bounds the regression report, which runs on the store's
+// Apply goroutine.
+const reportTimeout = 10 * time.Second
+
+// reportRegression returns the store's regression hook. When the database
+// refuses a segment with FENCE_REGRESSION (the lock registry issued a fence
+// the database had already accepted from another grant: it was restored
+// from an old snapshot), the worker reports it on its own grant, in the
+// annotation locking.lockwarden.io/fence-regression. The controller then
+// raises the grant's FenceRegression condition, a Warning Event and the
+// metric lockwarden_grant_transitions_total{reason="FENCE_REGRESSION"},
+// where operators look. The store has already recorded the alarm in
+// lockwarden_fence_alarms; a failed report is printed, not retried.
+func reportRegression(c client.Client, g *lockingv1alpha1.LockGrant, out io.Writer) func(context.Context, *postgres.Refusal) {
+	return func(ctx context.Context, r *postgres.Refusal) {
+		ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), reportTimeout)
+		defer cancel()
+		if err := annotateRegression(ctx, c, g, r.Error()); err != nil {
+			fmt.Fprintf(out, "could not report FENCE_REGRESSION on %s/%s: %v\n", g.Namespace, g.Name, err)
+			return
+		}
+		fmt.Fprintf(out, "reported FENCE_REGRESSION on %s/%s\n", g.Namespace, g.Name)
+	}
+}
+
+// annotateRegression sets the fence-regression annotation on grant g, by a
+// merge patch whose UID is a precondition: it can only reach this
+// acquisition, never a later grant of the same name.
+func annotateRegression(ctx context.Context, c client.Client, g *lockingv1alpha1.LockGrant, msg string) error {
+	patch, err := json.Marshal(map[string]any{"metadata": map[string]any{
+		"uid":         g.UID,
+		"annotations": map[string]string{lockingv1alpha1.FenceRegressionAnnotation: msg},
+	}})
+	if err != nil {
+		return err
+	}
+	target := &lockingv1alpha1.LockGrant{ObjectMeta: metav1.ObjectMeta{Namespace: g.Namespace, Name: g.Name}}
+	return c.Patch(ctx, target, client.RawPatch(types.MergePatchType, patch))
 }

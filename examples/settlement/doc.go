@@ -21,7 +21,11 @@
 //     receipts and are not settled twice.
 //  4. Each segment settles its invoices and records the fence bookkeeping
 //     in one transaction. A refusal (STALE_OWNER: a newer worker took over;
-//     FENCE_REGRESSION: the registry was restored) stops the worker. A
+//     FENCE_REGRESSION: the registry was restored) stops the worker; a
+//     FENCE_REGRESSION is also reported on the worker's grant (annotation
+//     locking.lockwarden.io/fence-regression), so that the controller
+//     raises the grant's FenceRegression condition, a Warning Event and
+//     the metric lockwarden_grant_transitions_total{reason="FENCE_REGRESSION"}. A
 //     commit whose answer was lost (MUTATION_UNKNOWN) is looked up by
 //     operation root and segment, and resent only when the lookup does not
 //     find it (a resend with the same payload is idempotent).

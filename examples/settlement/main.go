@@ -96,7 +96,8 @@ func (c config) runWith(ctx context.Context, rc *rest.Config, out io.Writer) err
 		return err
 	}
 	fmt.Fprintf(out, "held %s/%s on %s: fence %d, owner %s\n", g.Namespace, g.Name, b.resource, g.Status.FenceToken, g.Spec.Owner)
-	store := postgres.New(db, grantRegistry{reader: kube, grant: client.ObjectKeyFromObject(g)})
+	store := postgres.New(db, grantRegistry{reader: kube, grant: client.ObjectKeyFromObject(g)},
+		postgres.WithRegressionHook(reportRegression(kube, g, out)))
 	settleErr := settle(ctx, store, holderOf(g), b, out)
 	// Release even when settling stopped: a refused worker must not keep
 	// the lease until it expires.

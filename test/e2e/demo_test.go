@@ -5,7 +5,9 @@ import (
 	"context"
 	"os"
 	"os/exec"
+	"net"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -48,7 +50,9 @@ func TestDemo(t *testing.T) {
 
 	ctx, cancel := context.WithTimeout(t.Context(), 4*time.Minute)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, demo, "--assets", assets, "--manager", manager)
+	// A free webhook port, so that this test never competes with another
+	// local manager (make demo, or another package's test) for 9443.
+	cmd := exec.CommandContext(ctx, demo, "--assets", assets, "--manager", manager, "--webhook-port", strconv.Itoa(freePort(t)))
 	cmd.Dir = root
 	cmd.WaitDelay = 30 * time.Second
 	var out bytes.Buffer
@@ -69,4 +73,15 @@ func TestDemo(t *testing.T) {
 			t.Errorf("the demo output lacks %q", want)
 		}
 	}
+}
+
+// freePort returns a TCP port on 127.0.0.1 that was free a moment ago.
+func freePort(t *testing.T) int {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port
 }

@@ -1,0 +1,274 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"time"
+
+	"github.com/spf13/cobra"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/yaml"
+
+	lockingv1alpha1 "github.com/lockwarden/lockwarden/api/v1alpha1"
+	"github.com/lockwarden/lockwarden/pkg/fencing"
+	"github.com/lockwarden/lockwarden/pkg/lock"
+)
+
+// acquireOptions are the flags shared by acquire and run.
+type acquireOptions struct {
+	ttl       time.Duration
+	wait      time.Duration
+	requestID string
+}
+
+func (o *acquireOptions) addFlags(cmd *cobra.Command) {
+	cmd.Flags().DurationVar(&o.ttl, "ttl", lock.DefaultTTL, "Lease duration, whole seconds from 1s to 1h; the lease ends this long after the last renew.")
+	cmd.Flags().DurationVar(&o.wait, "wait", 0, "How long to wait in the queue; 0 waits without limit. Exit code 124 when it passes.")
+	cmd.Flags().StringVar(&o.requestID, "request-id", "", "Idempotency key of the request (default: random). Retrying with the same ID finds the same grant instead of queuing again.")
+}
+
+func (o *acquireOptions) lockOptions() []lock.Option {
+	opts := []lock.Option{lock.WithTTL(o.ttl), lock.WithWait(o.wait)}
+	if o.requestID != "" {
+		opts = append(opts, lock.WithRequestID(o.requestID))
+	}
+	return opts
+}
+
+// validOutput checks an -o value.
+func validOutput(o string) error {
+	switch o {
+	case "", "json", "yaml":
+		return nil
+	}
+	return fmt.Errorf("unknown output format %q: use json or yaml", o)
+}
+
+// printObject writes obj as JSON or YAML.
+func printObject(w io.Writer, format string, obj any) error {
+	if o, ok := obj.(runtime.Object); ok {
+		setKind(o)
+	}
+	b, err := json.MarshalIndent(obj, "", "    ")
+	if err != nil {
+		return err
+	}
+	if format == "yaml" {
+		if b, err = yaml.JSONToYAML(b); err != nil {
+			return err
+		}
+		_, err = w.Write(b)
+		return err
+	}
+	_, err = fmt.Fprintf(w, "%s\n", b)
+	return err
+}
+
+// setKind fills in apiVersion and kind, which typed clients leave empty.
+func setKind(o runtime.Object) {
+	switch v := o.(type) {
+	case *lockingv1alpha1.LockGrant:
+		v.APIVersion, v.Kind = lockingv1alpha1.GroupVersion.String(), "LockGrant"
+	case *lockingv1alpha1.LockGrantList:
+		v.APIVersion, v.Kind = lockingv1alpha1.GroupVersion.String(), "LockGrantList"
+		for i := range v.Items {
+			setKind(&v.Items[i])
+		}
+	}
+}
+
+// timestamp formats a status time as RFC 3339, or "-".
+func timestamp(t *metav1.MicroTime) string {
+	if t == nil {
+		return "-"
+	}
+	return t.UTC().Format(time.RFC3339Nano)
+}
+
+func (a *app) acquireCmd() *cobra.Command {
+	var o acquireOptions
+	var output string
+	cmd := &cobra.Command{
+		Use:   "acquire RESOURCE",
+		Short: "Take the lock on RESOURCE and print the grant and its fence",
+		Long: `Take the lock on RESOURCE, waiting in its queue, and print the grant's name
+and fence. The lock is not renewed after the command exits: renew it with
+'kubectl lock renew GRANT' before the TTL runs out, or use 'kubectl lock run'.`,
+		Example: `  kubectl lock acquire reports/nightly --ttl 60s --wait 10s
+  kubectl lock acquire reports/nightly -o json`,
+		Args:              cobra.ExactArgs(1),
+		ValidArgsFunction: a.completeResources,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if err := validOutput(output); err != nil {
+				return err
+			}
+			locks, c, ns, err := a.locks()
+			if err != nil {
+				return err
+			}
+			ctx, cancel := signalContext()
+			defer cancel()
+			p := newProgress(a.streams.ErrOut, c, ns, args[0])
+			h, err := locks.Acquire(ctx, args[0], append(o.lockOptions(), lock.WithProgress(p.update))...)
+			if err != nil {
+				p.finish("")
+				return classify(err)
+			}
+			p.finish(fmt.Sprintf("acquired %s", args[0]))
+			g, err := lock.WaitForGrant(ctx, c, h.Grant(), func(g *lockingv1alpha1.LockGrant) bool { return g != nil })
+			if err != nil {
+				return err
+			}
+			if output != "" {
+				return printObject(a.streams.Out, output, g)
+			}
+			fmt.Fprintf(a.streams.Out, "grant %s fence %d expires %s\n", g.Name, g.Status.FenceToken, timestamp(g.Status.ExpiresAt))
+			return nil
+		},
+	}
+	o.addFlags(cmd)
+	cmd.Flags().StringVarP(&output, "output", "o", "", "Output format: json or yaml (the LockGrant).")
+	return cmd
+}
+
+func (a *app) renewCmd() *cobra.Command {
+	var uid string
+	var timeout time.Duration
+	cmd := &cobra.Command{
+		Use:   "renew GRANT",
+		Short: "Renew a grant once: its lease runs for its TTL from now",
+		Long: `Renew the grant GRANT (NAME or NAMESPACE/NAME) once and wait for the
+controller's answer. A grant whose lease already ran out is never renewed
+(exit code 3, EXPIRED): acquire again for a new fence. Do not renew a grant
+that 'kubectl lock run' or a library handle is holding: they renew it
+themselves.`,
+		Args:              cobra.ExactArgs(1),
+		ValidArgsFunction: a.completeGrants,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			locks, _, ns, err := a.locks()
+			if err != nil {
+				return err
+			}
+			ctx, cancel := signalContext()
+			defer cancel()
+			ctx, cancelT := context.WithTimeout(ctx, timeout)
+			defer cancelT()
+			g, err := locks.Renew(ctx, grantKey(args[0], ns), types.UID(uid))
+			if err != nil {
+				return classify(err)
+			}
+			fmt.Fprintf(a.streams.Out, "grant %s fence %d expires %s\n", g.Name, g.Status.FenceToken, timestamp(g.Status.ExpiresAt))
+			return nil
+		},
+	}
+	cmd.Flags().StringVar(&uid, "uid", "", "Renew only if the grant is this acquisition (its UID).")
+	cmd.Flags().DurationVar(&timeout, "timeout", 30*time.Second, "How long to wait for the controller's answer.")
+	return cmd
+}
+
+func (a *app) releaseCmd() *cobra.Command {
+	var uid string
+	var timeout time.Duration
+	cmd := &cobra.Command{
+		Use:   "release GRANT",
+		Short: "Release a grant, or withdraw a waiting request",
+		Long: `Release the grant GRANT (NAME or NAMESPACE/NAME): exactly this acquisition,
+never a later grant. Prints Released, or exits with code 3 and the reason:
+NOT_OWNER (another identity's grant), EXPIRED (the lease had run out) or
+ALREADY_ENDED (released before, timed out, or deleted).`,
+		Args:              cobra.ExactArgs(1),
+		ValidArgsFunction: a.completeGrants,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			locks, _, ns, err := a.locks()
+			if err != nil {
+				return err
+			}
+			ctx, cancel := signalContext()
+			defer cancel()
+			ctx, cancelT := context.WithTimeout(ctx, timeout)
+			defer cancelT()
+			key := grantKey(args[0], ns)
+			res, err := locks.Release(ctx, key, types.UID(uid))
+			if err != nil {
+				return err
+			}
+			if res != lock.Released {
+				return &exitErr{code: exitRefused, err: fmt.Errorf("grant %s: %w", key.Name, &fencing.Error{Reason: res.Reason(), Detail: releaseDetail(res)})}
+			}
+			fmt.Fprintf(a.streams.Out, "grant %s released\n", key.Name)
+			return nil
+		},
+	}
+	cmd.Flags().StringVar(&uid, "uid", "", "Release only if the grant is this acquisition (its UID).")
+	cmd.Flags().DurationVar(&timeout, "timeout", 30*time.Second, "How long to wait for an answer.")
+	return cmd
+}
+
+func releaseDetail(r lock.ReleaseResult) string {
+	switch r {
+	case lock.LeaseExpired:
+		return "the lease had already expired"
+	case lock.AlreadyEnded:
+		return "the grant had already ended"
+	case lock.NotOwner:
+		return "the grant belongs to another identity"
+	}
+	return string(r)
+}
+
+// progress prints a line on stderr while a request waits in the queue.
+type progress struct {
+	w        io.Writer
+	tty      bool
+	c        client.Client
+	ns       string
+	resource string
+	last     string
+}
+
+func newProgress(w io.Writer, c client.Client, ns, resource string) *progress {
+	return &progress{w: w, tty: isTerminal(w), c: c, ns: ns, resource: resource}
+}
+
+// update is a lock.WithProgress callback.
+func (p *progress) update(g *lockingv1alpha1.LockGrant) {
+	if g.Status.Phase != lockingv1alpha1.PhasePending || g.Status.QueuePosition == nil {
+		return
+	}
+	line := fmt.Sprintf("waiting for %s: position %d in the queue", p.resource, *g.Status.QueuePosition)
+	// The holder, when the user may read the resource's fence record.
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	var fc lockingv1alpha1.FenceCounter
+	key := types.NamespacedName{Namespace: p.ns, Name: lockingv1alpha1.FenceCounterName(p.resource)}
+	if err := p.c.Get(ctx, key, &fc); err == nil && fc.Spec.Holder != nil {
+		line += fmt.Sprintf(", held by %s (%s, fence %d)", fc.Spec.Holder.Name, fc.Spec.Holder.Owner, fc.Spec.Holder.Fence)
+	}
+	if line == p.last {
+		return
+	}
+	p.last = line
+	if p.tty {
+		fmt.Fprintf(p.w, "\r\033[Kkubectl-lock: %s", line)
+	} else {
+		fmt.Fprintf(p.w, "kubectl-lock: %s\n", line)
+	}
+}
+
+// finish ends the progress line, printing msg if anything was printed.
+func (p *progress) finish(msg string) {
+	if p.last == "" {
+		return
+	}
+	if p.tty {
+		fmt.Fprint(p.w, "\r\033[K")
+	}
+	if msg != "" {
+		fmt.Fprintf(p.w, "kubectl-lock: %s\n", msg)
+	}
+}

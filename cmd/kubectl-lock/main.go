@@ -1,0 +1,48 @@
+// Command kubectl-lock is the kubectl plugin for lockwarden's fenced locks:
+// installed on $PATH it runs as `kubectl lock`. It takes, renews, releases
+// and inspects LockGrants with the user's kubeconfig and the usual kubectl
+// flags (--kubeconfig, --context, --namespace, ...), and `kubectl lock run`
+// protects a shell command: it holds the lock while the command runs, hands
+// it the fence, and stops it the moment the lock is lost or in doubt.
+//
+//	kubectl lock acquire RESOURCE [--ttl 30s] [--wait 0] [--request-id ID] [-o json|yaml]
+//	kubectl lock renew GRANT
+//	kubectl lock release GRANT
+//	kubectl lock status RESOURCE [-o json|yaml]
+//	kubectl lock list [--resource R] [--phase P] [--owner O] [-A] [-o json|yaml]
+//	kubectl lock run RESOURCE [--ttl 30s] [--wait 0] [--grace 10s] -- COMMAND [ARG...]
+//	kubectl lock completion bash|zsh|fish|powershell
+//
+// `run` passes the command LOCKWARDEN_FENCE, LOCKWARDEN_GRANT (the grant's
+// name), LOCKWARDEN_NAMESPACE, LOCKWARDEN_RESOURCE, LOCKWARDEN_GRANT_UID and
+// LOCKWARDEN_REQUEST_ID. A guarded write made by the command carries
+// annotations locking.lockwarden.io/grant=$LOCKWARDEN_NAMESPACE/$LOCKWARDEN_GRANT
+// and locking.lockwarden.io/fence=$LOCKWARDEN_FENCE, and must be made as the
+// same Kubernetes user. When ownership becomes unknown or is lost, the
+// command's process group gets SIGTERM, then SIGKILL after --grace; the
+// fence makes any write it still sends useless, since the webhook refuses it.
+//
+// Exit codes:
+//
+//	0    success; for run, the command exited 0 while the lock was held
+//	1    kubectl-lock failed (usage, API errors) — every command but run
+//	3    lockwarden refused: NOT_OWNER, EXPIRED, ALREADY_ENDED or NOT_HELD
+//	123  run: the lock was lost, or its ownership became unknown, while the
+//	     command ran; the command was terminated
+//	124  acquire, run: not acquired within --wait
+//	125  run: kubectl-lock itself failed (usage, API errors)
+//	126  run: the command could not be executed
+//	127  run: the command was not found
+//	N    run: otherwise the command's own exit status (128+S when it was
+//	     killed by signal S, or when signal S interrupted the wait)
+package main
+
+import (
+	"os"
+
+	"k8s.io/cli-runtime/pkg/genericiooptions"
+)
+
+func main() {
+	os.Exit(execute(os.Args[1:], genericiooptions.IOStreams{In: os.Stdin, Out: os.Stdout, ErrOut: os.Stderr}))
+}

@@ -1,0 +1,242 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/spf13/cobra"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/duration"
+	"k8s.io/cli-runtime/pkg/printers"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	lockingv1alpha1 "github.com/lockwarden/lockwarden/api/v1alpha1"
+)
+
+// resourceStatus is what `kubectl lock status` reports about one resource.
+type resourceStatus struct {
+	Resource  string `json:"resource"`
+	Namespace string `json:"namespace"`
+	// Holder is the Held grant, if any.
+	Holder *holderStatus `json:"holder,omitempty"`
+	// HighestFence is the highest fence ever issued for the resource (from
+	// its FenceCounter); 0 when unknown.
+	HighestFence int64 `json:"highestFence,omitempty"`
+	// Queue are the waiting requests, next first.
+	Queue []queuedRequest `json:"queue"`
+}
+
+type holderStatus struct {
+	Grant     string            `json:"grant"`
+	UID       types.UID         `json:"uid"`
+	Owner     string            `json:"owner"`
+	Fence     int64             `json:"fence"`
+	GrantedAt *metav1.MicroTime `json:"grantedAt,omitempty"`
+	ExpiresAt *metav1.MicroTime `json:"expiresAt,omitempty"`
+	Renewals  int64             `json:"renewals"`
+}
+
+type queuedRequest struct {
+	Position    int32  `json:"position"`
+	Grant       string `json:"grant"`
+	Owner       string `json:"owner"`
+	RequestedAt string `json:"requestedAt,omitempty"`
+	// WaitTimeoutSeconds is the request's wait limit, in seconds; 0 none.
+	WaitTimeoutSeconds int32 `json:"waitTimeoutSeconds,omitempty"`
+}
+
+func (a *app) statusCmd() *cobra.Command {
+	var output string
+	cmd := &cobra.Command{
+		Use:   "status RESOURCE",
+		Short: "Show who holds RESOURCE, with which fence until when, and who waits",
+		Long: `Show the holder of RESOURCE (grant, owner, fence, expiry by the controller's
+clock), the highest fence ever issued for it, and the queue of waiting
+requests, next first.`,
+		Args:              cobra.ExactArgs(1),
+		ValidArgsFunction: a.completeResources,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if err := validOutput(output); err != nil {
+				return err
+			}
+			c, err := a.client()
+			if err != nil {
+				return err
+			}
+			ns, err := a.namespace()
+			if err != nil {
+				return err
+			}
+			st, err := readStatus(cmd.Context(), c, ns, args[0])
+			if err != nil {
+				return err
+			}
+			if output != "" {
+				return printObject(a.streams.Out, output, st)
+			}
+			printStatus(a, st)
+			return nil
+		},
+	}
+	cmd.Flags().StringVarP(&output, "output", "o", "", "Output format: json or yaml.")
+	return cmd
+}
+
+func readStatus(ctx context.Context, c client.Client, ns, resource string) (*resourceStatus, error) {
+	if ctx == nil {
+		ctx = context.Background()
+	}
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	var list lockingv1alpha1.LockGrantList
+	if err := c.List(ctx, &list, client.InNamespace(ns)); err != nil {
+		return nil, err
+	}
+	st := &resourceStatus{Resource: resource, Namespace: ns, Queue: []queuedRequest{}}
+	for _, g := range list.Items {
+		if g.Spec.Resource != resource {
+			continue
+		}
+		switch g.Status.Phase {
+		case lockingv1alpha1.PhaseHeld:
+			st.Holder = &holderStatus{Grant: g.Name, UID: g.UID, Owner: g.Spec.Owner, Fence: g.Status.FenceToken,
+				GrantedAt: g.Status.GrantedAt, ExpiresAt: g.Status.ExpiresAt, Renewals: g.Status.ObservedRenewals}
+			st.HighestFence = max(st.HighestFence, g.Status.FenceToken)
+		case lockingv1alpha1.PhasePending:
+			q := queuedRequest{Grant: g.Name, Owner: g.Spec.Owner, RequestedAt: g.Annotations[lockingv1alpha1.RequestedAtAnnotation], WaitTimeoutSeconds: g.Spec.WaitTimeoutSeconds}
+			if g.Status.QueuePosition != nil {
+				q.Position = *g.Status.QueuePosition
+			}
+			st.Queue = append(st.Queue, q)
+		default:
+			st.HighestFence = max(st.HighestFence, g.Status.FenceToken)
+		}
+	}
+	slices.SortFunc(st.Queue, func(x, y queuedRequest) int { return int(x.Position - y.Position) })
+	var fc lockingv1alpha1.FenceCounter
+	switch err := c.Get(ctx, types.NamespacedName{Namespace: ns, Name: lockingv1alpha1.FenceCounterName(resource)}, &fc); {
+	case err == nil:
+		st.HighestFence = max(st.HighestFence, fc.Spec.Fence)
+	case apierrors.IsNotFound(err), apierrors.IsForbidden(err):
+	default:
+		return nil, err
+	}
+	return st, nil
+}
+
+func printStatus(a *app, st *resourceStatus) {
+	w := printers.GetNewTabWriter(a.streams.Out)
+	defer w.Flush()
+	fmt.Fprintf(w, "Resource:\t%s (namespace %s)\n", st.Resource, st.Namespace)
+	if h := st.Holder; h != nil {
+		fmt.Fprintf(w, "Holder:\t%s (owner %s)\n", h.Grant, h.Owner)
+		fmt.Fprintf(w, "Fence:\t%d\n", h.Fence)
+		exp := timestamp(h.ExpiresAt)
+		if h.ExpiresAt != nil {
+			exp += " (" + relative(h.ExpiresAt.Time) + ", by the controller's clock)"
+		}
+		fmt.Fprintf(w, "Expires:\t%s\n", exp)
+		fmt.Fprintf(w, "Renewals:\t%d\n", h.Renewals)
+	} else {
+		fmt.Fprintf(w, "Holder:\t<none>\n")
+	}
+	if st.HighestFence > 0 {
+		fmt.Fprintf(w, "Highest fence:\t%d\n", st.HighestFence)
+	}
+	fmt.Fprintf(w, "Queue:\t%d waiting\n", len(st.Queue))
+	for _, q := range st.Queue {
+		fmt.Fprintf(w, "  %d\t%s\t%s\t%s\n", q.Position, q.Grant, q.Owner, q.RequestedAt)
+	}
+}
+
+// relative says "in 4s" or "3s ago", by the local clock: for display only.
+func relative(t time.Time) string {
+	d := time.Until(t)
+	if d >= 0 {
+		return "in " + duration.HumanDuration(d)
+	}
+	return duration.HumanDuration(-d) + " ago"
+}
+
+func (a *app) listCmd() *cobra.Command {
+	var (
+		resource, phase, owner, selector, output string
+		all                                      bool
+	)
+	cmd := &cobra.Command{
+		Use:   "list",
+		Short: "List grants, filtered by resource, phase or owner",
+		Example: `  kubectl lock list --phase Held
+  kubectl lock list --resource db/orders -A
+  kubectl lock list --owner system:serviceaccount:billing:settlement -o yaml`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if err := validOutput(output); err != nil {
+				return err
+			}
+			var opts []client.ListOption
+			if selector != "" {
+				sel, err := labels.Parse(selector)
+				if err != nil {
+					return err
+				}
+				opts = append(opts, client.MatchingLabelsSelector{Selector: sel})
+			}
+			items, err := a.listGrants(all, opts...)
+			if err != nil {
+				return err
+			}
+			list := &lockingv1alpha1.LockGrantList{}
+			for _, g := range items {
+				if (resource == "" || g.Spec.Resource == resource) &&
+					(phase == "" || strings.EqualFold(string(g.Status.Phase), phase)) &&
+					(owner == "" || g.Spec.Owner == owner) {
+					list.Items = append(list.Items, g)
+				}
+			}
+			if output != "" {
+				return printObject(a.streams.Out, output, list)
+			}
+			printList(a, list.Items, all)
+			return nil
+		},
+	}
+	cmd.Flags().StringVar(&resource, "resource", "", "Only grants for this resource ID.")
+	cmd.Flags().StringVar(&phase, "phase", "", "Only grants in this phase: Pending, Held, Expired, Released or TimedOut.")
+	cmd.Flags().StringVar(&owner, "owner", "", "Only grants of this owner identity.")
+	cmd.Flags().StringVarP(&selector, "selector", "l", "", "Label selector.")
+	cmd.Flags().BoolVarP(&all, "all-namespaces", "A", false, "List grants of every namespace.")
+	cmd.Flags().StringVarP(&output, "output", "o", "", "Output format: json or yaml (a LockGrantList).")
+	_ = cmd.RegisterFlagCompletionFunc("phase", cobra.FixedCompletions([]string{"Pending", "Held", "Expired", "Released", "TimedOut"}, cobra.ShellCompDirectiveNoFileComp))
+	return cmd
+}
+
+func printList(a *app, items []lockingv1alpha1.LockGrant, all bool) {
+	if len(items) == 0 {
+		fmt.Fprintln(a.streams.ErrOut, "No grants found.")
+		return
+	}
+	w := printers.GetNewTabWriter(a.streams.Out)
+	defer w.Flush()
+	if all {
+		fmt.Fprint(w, "NAMESPACE\t")
+	}
+	fmt.Fprintln(w, "NAME\tRESOURCE\tPHASE\tFENCE\tOWNER\tEXPIRES\tQUEUE\tAGE")
+	for _, g := range items {
+		if all {
+			fmt.Fprintf(w, "%s\t", g.Namespace)
+		}
+		queue := "-"
+		if g.Status.QueuePosition != nil {
+			queue = fmt.Sprint(*g.Status.QueuePosition)
+		}
+		fmt.Fprintf(w, "%s\t%s\t%s\t%d\t%s\t%s\t%s\t%s\n", g.Name, g.Spec.Resource, g.Status.Phase, g.Status.FenceToken,
+			g.Spec.Owner, timestamp(g.Status.ExpiresAt), queue, duration.HumanDuration(time.Since(g.CreationTimestamp.Time)))
+	}
+}

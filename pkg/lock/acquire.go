@@ -1,0 +1,238 @@
+package lock
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"time"
+
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	logf "sigs.k8s.io/controller-runtime/pkg/log"
+
+	lockingv1alpha1 "github.com/lockwarden/lockwarden/api/v1alpha1"
+	"github.com/lockwarden/lockwarden/pkg/lock/holder"
+)
+
+// Acquire asks for the lock on resource and blocks until it is held, the
+// wait limit (WithWait) passes, or ctx ends. It creates one LockGrant named
+// after the request ID and follows it with a watch, never polling. The
+// returned Handle is HELD: its local deadline, counted from the monotonic
+// time the create (or a later renew) was sent, lies ahead, and it renews
+// itself until Release.
+//
+// A create whose response was lost is retried under the same request ID
+// and finds the same grant (AlreadyExists, then a read): an acquisition has
+// exactly one identity. A grant found that way, or granted after waiting
+// longer than TTL - margin, is confirmed by a renew before Acquire returns,
+// because the holder cannot know when it was granted.
+//
+// Errors: ErrWaitTimeout when the wait limit passed; ctx's error when ctx
+// ended first (the request is then withdrawn); ErrLost when the grant ended
+// between being granted and being confirmed; ErrWithdrawn;
+// ErrRequestIDConflict; ErrInvalidOption; or the API server's error for a
+// create that was definitely refused (RBAC, an invalid resource ID).
+func (c *Client) Acquire(ctx context.Context, resource string, opts ...Option) (*Handle, error) {
+	return c.acquire(ctx, resource, false, opts)
+}
+
+// TryAcquire asks for the lock on resource and returns as soon as the
+// controller has answered the request once: the Handle when the resource
+// was free (confirmed as in Acquire), or ErrBusy after withdrawing the
+// request when it would have to wait. The wait for the first answer is
+// bounded by ctx; it usually takes milliseconds. As a backstop the request
+// carries a wait limit of a few seconds, so it ends in the registry even if
+// the withdrawal is lost. WithWait is ignored.
+func (c *Client) TryAcquire(ctx context.Context, resource string, opts ...Option) (*Handle, error) {
+	return c.acquire(ctx, resource, true, opts)
+}
+
+func (c *Client) acquire(ctx context.Context, resource string, try bool, opts []Option) (*Handle, error) {
+	s := c.settings(opts)
+	if s.err != nil {
+		return nil, s.err
+	}
+	if !lockingv1alpha1.ValidResourceID(resource) {
+		return nil, fmt.Errorf("%w: resource ID %q does not match %s", ErrInvalidOption, resource, lockingv1alpha1.ResourcePattern)
+	}
+	if s.requestID == "" {
+		s.requestID = newRequestID()
+	}
+	if s.operationRoot == "" {
+		sum := sha256.Sum256([]byte(s.requestID))
+		s.operationRoot = "sha256:" + hex.EncodeToString(sum[:])
+	}
+	g := &lockingv1alpha1.LockGrant{
+		ObjectMeta: metav1.ObjectMeta{
+			Namespace: s.namespace,
+			Name:      lockingv1alpha1.GrantNameForRequest(s.requestID),
+			Labels:    map[string]string{lockingv1alpha1.RequestIDLabel: s.requestID},
+		},
+		Spec: lockingv1alpha1.LockGrantSpec{
+			Resource:             resource,
+			LeaseDurationSeconds: int32(s.ttl / time.Second),
+			RequestID:            s.requestID,
+			OperationRoot:        s.operationRoot,
+			OperationClass:       s.operationClass,
+			Policy:               s.policy,
+		},
+	}
+	switch {
+	case try:
+		g.Spec.WaitTimeoutSeconds = tryWaitSeconds
+	case s.wait > 0:
+		g.Spec.WaitTimeoutSeconds = int32((s.wait + time.Second - 1) / time.Second)
+	}
+
+	h := &Handle{
+		c:         c,
+		clk:       s.clk,
+		origin:    s.clk.Now(),
+		log:       logf.FromContext(ctx).WithName("lock"),
+		key:       types.NamespacedName{Namespace: g.Namespace, Name: g.Name},
+		resource:  resource,
+		requestID: s.requestID,
+		opRoot:    s.operationRoot,
+		changed:   make(chan struct{}),
+		stop:      make(chan struct{}),
+		stopped:   make(chan struct{}),
+	}
+	h.ctx, h.cancel = context.WithCancelCause(context.WithoutCancel(ctx))
+	if err := h.create(ctx, g, s); err != nil {
+		h.cancel(err)
+		return nil, err
+	}
+	// The loop outlives Done: after ownership is lost it keeps watching the
+	// grant until it is final or released.
+	go h.run(context.WithoutCancel(ctx))
+
+	var backstop <-chan time.Time
+	if !try && s.wait > 0 {
+		t := s.clk.NewTimer(s.wait + waitSlack)
+		defer t.Stop()
+		backstop = t.C()
+	}
+	var reported string
+	for {
+		st, last, changed := h.changes()
+		if last != nil && s.progress != nil && st == holder.Requested && last.ResourceVersion != reported {
+			reported = last.ResourceVersion
+			s.progress(last.DeepCopy())
+		}
+		switch {
+		case st == holder.Held || st == holder.Renewing:
+			return h, nil
+		case st.Final():
+			h.stopLoop()
+			return nil, h.acquireError(try)
+		case try && last != nil && last.Status.Phase == lockingv1alpha1.PhasePending:
+			h.withdraw(ctx)
+			return nil, ErrBusy
+		}
+		select {
+		case <-changed:
+		case <-ctx.Done():
+			h.withdraw(ctx)
+			return nil, fmt.Errorf("lock: acquiring %s: %w", resource, context.Cause(ctx))
+		case <-backstop:
+			h.withdraw(ctx)
+			return nil, ErrWaitTimeout
+		}
+	}
+}
+
+// create makes the grant, retrying requests whose outcome is unknown under
+// the same name, and adopts the grant it finds when the name exists.
+func (h *Handle) create(ctx context.Context, g *lockingv1alpha1.LockGrant, s *settings) error {
+	backoff := 100 * time.Millisecond
+	for {
+		obj := g.DeepCopy()
+		sentAt := h.mono()
+		cctx, cancel := context.WithTimeout(ctx, requestTimeout)
+		err := h.c.c.Create(cctx, obj)
+		cancel()
+		switch {
+		case err == nil:
+			if err := h.adopt(obj, s); err != nil {
+				return err
+			}
+			// This request made the grant, so it was granted after sentAt.
+			h.m.Created(sentAt)
+			return nil
+		case apierrors.IsAlreadyExists(err):
+			cur, gerr := h.c.get(ctx, h.key)
+			switch {
+			case gerr != nil:
+				err = gerr
+			case cur == nil:
+				continue // deleted meanwhile (garbage-collected): create again
+			case cur.Spec.RequestID != g.Spec.RequestID || cur.Spec.Resource != g.Spec.Resource ||
+				cur.Spec.OperationRoot != g.Spec.OperationRoot || cur.Spec.OperationClass != g.Spec.OperationClass || cur.Spec.Policy != g.Spec.Policy:
+				return fmt.Errorf("%w: grant %s is for resource %q, request %q, operation %q (%s), policy %q", ErrRequestIDConflict,
+					h.key, cur.Spec.Resource, cur.Spec.RequestID, cur.Spec.OperationRoot, cur.Spec.OperationClass, cur.Spec.Policy)
+			default:
+				// Our own earlier attempt, or an earlier process with this
+				// request ID: the same acquisition, of unknown age.
+				h.log.V(1).Info("Found the grant of this request ID", "grant", h.key, "uid", cur.UID)
+				return h.adopt(cur, s)
+			}
+		case !retryable(err):
+			return fmt.Errorf("lock: creating grant for %s: %w", g.Spec.Resource, err)
+		}
+		h.log.V(1).Info("Create outcome unknown; retrying with the same request ID", "grant", h.key, "error", err.Error())
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("lock: creating grant for %s, outcome unknown: %w", g.Spec.Resource, errors.Join(context.Cause(ctx), err))
+		case <-time.After(backoff):
+			backoff = min(2*backoff, 2*time.Second)
+		}
+	}
+}
+
+// adopt binds the handle to grant g and builds its state machine from g's
+// TTL (the registry's, which an adopted grant may have chosen differently).
+func (h *Handle) adopt(g *lockingv1alpha1.LockGrant, s *settings) error {
+	h.uid, h.owner = g.UID, g.Spec.Owner
+	h.ttl = time.Duration(g.Spec.LeaseDurationSeconds) * time.Second
+	m, err := holder.New(holder.Config{TTL: h.ttl, Margin: s.margin, RenewInterval: s.renewInterval})
+	if err != nil {
+		return fmt.Errorf("%w: %w", ErrInvalidOption, err)
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.m = m
+	h.lastState = m.State()
+	h.observe(h.mono(), g)
+	return nil
+}
+
+// withdraw releases the request after Acquire gave up on it, so that it is
+// never granted later (or, if it just was, so that the resource is freed).
+func (h *Handle) withdraw(ctx context.Context) {
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), requestTimeout)
+	defer cancel()
+	if _, err := h.Release(rctx); err != nil {
+		h.log.Error(err, "Withdrawing the request failed; its wait limit or lease will end it", "grant", h.key)
+	}
+	h.stopLoop()
+}
+
+// acquireError says why a request ended without being held.
+func (h *Handle) acquireError(try bool) error {
+	h.mu.Lock()
+	reason := h.m.Reason()
+	h.mu.Unlock()
+	switch reason {
+	case holder.ReasonTimedOut:
+		if try {
+			return ErrBusy
+		}
+		return ErrWaitTimeout
+	case holder.ReasonReleased:
+		return ErrWithdrawn
+	}
+	return lost(reason)
+}

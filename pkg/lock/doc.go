@@ -1,0 +1,64 @@
+// Package lock is the holder side of lockwarden: Go code that takes a
+// fenced lock on a resource, keeps it, proves it on every protected write,
+// and stops the moment it can no longer prove it.
+//
+//	c, _ := client.NewWithWatch(cfg, client.Options{Scheme: scheme})
+//	locks := lock.NewClient(c, lock.WithNamespace("billing"))
+//	h, err := locks.Acquire(ctx, "invoice-batch/2026-07-19", lock.WithTTL(30*time.Second), lock.WithWait(time.Minute))
+//	if err != nil { ... }
+//	defer h.Release(context.WithoutCancel(ctx))
+//	work := h.Context()          // cancelled when ownership is unknown or lost
+//	_ = h.Stamp(configMap)       // the fence goes with the write
+//	_ = c.Update(work, configMap) // refused by admission if the fence is stale
+//
+// A lock is one LockGrant (api/v1alpha1): Acquire creates it, named after a
+// request ID, and follows it with a watch until the controller grants it.
+// The grant's fencing token (Handle.Fence) is strictly larger than every
+// token issued before for the resource, and every protected write must carry
+// it: Handle.Stamp for a guarded Kubernetes object, Handle.NextSegment for a
+// segment store. This is Chubby's sequencer (Burrows, OSDI 2006) and
+// Kleppmann's fencing token ("How to do distributed locking", 2016).
+//
+// # What a Handle guarantees
+//
+//   - One identity per acquisition. A create whose response was lost is
+//     retried under the same request ID and finds the same grant; renewals
+//     and the release carry the grant's UID as a precondition, so they act
+//     on exactly this acquisition and never on a later grant of the same
+//     owner (field cases C03, C09).
+//   - A local deadline that ends no later than the controller's expiry. It
+//     is the monotonic time at which the create or the last confirmed renew
+//     was sent, plus the TTL, minus a safety margin (default: a tenth of the
+//     TTL, at least 1 s, at most half the TTL). Wall clocks, the registry's
+//     expiresAt and the arrival time of replies are never used (C06). The
+//     handle renews a third of the TTL after each confirmed send, and
+//     resends a renew whose outcome is unknown with the same renewals value
+//     (C10).
+//   - Done closes, and Context is cancelled, the moment the deadline passes
+//     without a confirmed renew (ErrOwnershipUnknown), or the registry says
+//     the acquisition ended (ErrLost wrapping the refusal, e.g.
+//     fencing.ErrExpired: a renew after expiry never re-acquires, C08), or
+//     on Release (ErrReleased). The handle then renews no more; it keeps
+//     reading the grant until it is final, which State reports.
+//   - Release returns the registry's answer: Released, LeaseExpired,
+//     AlreadyEnded or NotOwner.
+//
+// # What it does not guarantee
+//
+// Closing Done does not stop effects already sent, and a process can be
+// paused between Check and its write for any length of time. Safety comes
+// from the enforcement point that checks the fence in the same atomic step
+// as the write: the guarded-write admission webhook for Kubernetes objects,
+// a segment store for a database. A resource written without such a check
+// is not protected, whatever the holder believes. The local deadline is
+// only as good as the assumption that the holder's monotonic clock runs at
+// least (TTL - margin)/TTL as fast as the controller's (90% with the default
+// margin); see package holder.
+//
+// # Reacting to grants
+//
+// WaitForGrant blocks until a grant satisfies a condition, WatchTransitions
+// reports every phase change of a set of grants, and PhaseChanged is a
+// controller-runtime predicate for controllers that reconcile LockGrants.
+// All of them watch; none polls.
+package lock

@@ -1,0 +1,241 @@
+package lock_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/builder"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+
+	lockingv1alpha1 "github.com/lockwarden/lockwarden/api/v1alpha1"
+	"github.com/lockwarden/lockwarden/pkg/lock"
+)
+
+// newClient returns a direct (uncached) client for the cluster in
+// $KUBECONFIG that knows lockwarden's types.
+func newClient() (client.WithWatch, error) {
+	s := runtime.NewScheme()
+	if err := clientgoscheme.AddToScheme(s); err != nil {
+		return nil, err
+	}
+	if err := lockingv1alpha1.AddToScheme(s); err != nil {
+		return nil, err
+	}
+	cfg, err := ctrl.GetConfig()
+	if err != nil {
+		return nil, err
+	}
+	return client.NewWithWatch(cfg, client.Options{Scheme: s})
+}
+
+// Take a lock, do the work under its context, release it.
+func ExampleClient_Acquire() {
+	ctx := context.Background()
+	c, err := newClient()
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	locks := lock.NewClient(c, lock.WithNamespace("default"))
+	h, err := locks.Acquire(ctx, "example/nightly-report", lock.WithTTL(30*time.Second), lock.WithWait(time.Minute))
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	fmt.Println("state:", h.State(), "fence:", h.Fence())
+
+	// The work runs under h.Context(): it is cancelled the moment the
+	// holder can no longer prove it holds the lock.
+	work := h.Context()
+	select {
+	case <-work.Done():
+		fmt.Println("lost:", context.Cause(work))
+	default:
+		fmt.Println("working")
+	}
+
+	res, err := h.Release(context.WithoutCancel(ctx))
+	fmt.Println("release:", res, err)
+	// Output:
+	// state: HELD fence: 1
+	// working
+	// release: Released <nil>
+}
+
+// Stamp puts the grant and fence on a guarded object, so the admission
+// webhook can refuse the write if a newer holder exists.
+func ExampleHandle_Stamp() {
+	ctx := context.Background()
+	c, err := newClient()
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	h, err := lock.NewClient(c, lock.WithNamespace("default")).Acquire(ctx, "example/settlement")
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	defer h.Release(context.WithoutCancel(ctx)) //nolint:errcheck // example
+
+	cm := &corev1.ConfigMap{
+		ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "settlement-result"},
+		Data:       map[string]string{"total": "42"},
+	}
+	if err := h.Stamp(cm); err != nil {
+		fmt.Println("not holding:", err)
+		return
+	}
+	if err := c.Create(h.Context(), cm); err != nil {
+		fmt.Println("refused:", err)
+		return
+	}
+	fmt.Println("guarded:", cm.Labels[lockingv1alpha1.GuardedLabel], "fence:", cm.Annotations[lockingv1alpha1.FenceAnnotation])
+	// Output:
+	// guarded: true fence: 1
+}
+
+// TryAcquire does not wait in the queue.
+func ExampleClient_TryAcquire() {
+	ctx := context.Background()
+	c, err := newClient()
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	locks := lock.NewClient(c, lock.WithNamespace("default"))
+	first, err := locks.TryAcquire(ctx, "example/compaction")
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	_, err = locks.TryAcquire(ctx, "example/compaction")
+	fmt.Println("second try busy:", errors.Is(err, lock.ErrBusy))
+	res, _ := first.Release(ctx)
+	fmt.Println(res)
+	// Output:
+	// second try busy: true
+	// Released
+}
+
+// NextSegment numbers the steps of a long operation under one fence, for a
+// store that checks fence, operation root and sequence together.
+func ExampleHandle_NextSegment() {
+	ctx := context.Background()
+	c, err := newClient()
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	h, err := lock.NewClient(c, lock.WithNamespace("default")).Acquire(ctx, "example/migration",
+		lock.WithOperationRoot("sha256:5f9c4ab08cac7457e9111a30e4664920607ea2c115a1433d7be98e97e64244ca"))
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	defer h.Release(context.WithoutCancel(ctx)) //nolint:errcheck // example
+	for range 3 {
+		seg, err := h.NextSegment()
+		if err != nil {
+			fmt.Println("stop:", err)
+			return
+		}
+		// A segment store checks seg.Fencing(payload) with
+		// fencing.CheckSegment in the transaction that applies it.
+		fs := seg.Fencing([]byte(fmt.Sprintf("batch %d", seg.Seq)))
+		fmt.Println("fence", fs.Fence, "segment", fs.Seq, "of", fs.Root[:15], "digest", fs.Digest[:15])
+	}
+	// Output:
+	// fence 1 segment 1 of sha256:5f9c4ab0 digest sha256:e8dd3d6e
+	// fence 1 segment 2 of sha256:5f9c4ab0 digest sha256:96038c72
+	// fence 1 segment 3 of sha256:5f9c4ab0 digest sha256:2cfd5c25
+}
+
+// WatchTransitions follows the grants of a namespace as they change phase.
+func ExampleWatchTransitions() {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	c, err := newClient()
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	h, err := lock.NewClient(c, lock.WithNamespace("default")).Acquire(ctx, "example/watched")
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	err = lock.WatchTransitions(ctx, c, func(tr lock.Transition) error {
+		if tr.Grant.Spec.Resource != "example/watched" {
+			return nil
+		}
+		fmt.Println(tr.Grant.Spec.Resource, "->", tr.To, "fence", tr.Grant.Status.FenceToken)
+		switch tr.To {
+		case lockingv1alpha1.PhaseHeld:
+			_, _ = h.Release(ctx) // the next transition: Released
+		case lockingv1alpha1.PhaseReleased:
+			return errors.New("done")
+		}
+		return nil
+	}, client.InNamespace("default"))
+	fmt.Println(err)
+	// Output:
+	// example/watched -> Held fence 1
+	// example/watched -> Released fence 1
+	// done
+}
+
+// holderBoard is an example controller that reacts to grant transitions: it
+// keeps a ConfigMap "lock-holders" in each namespace that names, per
+// resource, the grant that holds it and its fence. It is woken only when a
+// grant changes phase or fence (lock.PhaseChanged), never by renewals.
+type holderBoard struct {
+	client.Client
+}
+
+func (r *holderBoard) Reconcile(ctx context.Context, req reconcile.Request) (reconcile.Result, error) {
+	var grants lockingv1alpha1.LockGrantList
+	if err := r.List(ctx, &grants, client.InNamespace(req.Namespace)); err != nil {
+		return reconcile.Result{}, err
+	}
+	board := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: req.Namespace, Name: "lock-holders"}}
+	_, err := ctrl.CreateOrUpdate(ctx, r.Client, board, func() error {
+		board.Data = map[string]string{}
+		for _, g := range grants.Items {
+			if g.Status.Phase == lockingv1alpha1.PhaseHeld {
+				// ConfigMap keys cannot contain "/".
+				board.Data[lockingv1alpha1.FenceCounterName(g.Spec.Resource)] = fmt.Sprintf("%s %s fence=%d", g.Spec.Resource, g.Spec.Owner, g.Status.FenceToken)
+			}
+		}
+		return nil
+	})
+	return reconcile.Result{}, err
+}
+
+// An example controller consuming grant status: it is triggered by grant
+// transitions only, through the lock.PhaseChanged predicate.
+func Example_controller() {
+	s := runtime.NewScheme()
+	_ = clientgoscheme.AddToScheme(s)
+	_ = lockingv1alpha1.AddToScheme(s)
+	mgr, err := ctrl.NewManager(ctrl.GetConfigOrDie(), ctrl.Options{Scheme: s})
+	if err != nil {
+		panic(err)
+	}
+	err = ctrl.NewControllerManagedBy(mgr).
+		Named("holder-board").
+		For(&lockingv1alpha1.LockGrant{}, builder.WithPredicates(lock.PhaseChanged())).
+		Complete(&holderBoard{Client: mgr.GetClient()})
+	if err != nil {
+		panic(err)
+	}
+	_ = mgr.Start(ctrl.SetupSignalHandler())
+}

@@ -1,0 +1,98 @@
+package lock_test
+
+import (
+	"context"
+	"strings"
+	"sync"
+
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+)
+
+// faulty is a client whose requests the test can delay or whose replies it
+// can lose, as a network would.
+type faulty struct {
+	client.WithWatch
+
+	mu sync.Mutex
+	// gate, when set, holds every renew until it is closed.
+	gate chan struct{}
+	// loseCreateReplies creates, then reports a timeout, this many times.
+	loseCreateReplies int
+	// loseRenewReplies renews, then reports a timeout, this many times.
+	loseRenewReplies int
+	// conflictRenews refuses this many renews with 409 Conflict, unapplied.
+	conflictRenews int
+	// renewsSent counts renew requests that reached the API server.
+	renewsSent int
+}
+
+var errLostReply = apierrors.NewTimeoutError("the reply was lost (test)", 0)
+
+func (f *faulty) Create(ctx context.Context, obj client.Object, opts ...client.CreateOption) error {
+	err := f.WithWatch.Create(ctx, obj, opts...)
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if err == nil && f.loseCreateReplies > 0 {
+		f.loseCreateReplies--
+		return errLostReply
+	}
+	return err
+}
+
+func (f *faulty) Patch(ctx context.Context, obj client.Object, patch client.Patch, opts ...client.PatchOption) error {
+	data, _ := patch.Data(obj)
+	if !strings.Contains(string(data), `"renewals"`) {
+		return f.WithWatch.Patch(ctx, obj, patch, opts...)
+	}
+	f.mu.Lock()
+	gate := f.gate
+	f.mu.Unlock()
+	if gate != nil {
+		select {
+		case <-gate:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+	f.mu.Lock()
+	if f.conflictRenews > 0 {
+		f.conflictRenews--
+		f.mu.Unlock()
+		return apierrors.NewConflict(schema.GroupResource{Group: "locking.lockwarden.io", Resource: "lockgrants"}, obj.GetName(), errLostReply)
+	}
+	f.renewsSent++
+	f.mu.Unlock()
+	err := f.WithWatch.Patch(ctx, obj, patch, opts...)
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if err == nil && f.loseRenewReplies > 0 {
+		f.loseRenewReplies--
+		return errLostReply
+	}
+	return err
+}
+
+// hold makes renews wait until open is called.
+func (f *faulty) hold() {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.gate = make(chan struct{})
+}
+
+// open lets held renews through.
+func (f *faulty) open() {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.gate != nil {
+		close(f.gate)
+		f.gate = nil
+	}
+}
+
+func (f *faulty) sent() int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.renewsSent
+}

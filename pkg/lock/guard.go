@@ -1,0 +1,149 @@
+package lock
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	lockingv1alpha1 "github.com/lockwarden/lockwarden/api/v1alpha1"
+	"github.com/lockwarden/lockwarden/pkg/fencing"
+)
+
+// Stamp prepares obj for a guarded write under this lock: it labels it
+// locking.lockwarden.io/guarded=true and sets the annotations
+// locking.lockwarden.io/resource (the lock's resource),
+// locking.lockwarden.io/grant ("NAMESPACE/NAME" of the grant),
+// locking.lockwarden.io/fence (the fence, in decimal) and
+// locking.lockwarden.io/proof (the signed grant record, when the registry
+// publishes one; a proof left by an earlier writer is removed). Send the write right
+// after; the guarded-write admission webhook accepts it only while this
+// grant is the resource's current, unexpired holder and no newer fence has
+// been accepted by the object (Kleppmann's fencing token, 2016).
+//
+// It returns Check's error, changing nothing, when the holder may not start
+// an effect, and an error wrapping fencing.ErrBindingMismatch when obj is
+// already guarded by another resource.
+func (h *Handle) Stamp(obj metav1.Object) error {
+	if err := h.Check(); err != nil {
+		return err
+	}
+	ann := obj.GetAnnotations()
+	if r := ann[lockingv1alpha1.ResourceAnnotation]; r != "" && r != h.resource {
+		return fmt.Errorf("lock: %w", &fencing.Error{Reason: fencing.ReasonBindingMismatch,
+			Detail: fmt.Sprintf("object %s/%s is guarded by resource %q, the lock is on %q", obj.GetNamespace(), obj.GetName(), r, h.resource)})
+	}
+	if ann == nil {
+		ann = map[string]string{}
+	}
+	labels := obj.GetLabels()
+	if labels == nil {
+		labels = map[string]string{}
+	}
+	labels[lockingv1alpha1.GuardedLabel] = "true"
+	ann[lockingv1alpha1.ResourceAnnotation] = h.resource
+	ann[lockingv1alpha1.GrantAnnotation] = h.key.Namespace + "/" + h.key.Name
+	ann[lockingv1alpha1.FenceAnnotation] = fencing.FormatFence(h.Fence())
+	if proof := h.Proof(); proof != "" {
+		ann[lockingv1alpha1.ProofAnnotation] = proof
+	} else {
+		delete(ann, lockingv1alpha1.ProofAnnotation)
+	}
+	obj.SetLabels(labels)
+	obj.SetAnnotations(ann)
+	return nil
+}
+
+// ReportFenceRegression records on the grant (annotation
+// locking.lockwarden.io/fence-regression, with detail as its value) that a
+// protected resource refused this grant's write with FENCE_REGRESSION: the
+// registry issued a fence the resource had already seen, as after a restore
+// from an old snapshot. The controller then raises the grant's
+// FenceRegression condition, a Warning Event and a metric, so that an
+// operator bumps the issuer epoch. It works on a spent handle too.
+func (h *Handle) ReportFenceRegression(ctx context.Context, detail string) error {
+	body, err := json.Marshal(map[string]any{"metadata": map[string]any{
+		"uid":         h.uid,
+		"annotations": map[string]string{lockingv1alpha1.FenceRegressionAnnotation: detail},
+	}})
+	if err != nil {
+		return err
+	}
+	g := &lockingv1alpha1.LockGrant{ObjectMeta: metav1.ObjectMeta{Namespace: h.key.Namespace, Name: h.key.Name}}
+	ctx, cancel := context.WithTimeout(ctx, requestTimeout)
+	defer cancel()
+	if err := h.c.c.Patch(ctx, g, client.RawPatch(types.MergePatchType, body)); err != nil {
+		return fmt.Errorf("lock: reporting FENCE_REGRESSION on grant %s: %w", h.key, err)
+	}
+	return nil
+}
+
+// Segment is one step of a multi-segment operation under a lock, as a
+// segment store (the PostgreSQL store of the segments design) checks it:
+// the fence and the grant it was issued to, the operation root shared by
+// every segment and retry of the operation, and the segment's sequence
+// number. The store accepts a larger fence only at sequence 1 of the
+// operation and an equal fence only at the next sequence of the same root.
+type Segment struct {
+	// Resource is the resource ID of the lock.
+	Resource string
+	// Grant is the LockGrant's namespace and name.
+	Grant types.NamespacedName
+	// GrantUID is the LockGrant's UID (the record's leaseID).
+	GrantUID types.UID
+	// Owner is the grant's owner: the identity the store checks the writer
+	// against.
+	Owner string
+	// Fence is the grant's fencing token.
+	Fence int64
+	// OperationRoot is the operation's stable ID (WithOperationRoot).
+	OperationRoot string
+	// Seq is the segment's position in the operation, from 1.
+	Seq int64
+}
+
+// Fencing returns the segment as the fencing rules check it
+// (fencing.CheckSegment), for the segment's canonical payload bytes.
+func (s Segment) Fencing(payload []byte) fencing.Segment {
+	return fencing.Segment{
+		Fence:    s.Fence,
+		GrantUID: string(s.GrantUID),
+		Root:     s.OperationRoot,
+		Seq:      s.Seq,
+		Digest:   fencing.PayloadDigest(payload),
+	}
+}
+
+// NextSegment returns the next segment of this handle's operation: Seq 1
+// on the first call, then 2, 3, ... (after ResumeSegmentsAfter(n): n+1,
+// n+2, ...). It fails with Check's error while the holder may not start an
+// effect, and then consumes no sequence number.
+func (h *Handle) NextSegment() (Segment, error) {
+	if err := h.Check(); err != nil {
+		return Segment{}, err
+	}
+	return Segment{
+		Resource:      h.resource,
+		Grant:         h.key,
+		GrantUID:      h.uid,
+		Owner:         h.owner,
+		Fence:         h.Fence(),
+		OperationRoot: h.opRoot,
+		Seq:           h.seq.Add(1),
+	}, nil
+}
+
+// ResumeSegmentsAfter makes the next segment seq+1: for a holder that
+// takes over an operation another grant started, once the store said how
+// far it got (field case C11). It never moves the sequence back.
+func (h *Handle) ResumeSegmentsAfter(seq int64) {
+	for {
+		cur := h.seq.Load()
+		if seq <= cur || h.seq.CompareAndSwap(cur, seq) {
+			return
+		}
+	}
+}

@@ -1,0 +1,188 @@
+package lock
+
+import (
+	"fmt"
+	"time"
+
+	"k8s.io/utils/clock"
+
+	lockingv1alpha1 "github.com/lockwarden/lockwarden/api/v1alpha1"
+)
+
+// Defaults of the options.
+const (
+	// DefaultNamespace is the namespace grants are made in without WithNamespace.
+	DefaultNamespace = "default"
+	// DefaultTTL is the lease duration without WithTTL: 30 seconds.
+	DefaultTTL = 30 * time.Second
+	// requestTimeout bounds each API request the library sends.
+	requestTimeout = 10 * time.Second
+	// tryWaitSeconds is the wait limit TryAcquire puts on its request, in
+	// seconds: a backstop that ends the request in the registry even if the
+	// withdrawal is lost.
+	tryWaitSeconds = 5
+	// waitSlack is how long past the wait limit Acquire waits for the
+	// registry's TimedOut before withdrawing the request itself.
+	waitSlack = 2 * time.Second
+)
+
+// Option configures a Client (defaults for every call) or one Acquire or
+// TryAcquire call (overriding the Client's).
+type Option func(*settings)
+
+type settings struct {
+	namespace      string
+	ttl            time.Duration
+	wait           time.Duration
+	requestID      string
+	operationRoot  string
+	operationClass string
+	policy         string
+	margin         time.Duration
+	renewInterval  time.Duration
+	clk            clock.WithTicker
+	progress       func(*lockingv1alpha1.LockGrant)
+	err            error
+}
+
+func newSettings(opts []Option) *settings {
+	s := &settings{namespace: DefaultNamespace, ttl: DefaultTTL, clk: clock.RealClock{}}
+	for _, o := range opts {
+		o(s)
+	}
+	return s
+}
+
+func (s *settings) fail(format string, args ...any) {
+	if s.err == nil {
+		s.err = fmt.Errorf("%w: "+format, append([]any{ErrInvalidOption}, args...)...)
+	}
+}
+
+// WithNamespace makes grants in namespace ns. Resource IDs are scoped to a
+// namespace. Default DefaultNamespace.
+func WithNamespace(ns string) Option {
+	return func(s *settings) {
+		if ns == "" {
+			s.fail("empty namespace")
+		}
+		s.namespace = ns
+	}
+}
+
+// WithTTL sets the lease duration (spec.leaseDurationSeconds): whole
+// seconds from 1 to 3600. Default DefaultTTL (30 s).
+func WithTTL(d time.Duration) Option {
+	return func(s *settings) {
+		if d%time.Second != 0 || d < lockingv1alpha1.MinLeaseDurationSeconds*time.Second || d > lockingv1alpha1.MaxLeaseDurationSeconds*time.Second {
+			s.fail("TTL %s is not a whole number of seconds from 1 to 3600", d)
+		}
+		s.ttl = d
+	}
+}
+
+// WithWait limits how long Acquire waits in the resource's queue
+// (spec.waitTimeoutSeconds, rounded up to whole seconds, at most one day).
+// The registry ends a request whose limit passed as TimedOut and never
+// grants it later. 0, the default, waits until ctx ends.
+func WithWait(d time.Duration) Option {
+	return func(s *settings) {
+		if d < 0 || d > lockingv1alpha1.MaxWaitTimeoutSeconds*time.Second {
+			s.fail("wait %s is not between 0 and 24h", d)
+		}
+		s.wait = d
+	}
+}
+
+// WithRequestID sets the request's idempotency key (1 to 63 letters,
+// digits, ".", "_" or "-", starting and ending with a letter or digit). The
+// grant is named after it (api/v1alpha1.GrantNameForRequest), so a create
+// whose response was lost, retried by this or another process with the same
+// ID, finds the same grant and never queues twice. Without it, Acquire
+// generates a random one.
+func WithRequestID(id string) Option {
+	return func(s *settings) {
+		if !requestIDRE.MatchString(id) {
+			s.fail("request ID %q is not 1-63 letters, digits, '.', '_' or '-' starting and ending with a letter or digit", id)
+		}
+		s.requestID = id
+	}
+}
+
+// WithOperationRoot binds the grant to one operation (spec.operationRoot,
+// recorded in the signed grant record): the sha256 digest of the
+// operation's description, as "sha256:" and 64 lowercase hex digits, the
+// same for every retry of the operation. Segments (Handle.NextSegment)
+// carry it, and enforcement points told the root of a write refuse a grant
+// of another root. Default: "sha256:" + the hex SHA-256 of the request ID.
+func WithOperationRoot(root string) Option {
+	return func(s *settings) {
+		if !operationRootRE.MatchString(root) {
+			s.fail("operation root %q is not \"sha256:\" and 64 lowercase hex digits", root)
+		}
+		s.operationRoot = root
+	}
+}
+
+// WithOperationClass names the kind of operation (spec.operationClass, e.g.
+// "settlement"): up to 63 lowercase letters, digits and "-". Recorded in
+// the grant record. Default: none.
+func WithOperationClass(class string) Option {
+	return func(s *settings) {
+		if !operationClassRE.MatchString(class) {
+			s.fail("operation class %q is not up to 63 lowercase letters, digits and '-'", class)
+		}
+		s.operationClass = class
+	}
+}
+
+// WithPolicy requests the grant under the GuardPolicy named policy
+// (spec.policy): needed to write objects the policy covers. Admission
+// refuses the request unless the policy lists the caller among its holders
+// and allows the TTL. Default: none.
+func WithPolicy(policy string) Option {
+	return func(s *settings) {
+		if policy == "" {
+			s.fail("empty policy name")
+		}
+		s.policy = policy
+	}
+}
+
+// WithSafetyMargin sets the margin subtracted from the local validity
+// deadline (holder.Config.Margin). Default holder.DefaultMargin(TTL): a
+// tenth of the TTL, at least 1 s, at most half the TTL.
+func WithSafetyMargin(d time.Duration) Option {
+	return func(s *settings) {
+		if d < 0 {
+			s.fail("negative safety margin %s", d)
+		}
+		s.margin = d
+	}
+}
+
+// WithRenewInterval sets how long after a confirmed send the next renew is
+// sent (holder.Config.RenewInterval). Default holder.DefaultRenewInterval(TTL):
+// a third of the TTL.
+func WithRenewInterval(d time.Duration) Option {
+	return func(s *settings) {
+		if d < 0 {
+			s.fail("negative renew interval %s", d)
+		}
+		s.renewInterval = d
+	}
+}
+
+// WithClock sets the clock the handle measures monotonic time and sets its
+// timers with. Only Since and timers are used, never the wall-clock
+// reading. Default clock.RealClock. For tests.
+func WithClock(clk clock.WithTicker) Option {
+	return func(s *settings) { s.clk = clk }
+}
+
+// WithProgress calls fn with a copy of the grant each time the library sees
+// it change while the request waits: its phase and status.queuePosition
+// (0 means next). fn runs on the library's goroutine and must return quickly.
+func WithProgress(fn func(*lockingv1alpha1.LockGrant)) Option {
+	return func(s *settings) { s.progress = fn }
+}

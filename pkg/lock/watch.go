@@ -1,0 +1,258 @@
+package lock
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/watch"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/event"
+	"sigs.k8s.io/controller-runtime/pkg/predicate"
+
+	lockingv1alpha1 "github.com/lockwarden/lockwarden/api/v1alpha1"
+)
+
+// listThenWatch lists the LockGrants selected by opts, calls onList with
+// them, then calls onEvent for every change a watch reports from the list's
+// resourceVersion on. When the watch ends or fails, it lists again (onList
+// sees the fresh state) and resumes. It returns when ctx ends (ctx.Err()) or
+// a callback returns an error or stop.
+func listThenWatch(ctx context.Context, c client.WithWatch, opts []client.ListOption,
+	onList func([]lockingv1alpha1.LockGrant) (stop bool, err error),
+	onEvent func(watch.EventType, *lockingv1alpha1.LockGrant) (stop bool, err error),
+) error {
+	backoff := 100 * time.Millisecond
+	pause := func() error {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(backoff):
+			backoff = min(2*backoff, 5*time.Second)
+			return nil
+		}
+	}
+	for {
+		list := &lockingv1alpha1.LockGrantList{}
+		lctx, cancel := context.WithTimeout(ctx, requestTimeout)
+		err := c.List(lctx, list, opts...)
+		cancel()
+		if err != nil {
+			if ctx.Err() != nil {
+				return ctx.Err()
+			}
+			if err := pause(); err != nil {
+				return err
+			}
+			continue
+		}
+		if stop, err := onList(list.Items); stop || err != nil {
+			return err
+		}
+		wopts := append(append([]client.ListOption{}, opts...), &client.ListOptions{Raw: &metav1.ListOptions{
+			ResourceVersion: list.ResourceVersion, AllowWatchBookmarks: true,
+		}})
+		w, err := c.Watch(ctx, &lockingv1alpha1.LockGrantList{}, wopts...)
+		if err != nil {
+			if ctx.Err() != nil {
+				return ctx.Err()
+			}
+			if err := pause(); err != nil {
+				return err
+			}
+			continue
+		}
+		stop, err := drain(ctx, w, onEvent)
+		w.Stop()
+		if stop || err != nil {
+			return err
+		}
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		backoff = 100 * time.Millisecond
+	}
+}
+
+// drain feeds one watch's events to onEvent until the watch ends.
+func drain(ctx context.Context, w watch.Interface, onEvent func(watch.EventType, *lockingv1alpha1.LockGrant) (bool, error)) (bool, error) {
+	for {
+		select {
+		case <-ctx.Done():
+			return false, ctx.Err()
+		case ev, ok := <-w.ResultChan():
+			if !ok {
+				return false, nil
+			}
+			switch ev.Type {
+			case watch.Added, watch.Modified, watch.Deleted:
+				g, ok := ev.Object.(*lockingv1alpha1.LockGrant)
+				if !ok {
+					continue
+				}
+				if stop, err := onEvent(ev.Type, g); stop || err != nil {
+					return stop, err
+				}
+			case watch.Error:
+				// Typically 410 Gone: the resourceVersion is too old. List again.
+				return false, nil
+			}
+		}
+	}
+}
+
+// byName selects one grant by name.
+func byName(key types.NamespacedName) []client.ListOption {
+	return []client.ListOption{&client.ListOptions{
+		Namespace:     key.Namespace,
+		FieldSelector: fields.OneTermEqualSelector("metadata.name", key.Name),
+	}}
+}
+
+// watchGrant calls fn with the grant key's current state (nil when it does
+// not exist), read directly, and then with every change a watch reports,
+// until fn returns true or an error, or ctx ends. After a broken watch it
+// reads the grant again, so fn always sees the latest state eventually.
+func watchGrant(ctx context.Context, c client.WithWatch, key types.NamespacedName, fn func(g *lockingv1alpha1.LockGrant) (bool, error)) error {
+	return listThenWatch(ctx, c, byName(key),
+		func(items []lockingv1alpha1.LockGrant) (bool, error) {
+			if len(items) == 0 {
+				return fn(nil)
+			}
+			return fn(&items[0])
+		},
+		func(t watch.EventType, g *lockingv1alpha1.LockGrant) (bool, error) {
+			if t == watch.Deleted {
+				return fn(nil)
+			}
+			return fn(g)
+		})
+}
+
+// WaitForGrant blocks until cond reports true for the LockGrant key, and
+// returns the grant cond accepted (nil if cond accepted its absence). cond
+// is called with the grant's current state, read directly from the API
+// server, then with every change a watch reports; nil means the grant does
+// not exist. It never polls. It returns ctx's error when ctx ends first.
+//
+// c must talk to the API server directly (client.NewWithWatch), not through
+// a manager's cache.
+func WaitForGrant(ctx context.Context, c client.WithWatch, key types.NamespacedName, cond func(*lockingv1alpha1.LockGrant) bool) (*lockingv1alpha1.LockGrant, error) {
+	var got *lockingv1alpha1.LockGrant
+	err := watchGrant(ctx, c, key, func(g *lockingv1alpha1.LockGrant) (bool, error) {
+		if cond(g) {
+			got = g
+			return true, nil
+		}
+		return false, nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("lock: waiting for grant %s: %w", key, err)
+	}
+	return got, nil
+}
+
+// Transition is one change of a LockGrant's phase (or fence) seen by
+// WatchTransitions.
+type Transition struct {
+	// Grant is the grant after the change; for a deletion, its last state.
+	Grant *lockingv1alpha1.LockGrant
+	// From is the phase before the change: "" when the grant is new to the
+	// watcher (created, or present when the watch started).
+	From lockingv1alpha1.LockGrantPhase
+	// To is the phase after the change; for a deletion, the last phase.
+	To lockingv1alpha1.LockGrantPhase
+	// Deleted is true when the grant was deleted.
+	Deleted bool
+}
+
+// WatchTransitions calls fn for every phase transition of the LockGrants
+// that opts select (client.InNamespace, client.MatchingLabels, ...), in the
+// order the API server reports them: first one Transition from "" for each
+// grant that exists when it starts and has a phase, then one per change of
+// phase or fence, and one with Deleted set per deletion. A new grant is
+// reported once the controller has given it a phase. After a broken watch it lists again and
+// reports what changed meanwhile (intermediate phases may then be skipped:
+// it reports states, not every write). It runs until ctx ends (returning
+// ctx.Err()) or fn returns an error (returned as is).
+//
+// c must talk to the API server directly (client.NewWithWatch). Inside a
+// controller-runtime manager, use PhaseChanged with the manager's own watch
+// instead.
+func WatchTransitions(ctx context.Context, c client.WithWatch, fn func(Transition) error, opts ...client.ListOption) error {
+	type seen struct {
+		phase lockingv1alpha1.LockGrantPhase
+		fence int64
+		grant *lockingv1alpha1.LockGrant
+	}
+	known := map[types.UID]seen{}
+	report := func(g *lockingv1alpha1.LockGrant, deleted bool) error {
+		old, had := known[g.UID]
+		if deleted {
+			if !had {
+				return nil
+			}
+			delete(known, g.UID)
+			return fn(Transition{Grant: g, From: old.phase, To: old.phase, Deleted: true})
+		}
+		known[g.UID] = seen{phase: g.Status.Phase, fence: g.Status.FenceToken, grant: g}
+		if old.phase == g.Status.Phase && old.fence == g.Status.FenceToken {
+			return nil // no change, or new and not answered yet
+		}
+		return fn(Transition{Grant: g, From: old.phase, To: g.Status.Phase})
+	}
+	return listThenWatch(ctx, c, opts,
+		func(items []lockingv1alpha1.LockGrant) (bool, error) {
+			present := map[types.UID]bool{}
+			for i := range items {
+				present[items[i].UID] = true
+				if err := report(&items[i], false); err != nil {
+					return true, err
+				}
+			}
+			for uid, s := range known {
+				if !present[uid] {
+					if err := report(s.grant, true); err != nil {
+						return true, err
+					}
+				}
+			}
+			return false, nil
+		},
+		func(t watch.EventType, g *lockingv1alpha1.LockGrant) (bool, error) {
+			err := report(g, t == watch.Deleted)
+			return err != nil, err
+		})
+}
+
+// PhaseChanged is a controller-runtime predicate for LockGrants that passes
+// creations, deletions, and updates that change status.phase or
+// status.fenceToken, and drops the rest (renewals, queue positions,
+// metadata). Use it on a controller that reacts to grant transitions:
+//
+//	ctrl.NewControllerManagedBy(mgr).
+//		For(&lockingv1alpha1.LockGrant{}, builder.WithPredicates(lock.PhaseChanged())).
+//		Complete(r)
+//
+// The manager's cache is eventually consistent: a reconciler that must act
+// only while a grant is Held reads the grant directly (mgr.GetAPIReader())
+// and, for its own grant, relies on a Handle's Context, not on the event.
+func PhaseChanged() predicate.Predicate {
+	return predicate.Funcs{
+		UpdateFunc: func(e event.UpdateEvent) bool {
+			o, ok1 := e.ObjectOld.(*lockingv1alpha1.LockGrant)
+			n, ok2 := e.ObjectNew.(*lockingv1alpha1.LockGrant)
+			if !ok1 || !ok2 {
+				return false
+			}
+			return o.Status.Phase != n.Status.Phase || o.Status.FenceToken != n.Status.FenceToken
+		},
+	}
+}
+
+// isGone reports whether err says the object does not exist.
+func isGone(err error) bool { return apierrors.IsNotFound(err) }

@@ -1,0 +1,85 @@
+package plugin
+
+import (
+	"encoding/json"
+	"strings"
+	"testing"
+
+	lockingv1alpha1 "github.com/lockwarden/lockwarden/api/v1alpha1"
+)
+
+// The plugin's subcommands and their documented exit codes, as a user sees
+// them through `kubectl lock`.
+func TestCommands(t *testing.T) {
+	ns := namespace(t)
+	const res = "cli/orders"
+
+	code, out, errOut := kubectlLockOK(t, "alice", "-n", ns, "acquire", res, "--ttl", "60s", "-o", "json")
+	if code != 0 {
+		t.Fatalf("acquire exited %d: %s", code, errOut)
+	}
+	var g lockingv1alpha1.LockGrant
+	if err := json.Unmarshal([]byte(out), &g); err != nil {
+		t.Fatalf("acquire -o json printed %q: %v", out, err)
+	}
+	if g.Kind != "LockGrant" || g.Status.Phase != lockingv1alpha1.PhaseHeld || g.Status.FenceToken != 1 || g.Spec.Owner != "alice" {
+		t.Fatalf("acquired grant: kind %q, %+v, owner %q", g.Kind, g.Status, g.Spec.Owner)
+	}
+
+	code, out, _ = kubectlLockOK(t, "bob", "-n", ns, "status", res)
+	t.Logf("kubectl lock status %s:\n%s", res, out)
+	for _, want := range []string{"Holder:", g.Name, "owner alice", "Fence:", "Queue:"} {
+		if code != 0 || !strings.Contains(out, want) {
+			t.Fatalf("status exited %d without %q:\n%s", code, want, out)
+		}
+	}
+	code, out, _ = kubectlLockOK(t, "bob", "-n", ns, "list", "--resource", res, "--phase", "held")
+	t.Logf("kubectl lock list:\n%s", out)
+	if code != 0 || !strings.Contains(out, g.Name) || !strings.Contains(out, "Held") {
+		t.Fatalf("list exited %d:\n%s", code, out)
+	}
+	if code, out, _ = kubectlLockOK(t, "bob", "-n", ns, "list", "--phase", "Released"); code != 0 || strings.Contains(out, g.Name) {
+		t.Fatalf("list --phase Released exited %d:\n%s", code, out)
+	}
+
+	// Bob cannot get it within a second (124), nor renew or release
+	// alice's grant (3, NOT_OWNER).
+	if code, _, errOut = kubectlLockOK(t, "bob", "-n", ns, "acquire", res, "--wait", "1s"); code != 124 {
+		t.Fatalf("acquire of a held lock with --wait 1s exited %d, want 124: %s", code, errOut)
+	}
+	if code, _, errOut = kubectlLockOK(t, "bob", "-n", ns, "renew", g.Name); code != 3 || !strings.Contains(errOut, "NOT_OWNER") {
+		t.Fatalf("bob's renew exited %d, want 3 NOT_OWNER: %s", code, errOut)
+	}
+	if code, _, errOut = kubectlLockOK(t, "bob", "-n", ns, "release", g.Name); code != 3 || !strings.Contains(errOut, "NOT_OWNER") {
+		t.Fatalf("bob's release exited %d, want 3 NOT_OWNER: %s", code, errOut)
+	}
+
+	if code, out, errOut = kubectlLockOK(t, "alice", "-n", ns, "renew", ns+"/"+g.Name); code != 0 || !strings.Contains(out, "fence 1") {
+		t.Fatalf("alice's renew exited %d: %s %s", code, out, errOut)
+	}
+	if code, out, errOut = kubectlLockOK(t, "alice", "-n", ns, "release", g.Name); code != 0 || !strings.Contains(out, "released") {
+		t.Fatalf("alice's release exited %d: %s %s", code, out, errOut)
+	}
+	if code, _, errOut = kubectlLockOK(t, "alice", "-n", ns, "release", g.Name); code != 3 || !strings.Contains(errOut, "ALREADY_ENDED") {
+		t.Fatalf("second release exited %d, want 3 ALREADY_ENDED: %s", code, errOut)
+	}
+
+	// run: the command's environment and exit status.
+	code, out, errOut = kubectlLockOK(t, "alice", "-n", ns, "run", res, "--", "sh", "-c",
+		`echo "$LOCKWARDEN_RESOURCE $LOCKWARDEN_NAMESPACE $LOCKWARDEN_FENCE"; test -n "$LOCKWARDEN_GRANT" && test -n "$LOCKWARDEN_GRANT_UID"`)
+	if want := res + " " + ns + " 2\n"; code != 0 || out != want {
+		t.Fatalf("run printed %q and exited %d, want %q and 0: %s", out, code, want, errOut)
+	}
+	if code, _, _ = kubectlLockOK(t, "alice", "-n", ns, "run", res, "--", "sh", "-c", "exit 7"); code != 7 {
+		t.Fatalf("run of a failing command exited %d, want the command's 7", code)
+	}
+	if code, _, _ = kubectlLockOK(t, "alice", "-n", ns, "run", res, "--", "/nonexistent/command"); code != 127 {
+		t.Fatalf("run of a missing command exited %d, want 127", code)
+	}
+	if code, _, _ = kubectlLockOK(t, "alice", "-n", ns, "run", res); code != 125 {
+		t.Fatalf("run without a command exited %d, want 125", code)
+	}
+	if code, out, _ = kubectlLockOK(t, "alice", "completion", "bash"); code != 0 || !strings.Contains(out, "bash completion") {
+		t.Fatalf("completion bash exited %d", code)
+	}
+}

@@ -1,0 +1,315 @@
+package plugin
+
+import (
+	"bytes"
+	"context"
+	"crypto/tls"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"go.uber.org/zap/zapcore"
+	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
+	"k8s.io/apimachinery/pkg/util/wait"
+	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
+	"k8s.io/utils/clock"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/envtest"
+	logf "sigs.k8s.io/controller-runtime/pkg/log"
+	"sigs.k8s.io/controller-runtime/pkg/log/zap"
+	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
+	"sigs.k8s.io/controller-runtime/pkg/webhook"
+
+	lockingv1alpha1 "github.com/lockwarden/lockwarden/api/v1alpha1"
+	"github.com/lockwarden/lockwarden/controllers"
+	"github.com/lockwarden/lockwarden/internal/issuer"
+	lwwebhook "github.com/lockwarden/lockwarden/webhook"
+)
+
+var (
+	scheme = runtime.NewScheme()
+	admin  client.Client
+	// binDir holds the freshly built kubectl-lock and a link to bin/kubectl:
+	// the PATH of every command the tests run.
+	binDir string
+	// kubeconfigs of the users the tests act as, by name.
+	kubeconfigs = map[string]string{}
+)
+
+// managerNamespace holds the issuer's keys and trust bundle.
+const managerNamespace = "lockwarden-system"
+
+func TestMain(m *testing.M) { os.Exit(run(m)) }
+
+func run(m *testing.M) int {
+	utilruntime.Must(clientgoscheme.AddToScheme(scheme))
+	utilruntime.Must(lockingv1alpha1.AddToScheme(scheme))
+	logf.SetLogger(zap.New(zap.WriteTo(os.Stderr), zap.Level(zapcore.DPanicLevel)))
+
+	root, _ := filepath.Abs("../../..")
+	assets := os.Getenv("KUBEBUILDER_ASSETS")
+	if assets == "" {
+		assets = filepath.Join(root, "bin")
+		os.Setenv("KUBEBUILDER_ASSETS", assets)
+	}
+	dir, err := os.MkdirTemp("", "lockwarden-e2e-")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	defer os.RemoveAll(dir)
+	binDir = filepath.Join(dir, "bin")
+	if err := buildPlugin(root, assets); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+
+	env := &envtest.Environment{
+		CRDDirectoryPaths:     []string{filepath.Join(root, "config", "crd", "bases")},
+		ErrorIfCRDPathMissing: true,
+		WebhookInstallOptions: envtest.WebhookInstallOptions{
+			Paths: []string{filepath.Join(root, "config", "webhook", "manifests.yaml")},
+		},
+	}
+	cfg, err := env.Start()
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "starting envtest (did `make tools` build bin/?): %v\n", err)
+		return 1
+	}
+	defer func() {
+		if err := env.Stop(); err != nil {
+			fmt.Fprintf(os.Stderr, "stopping envtest: %v\n", err)
+		}
+	}()
+	if admin, err = client.New(cfg, client.Options{Scheme: scheme}); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	if err := startManager(ctx, env); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	if err := grantUsersAccess(ctx); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	for _, name := range []string{"alice", "bob"} {
+		u, err := env.AddUser(envtest.User{Name: name, Groups: []string{"system:authenticated"}}, nil)
+		if err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			return 1
+		}
+		kc, err := u.KubeConfig()
+		if err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			return 1
+		}
+		kubeconfigs[name] = filepath.Join(dir, name+".kubeconfig")
+		if err := os.WriteFile(kubeconfigs[name], kc, 0o600); err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			return 1
+		}
+	}
+	return m.Run()
+}
+
+// buildPlugin builds cmd/kubectl-lock into binDir and links kubectl there,
+// so that `kubectl lock` finds the plugin on PATH as a user's shell would.
+func buildPlugin(root, assets string) error {
+	if err := os.MkdirAll(binDir, 0o755); err != nil {
+		return err
+	}
+	build := exec.Command("go", "build", "-o", filepath.Join(binDir, "kubectl-lock"), "./cmd/kubectl-lock")
+	build.Dir = root
+	if out, err := build.CombinedOutput(); err != nil {
+		return fmt.Errorf("building kubectl-lock: %v\n%s", err, out)
+	}
+	return os.Symlink(filepath.Join(assets, "kubectl"), filepath.Join(binDir, "kubectl"))
+}
+
+// startManager runs the controller and the webhooks in this process on the
+// real clock, as the manager binary does.
+func startManager(ctx context.Context, env *envtest.Environment) error {
+	wo := &env.WebhookInstallOptions
+	if err := admin.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: managerNamespace}}); err != nil {
+		return err
+	}
+	clk := clock.RealClock{}
+	mgr, err := ctrl.NewManager(env.Config, ctrl.Options{
+		Scheme: scheme,
+		Cache: cache.Options{ByObject: map[client.Object]cache.ByObject{
+			&corev1.Secret{}:    {Namespaces: map[string]cache.Config{managerNamespace: {}}},
+			&corev1.ConfigMap{}: {Namespaces: map[string]cache.Config{managerNamespace: {}}},
+		}},
+		Metrics: metricsserver.Options{BindAddress: "0"},
+		WebhookServer: webhook.NewServer(webhook.Options{
+			Host: wo.LocalServingHost, Port: wo.LocalServingPort, CertDir: wo.LocalServingCertDir,
+		}),
+	})
+	if err != nil {
+		return err
+	}
+	keyring := &issuer.Keyring{Reader: mgr.GetClient(), Namespace: managerNamespace}
+	if err := controllers.Setup(ctx, mgr, controllers.Options{
+		Clock: clk, Keyring: keyring, Namespace: managerNamespace,
+		WebhookConfiguration: "validating-webhook-configuration",
+	}); err != nil {
+		return err
+	}
+	if err := lwwebhook.Setup(mgr, clk, keyring.TrustBundle); err != nil {
+		return err
+	}
+	go func() {
+		if err := mgr.Start(ctx); err != nil {
+			fmt.Fprintf(os.Stderr, "manager stopped: %v\n", err)
+		}
+	}()
+	addr := net.JoinHostPort(wo.LocalServingHost, fmt.Sprint(wo.LocalServingPort))
+	return wait.PollUntilContextTimeout(ctx, 50*time.Millisecond, 30*time.Second, true, func(context.Context) (bool, error) {
+		conn, err := tls.DialWithDialer(&net.Dialer{Timeout: time.Second}, "tcp", addr, &tls.Config{InsecureSkipVerify: true}) //nolint:gosec // probing readiness only
+		if err != nil {
+			return false, nil
+		}
+		return true, conn.Close()
+	})
+}
+
+// grantUsersAccess lets every authenticated user work with LockGrants and
+// ConfigMaps and read FenceCounters.
+func grantUsersAccess(ctx context.Context) error {
+	role := &rbacv1.ClusterRole{
+		ObjectMeta: metav1.ObjectMeta{Name: "lockwarden-e2e-user"},
+		Rules: []rbacv1.PolicyRule{
+			{APIGroups: []string{"locking.lockwarden.io"}, Resources: []string{"lockgrants"}, Verbs: []string{"*"}},
+			{APIGroups: []string{"locking.lockwarden.io"}, Resources: []string{"lockgrants/status", "fencecounters"}, Verbs: []string{"get", "list", "watch"}},
+			{APIGroups: []string{""}, Resources: []string{"configmaps"}, Verbs: []string{"*"}},
+		},
+	}
+	binding := &rbacv1.ClusterRoleBinding{
+		ObjectMeta: metav1.ObjectMeta{Name: role.Name},
+		RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: role.Name},
+		Subjects:   []rbacv1.Subject{{Kind: rbacv1.GroupKind, APIGroup: rbacv1.GroupName, Name: "system:authenticated"}},
+	}
+	if err := admin.Create(ctx, role); err != nil {
+		return err
+	}
+	return admin.Create(ctx, binding)
+}
+
+// namespace creates a fresh namespace for one test.
+func namespace(t *testing.T) string {
+	t.Helper()
+	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{GenerateName: "e2e-"}}
+	if err := admin.Create(t.Context(), ns); err != nil {
+		t.Fatal(err)
+	}
+	return ns.Name
+}
+
+// syncBuffer is a bytes.Buffer safe to read while a process writes it.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// proc is a `kubectl lock` process started by a test.
+type proc struct {
+	cmd            *exec.Cmd
+	stdout, stderr *syncBuffer
+	exited         chan struct{}
+	code           int
+}
+
+// kubectlLock starts `kubectl lock ARGS` as user, with extra environment
+// variables, through kubectl's plugin mechanism.
+func kubectlLock(t *testing.T, user string, env []string, args ...string) *proc {
+	t.Helper()
+	p := &proc{stdout: &syncBuffer{}, stderr: &syncBuffer{}, exited: make(chan struct{})}
+	p.cmd = exec.Command(filepath.Join(binDir, "kubectl"), append([]string{"lock"}, args...)...)
+	p.cmd.Env = append(os.Environ(), "KUBECONFIG="+kubeconfigs[user], "PATH="+binDir+":"+os.Getenv("PATH"))
+	p.cmd.Env = append(p.cmd.Env, env...)
+	p.cmd.Stdout, p.cmd.Stderr = p.stdout, p.stderr
+	if err := p.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	go func() {
+		_ = p.cmd.Wait()
+		p.code = p.cmd.ProcessState.ExitCode()
+		close(p.exited)
+	}()
+	t.Cleanup(func() {
+		select {
+		case <-p.exited:
+		default:
+			_ = p.cmd.Process.Signal(syscall.SIGCONT)
+			_ = p.cmd.Process.Kill()
+			<-p.exited
+		}
+	})
+	return p
+}
+
+// wait waits for the process to exit and returns its exit code.
+func (p *proc) wait(t *testing.T, within time.Duration) int {
+	t.Helper()
+	select {
+	case <-p.exited:
+		return p.code
+	case <-time.After(within):
+		t.Fatalf("%v did not exit within %s\nstdout:\n%s\nstderr:\n%s", p.cmd.Args, within, p.stdout, p.stderr)
+		return -1
+	}
+}
+
+// kubectlLockOK runs `kubectl lock ARGS` to completion and returns its exit
+// code, stdout and stderr.
+func kubectlLockOK(t *testing.T, user string, args ...string) (int, string, string) {
+	t.Helper()
+	p := kubectlLock(t, user, nil, args...)
+	code := p.wait(t, 60*time.Second)
+	return code, p.stdout.String(), p.stderr.String()
+}
+
+// eventually polls cond every 20 ms until it holds, failing after within.
+func eventually(t *testing.T, within time.Duration, what string, cond func() bool) {
+	t.Helper()
+	err := wait.PollUntilContextTimeout(t.Context(), 20*time.Millisecond, within, true, func(context.Context) (bool, error) {
+		return cond(), nil
+	})
+	if err != nil {
+		t.Fatalf("never: %s", what)
+	}
+}
+
+// fileHas reports whether the file at path contains s.
+func fileHas(path, s string) bool {
+	b, err := os.ReadFile(path)
+	return err == nil && strings.Contains(string(b), s)
+}
