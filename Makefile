@@ -58,9 +58,10 @@ verify: manifests generate ## Fail if generated files are out of date.
 ##@ Build
 
 .PHONY: build
-build: ## Build the manager and the demo into bin/.
+build: ## Build the manager, the demo and the kubectl lock plugin into bin/.
 	go build -o $(LOCALBIN)/manager ./cmd/manager
 	go build -o $(LOCALBIN)/lockwarden-demo ./cmd/lockwarden-demo
+	go build -o $(LOCALBIN)/kubectl-lock ./cmd/kubectl-lock
 
 .PHONY: tools
 tools: ## Build the local control plane and controller-gen into bin/ (once; see DEVELOPERS.md).
