@@ -61,6 +61,7 @@ func (w *world) scheduleAdversary() {
 				}
 			}
 			w.reg.restore(snap)
+			w.restoredAt = w.s.now
 			for k, o := range objs {
 				*w.objects[k] = o // guarded objects live in the same etcd
 			}
@@ -70,7 +71,8 @@ func (w *world) scheduleAdversary() {
 				k.notify()
 			}
 			// The operator notices the FENCE_REGRESSION alarm and bumps the
-			// epoch, revoking the old one (docs/segments.md).
+			// epoch past every epoch ever used, revoking the restored one
+			// (docs/segments.md).
 			w.s.after(w.between(time.Second, 30*time.Second), func() {
 				w.bumpEpoch()
 				w.recovered = true
@@ -79,10 +81,12 @@ func (w *world) scheduleAdversary() {
 	}
 }
 
-// bumpEpoch moves the issuer to a new epoch and revokes the current one.
+// bumpEpoch moves the issuer to an epoch above every epoch ever used and
+// revokes the current one.
 func (w *world) bumpEpoch() {
 	w.reg.revoked = append(w.reg.revoked, w.reg.epoch)
-	w.reg.epoch++
+	w.maxEpoch = max(w.maxEpoch, w.reg.epoch) + 1
+	w.reg.epoch = w.maxEpoch
 	w.kick(w.resource)
 }
 

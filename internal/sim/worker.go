@@ -273,8 +273,16 @@ func (k *worker) release() {
 					m.ReleaseAccepted(k.mono())
 				}
 			})
+			released := w.s.now
 			k.later(w.between(500*time.Millisecond, 3*time.Second), func() {
-				if err := w.reg.release(uid, k.name, w.s.now); err == nil {
+				err := w.reg.release(uid, k.name, w.s.now)
+				switch {
+				case err != nil:
+				case w.restoredAt > released:
+					// The restore rolled the release back; the retry is
+					// the first release the registry knows.
+					w.rep.Faults["release-forgotten-by-restore"]++
+				default:
 					w.rep.violate("seed %d: a retried release of an ended grant was accepted", w.seed)
 					w.rep.ExpiredOwnerAccepted++
 				}

@@ -73,10 +73,15 @@ type world struct {
 
 	// pending marks a reconcile already scheduled per resource.
 	pending map[string]bool
-	// resurrected are grants a restore brought back to life; recovered
-	// says the operator has since bumped the epoch.
+	// resurrected are grants a restore brought back to life; restoredAt is
+	// when the registry was restored (0: never); recovered says the
+	// operator has since bumped the epoch past every epoch ever used.
 	resurrected map[types.UID]bool
+	restoredAt  time.Duration
 	recovered   bool
+	// maxEpoch is the highest issuer epoch ever used, which a restore does
+	// not roll back (the operator knows it).
+	maxEpoch int64
 	horizon     time.Duration
 	// acceptAll breaks the guarded-object enforcement point (tests only).
 	acceptAll bool
@@ -166,6 +171,14 @@ func (w *world) reconcile(resource string) {
 		wk.notify()
 	}
 }
+
+// inRestoreWindow reports whether the registry has been restored from an
+// old snapshot and the operator has not recovered yet. In that window the
+// registry has forgotten fences it issued; a resource can refuse only what
+// it has itself seen (FENCE_REGRESSION, STALE_OWNER), which the oracle
+// still requires. See docs/segments.md for the runbook that closes the
+// window.
+func (w *world) inRestoreWindow() bool { return w.restoredAt > 0 && !w.recovered }
 
 // run plays the round to its horizon and returns its report.
 func (w *world) run() *Report {
