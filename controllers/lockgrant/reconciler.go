@@ -151,12 +151,17 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reco
 	}
 	grantplan.Sign(p, params, revision)
 	if err := r.writeStatuses(ctx, p); err != nil {
+		if apierrors.IsConflict(err) {
+			// A grant changed under us (a renew, a release): decide
+			// again on fresh facts, without an error in the log.
+			logf.FromContext(ctx).V(1).Info("Status write conflicted; deciding again", "error", err.Error())
+			return reconcile.Result{RequeueAfter: time.Millisecond}, nil
+		}
 		return reconcile.Result{}, err
 	}
 	if err := r.deleteFinished(ctx, p); err != nil {
 		return reconcile.Result{}, err
 	}
-	r.emit(p)
 	return reconcile.Result{RequeueAfter: p.RequeueAfter}, nil
 }
 
@@ -310,6 +315,7 @@ func (r *Reconciler) writeStatuses(ctx context.Context, p grantplan.Plan) error 
 			}
 			return fmt.Errorf("writing status of grant %s: %w", g.Name, err)
 		}
+		r.emit(g, p.Events)
 	}
 	return nil
 }
@@ -328,14 +334,18 @@ func (r *Reconciler) deleteFinished(ctx context.Context, p grantplan.Plan) error
 	return nil
 }
 
-func (r *Reconciler) emit(p grantplan.Plan) {
-	for _, e := range p.Events {
+// emit sends the Events and metrics of one grant's transitions, once its
+// status write succeeded: a transition that was not written is decided
+// again, and announced then.
+func (r *Reconciler) emit(g *lockingv1alpha1.LockGrant, events []grantplan.Event) {
+	for _, e := range events {
+		if e.Grant.UID != g.UID {
+			continue
+		}
 		transitions.WithLabelValues(e.Reason).Inc()
-	}
-	if r.Recorder == nil {
-		return
-	}
-	for _, e := range p.Events {
+		if r.Recorder == nil {
+			continue
+		}
 		t := corev1.EventTypeNormal
 		if e.Warning {
 			t = corev1.EventTypeWarning

@@ -82,7 +82,7 @@ type world struct {
 	// maxEpoch is the highest issuer epoch ever used, which a restore does
 	// not roll back (the operator knows it).
 	maxEpoch int64
-	horizon     time.Duration
+	horizon  time.Duration
 	// acceptAll breaks the guarded-object enforcement point (tests only).
 	acceptAll bool
 	// objIssued is the highest fence issued per resource as the guarded

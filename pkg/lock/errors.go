@@ -9,6 +9,7 @@ import (
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 
+	"github.com/lockwarden/lockwarden/internal/denial"
 	"github.com/lockwarden/lockwarden/pkg/fencing"
 )
 
@@ -42,12 +43,14 @@ var (
 )
 
 // refusalRE finds a reason code at the start of a fencing refusal inside an
-// admission denial, e.g. `... is forbidden: EXPIRED: the lease expired at ...`.
-var refusalRE = regexp.MustCompile(`(?:^|[\s:])(NOT_OWNER|EXPIRED|ALREADY_ENDED|NOT_HELD|STALE_OWNER|NO_FENCE|NO_RESOURCE|UNKNOWN_GRANT|BINDING_MISMATCH|FENCE_REGRESSION): `)
+// admission denial, e.g. `... is forbidden: EXPIRED: the lease expired at ...`;
+// for denials from servers that do not set details.causes.
+var refusalRE = regexp.MustCompile(`(?:^|[\s:])([A-Z][A-Z_]+[A-Z]): `)
 
 // Refusal returns the fencing refusal carried by an admission denial (a 403
-// whose message contains "REASON: detail", as lockwarden's webhooks write
-// it), or nil when err is not such a denial.
+// whose details.causes[0].type is the reason code, as lockwarden's webhooks
+// write it, with "REASON: detail" in the message), or nil when err is not
+// such a denial.
 func Refusal(err error) *fencing.Error {
 	if err == nil {
 		return nil
@@ -60,6 +63,13 @@ func Refusal(err error) *fencing.Error {
 		return nil
 	}
 	msg := err.Error()
+	if r := denial.Reason(err); r != "" {
+		detail := msg
+		if i := strings.Index(msg, string(r)+": "); i >= 0 {
+			detail = msg[i+len(r)+2:]
+		}
+		return &fencing.Error{Reason: r, Detail: strings.TrimSpace(detail)}
+	}
 	m := refusalRE.FindStringSubmatchIndex(msg)
 	if m == nil {
 		return nil

@@ -3,9 +3,9 @@ package e2e
 import (
 	"bytes"
 	"context"
+	"net"
 	"os"
 	"os/exec"
-	"net"
 	"path/filepath"
 	"strconv"
 	"strings"

@@ -10,6 +10,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	lockingv1alpha1 "github.com/lockwarden/lockwarden/api/v1alpha1"
+	"github.com/lockwarden/lockwarden/internal/denial"
 )
 
 // Bad LockGrants are refused with a clear error and nothing is created.
@@ -66,7 +67,9 @@ func TestGrantOwnershipAndImmutability(t *testing.T) {
 		t.Fatal("the request time was not stamped")
 	}
 	wantReason(t, "renew by another identity", renew(t, b, g), "NOT_OWNER")
-	wantReason(t, "release by another identity", release(t, b, g), "NOT_OWNER")
+	if err := release(t, b, g); denial.Reason(err) != "NOT_OWNER" {
+		t.Fatalf("release by another identity: %v, want NOT_OWNER in details.causes", err)
+	}
 	for field, value := range map[string]any{"resource": "other", "leaseDurationSeconds": 3600, "owner": b.name, "requestID": "x"} {
 		if err := patchGrant(t, a, g, map[string]any{field: value}); !apierrors.IsInvalid(err) {
 			t.Errorf("changing spec.%s: %v, want Invalid", field, err)
@@ -99,7 +102,11 @@ func TestBadGuardedWrites(t *testing.T) {
 	for _, fence := range []string{"", "abc", "01", "-1", "0", "1.5", " 1", "99999999999999999999"} {
 		wantReason(t, "fence "+fence, write(t, a, ns, obj, g, fence, "bad"), "NO_FENCE")
 	}
-	wantReason(t, "forged huge fence", write(t, a, ns, obj, g, "9223372036854775807", "bad"), "BINDING_MISMATCH")
+	forged := write(t, a, ns, obj, g, "9223372036854775807", "bad")
+	wantReason(t, "forged huge fence", forged, "BINDING_MISMATCH")
+	if denial.Reason(forged) != "BINDING_MISMATCH" {
+		t.Fatalf("the denial carries no reason in details.causes: %#v", forged)
+	}
 	wantReason(t, "another identity", write(t, b, ns, obj, g, "1", "bad"), "NOT_OWNER")
 	unknown := g.DeepCopy()
 	unknown.Name = "no-such-grant"

@@ -18,6 +18,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	lockingv1alpha1 "github.com/lockwarden/lockwarden/api/v1alpha1"
+	"github.com/lockwarden/lockwarden/internal/denial"
 	"github.com/lockwarden/lockwarden/pkg/fencing"
 )
 
@@ -219,12 +220,20 @@ func readCM(t *testing.T, ns, name string) (string, string) {
 
 var reasonRE = regexp.MustCompile(`\b(NO_FENCE|NO_RESOURCE|UNKNOWN_GRANT|BINDING_MISMATCH|NOT_OWNER|STALE_OWNER|EXPIRED|NOT_HELD|ALREADY_ENDED|FENCE_REGRESSION|BAD_SIGNATURE|REVOKED_EPOCH|REVOKED)\b`)
 
-// reason is the reason code in an admission denial, or "" for none.
+// reason is the reason code of an admission denial, or "" for none. The code
+// is in details.causes; the message must agree with it.
 func reason(err error) string {
 	if err == nil {
 		return ""
 	}
-	return reasonRE.FindString(err.Error())
+	inMessage := reasonRE.FindString(err.Error())
+	if r := string(denial.Reason(err)); r != "" {
+		if r != inMessage {
+			return "MISMATCH(" + r + "/" + inMessage + ")"
+		}
+		return r
+	}
+	return inMessage
 }
 
 // wantReason fails the test unless err is a denial with reason want.

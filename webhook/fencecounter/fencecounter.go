@@ -14,6 +14,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
 
 	lockingv1alpha1 "github.com/lockwarden/lockwarden/api/v1alpha1"
+	"github.com/lockwarden/lockwarden/internal/denial"
 	"github.com/lockwarden/lockwarden/pkg/fencing"
 )
 
@@ -74,5 +75,5 @@ func (v *Validator) ValidateDelete(ctx context.Context, c *lockingv1alpha1.Fence
 }
 
 func forbid(name string, err error) error {
-	return apierrors.NewForbidden(lockingv1alpha1.GroupVersion.WithResource("fencecounters").GroupResource(), name, err)
+	return denial.Error(err, lockingv1alpha1.GroupVersion.WithResource("fencecounters").GroupResource(), name)
 }

@@ -4,7 +4,10 @@ import (
 	"context"
 	"net/http"
 
+	"k8s.io/apimachinery/pkg/runtime/schema"
 	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
+
+	"github.com/lockwarden/lockwarden/internal/denial"
 
 	"github.com/lockwarden/lockwarden/pkg/fencing"
 )
@@ -32,17 +35,19 @@ func (h *LabelHandler) Handle(ctx context.Context, req admission.Request) admiss
 		return h.check(ctx, w, resource, nil)
 	}()
 	observe("label", req, decision)
-	return respond(decision)
+	return respond(req, decision)
 }
 
 // respond turns a decision into an admission response: allowed, denied with
-// the reason code first in the message, or an error for a failed read.
-func respond(decision error) admission.Response {
+// the reason code first in the message and in details.causes, or an error
+// for a failed read.
+func respond(req admission.Request, decision error) admission.Response {
 	switch {
 	case decision == nil:
 		return admission.Allowed("")
 	case fencing.ReasonOf(decision) == "":
 		return admission.Errored(http.StatusInternalServerError, decision)
 	}
-	return admission.Denied(decision.Error())
+	gr := schema.GroupResource{Group: req.Resource.Group, Resource: req.Resource.Resource}
+	return denial.Response(decision, gr, req.Name)
 }

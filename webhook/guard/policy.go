@@ -84,7 +84,7 @@ func (h *PolicyHandler) Handle(ctx context.Context, req admission.Request) admis
 	}
 	observe(mode, req, decision)
 	if !h.Shadow {
-		return respond(decision)
+		return respond(req, decision)
 	}
 	return h.shadow(req, w, pol, decision)
 }

@@ -22,6 +22,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
 
 	lockingv1alpha1 "github.com/lockwarden/lockwarden/api/v1alpha1"
+	"github.com/lockwarden/lockwarden/internal/denial"
 	"github.com/lockwarden/lockwarden/internal/facts"
 	"github.com/lockwarden/lockwarden/internal/policy"
 	"github.com/lockwarden/lockwarden/pkg/fencing"
@@ -226,8 +227,5 @@ func requester(ctx context.Context) (string, error) {
 // deny turns a fencing refusal into a Forbidden admission error whose
 // message starts with the reason code.
 func deny(name string, err error) error {
-	if err == nil {
-		return nil
-	}
-	return apierrors.NewForbidden(lockingv1alpha1.GroupVersion.WithResource("lockgrants").GroupResource(), name, err)
+	return denial.Error(err, lockingv1alpha1.GroupVersion.WithResource("lockgrants").GroupResource(), name)
 }

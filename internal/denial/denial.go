@@ -1,0 +1,62 @@
+// Package denial turns fencing refusals into admission answers that carry
+// the reason code twice: first in the message ("STALE_OWNER: ...") for people,
+// and as details.causes[0].type for programs, so clients never parse text.
+package denial
+
+import (
+	"errors"
+	"net/http"
+
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
+
+	"github.com/lockwarden/lockwarden/pkg/fencing"
+)
+
+// status is the Forbidden status of a refusal of resource gr/name.
+func status(err error, gr schema.GroupResource, name string) metav1.Status {
+	st := apierrors.NewForbidden(gr, name, err).ErrStatus
+	if r := fencing.ReasonOf(err); r != "" {
+		if st.Details == nil {
+			st.Details = &metav1.StatusDetails{Group: gr.Group, Kind: gr.Resource, Name: name}
+		}
+		st.Details.Causes = append(st.Details.Causes, metav1.StatusCause{Type: metav1.CauseType(r), Message: err.Error()})
+	}
+	return st
+}
+
+// Error returns a Forbidden API error for a refusal, for typed validators.
+func Error(err error, gr schema.GroupResource, name string) error {
+	if err == nil {
+		return nil
+	}
+	return &apierrors.StatusError{ErrStatus: status(err, gr, name)}
+}
+
+// Response returns the admission response for a refusal.
+func Response(err error, gr schema.GroupResource, name string) admission.Response {
+	st := status(err, gr, name)
+	// The message users see starts with the reason code.
+	st.Message = err.Error()
+	st.Code = http.StatusForbidden
+	return admission.Response{AdmissionResponse: admissionResponse(st)}
+}
+
+// Reason returns the reason code of an API error returned for a refused
+// request, from its causes, or "" when there is none.
+func Reason(err error) fencing.Reason {
+	var st apierrors.APIStatus
+	if !errors.As(err, &st) {
+		return ""
+	}
+	if d := st.Status().Details; d != nil {
+		for _, c := range d.Causes {
+			if c.Type != "" {
+				return fencing.Reason(c.Type)
+			}
+		}
+	}
+	return ""
+}
