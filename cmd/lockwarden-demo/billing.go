@@ -14,6 +14,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 
 	lockingv1alpha1 "github.com/lockwarden/lockwarden/api/v1alpha1"
+	"github.com/lockwarden/lockwarden/internal/localcp"
 )
 
 // workers maps each actor of the story to its service account in billing.
@@ -28,7 +29,7 @@ const workerRole = "settlement-worker"
 // their Role and RoleBinding, and one client-certificate identity per
 // worker, authenticated as that service account. It returns each actor's
 // kubeconfig path once RBAC lets both identities create LockGrants.
-func setupBilling(ctx context.Context, cp *controlPlane, c client.Client, dir string) (map[string]string, error) {
+func setupBilling(ctx context.Context, cp *localcp.ControlPlane, c client.Client, dir string) (map[string]string, error) {
 	objs := []client.Object{
 		&corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: billingNamespace}},
 		&rbacv1.Role{
@@ -59,7 +60,7 @@ func setupBilling(ctx context.Context, cp *controlPlane, c client.Client, dir st
 	kubeconfigs := map[string]string{}
 	for actor, sa := range workers {
 		user := serviceAccountUser(sa)
-		path, err := cp.addUser(sa, envtest.User{
+		path, err := cp.AddUser(sa, envtest.User{
 			Name:   user,
 			Groups: []string{"system:serviceaccounts", "system:serviceaccounts:" + billingNamespace, "system:authenticated"},
 		})

@@ -16,6 +16,7 @@ import (
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 
 	lockingv1alpha1 "github.com/lockwarden/lockwarden/api/v1alpha1"
+	"github.com/lockwarden/lockwarden/internal/localcp"
 )
 
 // options are the demo's flags.
@@ -48,7 +49,7 @@ func main() {
 	flag.StringVar(&o.crds, "crds", "config/crd/bases", "Directory of the CRD manifests.")
 	flag.StringVar(&o.localConfig, "local-config", "config/local", "Kustomization installing the webhook configurations for a local manager.")
 	flag.DurationVar(&o.timeout, "timeout", 3*time.Minute, "Deadline of the whole demo.")
-	flag.IntVar(&o.webhookPort, "webhook-port", defaultWebhookPort, "Port of the manager's webhook server on localhost (the API server is pointed at it).")
+	flag.IntVar(&o.webhookPort, "webhook-port", localcp.DefaultWebhookPort, "Port of the manager's webhook server on localhost (the API server is pointed at it).")
 	flag.BoolVar(&o.serve, "serve", false, "Start the control plane and the manager, print a KUBECONFIG to use, and keep them running until Ctrl-C instead of playing the story.")
 	flag.Parse()
 	if o.serve {

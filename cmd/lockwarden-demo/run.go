@@ -10,6 +10,8 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
+
+	"github.com/lockwarden/lockwarden/internal/localcp"
 )
 
 // The story's cast and props.
@@ -25,7 +27,7 @@ const (
 // stops everything it started before returning, whatever happens.
 func run(ctx context.Context, o options) error {
 	// Fail before starting anything if the webhook port is taken.
-	if err := checkPortFree(o.webhookPort); err != nil {
+	if err := localcp.CheckPortFree(o.webhookPort); err != nil {
 		return err
 	}
 	dir, err := os.MkdirTemp("", "lockwarden-demo-")
@@ -41,37 +43,37 @@ func run(ctx context.Context, o options) error {
 	ctrllog.SetLogger(zap.New(zap.WriteTo(demoLog)))
 
 	done := step("Starting a local control plane (etcd + kube-apiserver, envtest)")
-	cp, err := startControlPlane(o, dir)
+	cp, err := localcp.Start(o.assets, o.crds, dir, newScheme())
 	if err != nil {
 		return err
 	}
-	defer cp.stop()
+	defer cp.Stop()
 	done()
-	admin, err := client.NewWithWatch(cp.adminConfig, client.Options{Scheme: newScheme()})
+	admin, err := client.NewWithWatch(cp.AdminConfig, client.Options{Scheme: newScheme()})
 	if err != nil {
 		return err
 	}
 
 	done = step("Installing the webhook configurations (kubectl apply -k config/local)")
-	if err := cp.applyLocalConfig(ctx, o.localConfig, o.webhookPort); err != nil {
+	if err := cp.ApplyLocalConfig(ctx, o.localConfig, o.webhookPort); err != nil {
 		return err
 	}
 	done()
 
 	done = step("Starting the manager")
-	mgr, err := startManager(o.manager, cp.adminKubeconfig, dir, o.webhookPort)
+	mgr, err := localcp.StartManager(localcp.ManagerOptions{Binary: o.manager, Kubeconfig: cp.AdminKubeconfig, Dir: dir, WebhookPort: o.webhookPort})
 	if err != nil {
 		return err
 	}
-	defer mgr.stop()
-	fmt.Printf("    manager log: %s\n", mgr.logPath)
-	if err := mgr.waitReady(ctx, admin); err != nil {
+	defer mgr.Stop()
+	fmt.Printf("    manager log: %s\n", mgr.LogPath)
+	if err := mgr.WaitReady(ctx, admin); err != nil {
 		return err
 	}
 	done()
 
 	if o.serve {
-		return serve(ctx, cp.adminKubeconfig)
+		return serve(ctx, cp.AdminKubeconfig)
 	}
 
 	done = step("Creating namespace billing and identities worker-a, worker-b")

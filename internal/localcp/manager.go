@@ -1,4 +1,4 @@
-package main
+package localcp
 
 import (
 	"bytes"
@@ -26,10 +26,11 @@ import (
 
 // What config/local installs and the manager serves.
 const (
-	// defaultWebhookPort is where config/local points the API server.
-	defaultWebhookPort   = 9443
-	webhookCertSecret    = "lockwarden-system/lockwarden-webhook-server-cert"
-	systemNamespace      = "lockwarden-system"
+	// DefaultWebhookPort is where config/local points the API server.
+	DefaultWebhookPort = 9443
+	// SystemNamespace is the manager's namespace in config/local.
+	SystemNamespace      = "lockwarden-system"
+	webhookCertSecret    = SystemNamespace + "/lockwarden-webhook-server-cert"
 	mutatingConfigName   = "lockwarden-mutating-webhook-configuration"
 	validatingConfigName = "lockwarden-validating-webhook-configuration"
 
@@ -37,10 +38,11 @@ const (
 	managerStopGrace    = 10 * time.Second
 )
 
-// managerProc is the lockwarden manager running as a child process.
-type managerProc struct {
-	cmd       *exec.Cmd
-	logPath   string
+// Manager is the lockwarden manager running as a child process.
+type Manager struct {
+	cmd *exec.Cmd
+	// LogPath is the file the manager logs to.
+	LogPath   string
 	probeAddr string
 	// exited is closed when the process has exited; err is then its exit
 	// status.
@@ -48,36 +50,59 @@ type managerProc struct {
 	err    error
 }
 
-// startManager starts the manager against the admin kubeconfig, with its
-// webhook server on localhost:webhookPort and its log in dir/manager.log. It
-// fails at once if the port is taken.
-func startManager(bin, kubeconfig, dir string, webhookPort int) (*managerProc, error) {
-	if err := checkPortFree(webhookPort); err != nil {
+// ManagerOptions say how to run the manager.
+type ManagerOptions struct {
+	// Binary is the manager binary (bin/manager).
+	Binary string
+	// Kubeconfig is the kubeconfig it runs with (the admin's).
+	Kubeconfig string
+	// Dir is where its log goes, as LogName (default manager.log).
+	Dir, LogName string
+	// WebhookPort is its webhook port on localhost (the one the webhook
+	// configuration names); DefaultWebhookPort when 0.
+	WebhookPort int
+	// Args are further flags, e.g. --leader-elect or
+	// --finished-grant-retention=10s.
+	Args []string
+}
+
+// StartManager starts the manager, which generates its webhook certificate
+// in the Secret config/local creates. It fails at once if the webhook port
+// is taken. Wait for it with WaitReady.
+func StartManager(o ManagerOptions) (*Manager, error) {
+	if o.WebhookPort == 0 {
+		o.WebhookPort = DefaultWebhookPort
+	}
+	if o.LogName == "" {
+		o.LogName = "manager.log"
+	}
+	if err := CheckPortFree(o.WebhookPort); err != nil {
 		return nil, err
 	}
-	probePort, err := freePort()
+	probePort, err := FreePort()
 	if err != nil {
 		return nil, err
 	}
-	m := &managerProc{
-		logPath:   filepath.Join(dir, "manager.log"),
+	m := &Manager{
+		LogPath:   filepath.Join(o.Dir, o.LogName),
 		probeAddr: "127.0.0.1:" + strconv.Itoa(probePort),
 		exited:    make(chan struct{}),
 	}
-	logFile, err := os.Create(m.logPath)
+	logFile, err := os.Create(m.LogPath)
 	if err != nil {
 		return nil, err
 	}
-	m.cmd = exec.Command(bin,
-		"--kubeconfig", kubeconfig,
-		"--webhook-cert-secret="+webhookCertSecret,
+	bin := o.Binary
+	m.cmd = exec.Command(bin, append([]string{
+		"--kubeconfig", o.Kubeconfig,
+		"--webhook-cert-secret=" + webhookCertSecret,
 		"--webhook-dns-name=localhost",
-		"--webhook-port="+strconv.Itoa(webhookPort),
+		"--webhook-port=" + strconv.Itoa(o.WebhookPort),
 		"--metrics-bind-address=0",
-		"--health-probe-bind-address="+m.probeAddr,
-	)
+		"--health-probe-bind-address=" + m.probeAddr,
+	}, o.Args...)...)
 	m.cmd.Stdout, m.cmd.Stderr = logFile, logFile
-	// Its own process group: a Ctrl-C in the terminal reaches the demo
+	// Its own process group: a Ctrl-C in the terminal reaches the caller
 	// only, which then stops the manager in order.
 	m.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	if err := m.cmd.Start(); err != nil {
@@ -92,17 +117,23 @@ func startManager(bin, kubeconfig, dir string, webhookPort int) (*managerProc, e
 	return m, nil
 }
 
-// waitReady waits until /readyz answers 200, both webhook configurations
+// Exited is closed when the manager process has exited.
+func (m *Manager) Exited() <-chan struct{} { return m.exited }
+
+// Process is the manager's process, e.g. to send it signals.
+func (m *Manager) Process() *os.Process { return m.cmd.Process }
+
+// WaitReady waits until /readyz answers 200, both webhook configurations
 // carry the manager's CA, and the LockGrant webhook itself answers: a grant
 // naming another owner is refused with NOT_OWNER, rather than failing to
 // reach the webhook.
-func (m *managerProc) waitReady(ctx context.Context, c client.Client) error {
+func (m *Manager) WaitReady(ctx context.Context, c client.Client) error {
 	var notYet string
 	httpc := &http.Client{Timeout: 2 * time.Second}
 	err := wait.PollUntilContextTimeout(ctx, 250*time.Millisecond, managerReadyTimeout, true, func(ctx context.Context) (bool, error) {
 		select {
 		case <-m.exited:
-			return false, fmt.Errorf("the manager exited (%v); last lines of %s:\n%s", m.err, m.logPath, tail(m.logPath, 15))
+			return false, fmt.Errorf("the manager exited (%v); last lines of %s:\n%s", m.err, m.LogPath, Tail(m.LogPath, 15))
 		default:
 		}
 		if notYet = m.readyz(ctx, httpc); notYet != "" {
@@ -115,13 +146,13 @@ func (m *managerProc) waitReady(ctx context.Context, c client.Client) error {
 		return notYet == "", nil
 	})
 	if err != nil && notYet != "" && ctx.Err() == nil {
-		return fmt.Errorf("the manager was not ready after %s: %s (log: %s)", managerReadyTimeout, notYet, m.logPath)
+		return fmt.Errorf("the manager was not ready after %s: %s (log: %s)", managerReadyTimeout, notYet, m.LogPath)
 	}
 	return err
 }
 
 // readyz returns "" when the manager's /readyz answers 200, else why not.
-func (m *managerProc) readyz(ctx context.Context, httpc *http.Client) string {
+func (m *Manager) readyz(ctx context.Context, httpc *http.Client) string {
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+m.probeAddr+"/readyz?verbose", nil)
 	if err != nil {
 		return err.Error()
@@ -167,9 +198,9 @@ func caBundlesInjected(ctx context.Context, c client.Client) string {
 // (a TLS or connection error while the webhook is still coming up).
 func probeWebhook(ctx context.Context, c client.Client) string {
 	g := &lockingv1alpha1.LockGrant{
-		ObjectMeta: metav1.ObjectMeta{GenerateName: "readiness-probe-", Namespace: systemNamespace},
+		ObjectMeta: metav1.ObjectMeta{GenerateName: "readiness-probe-", Namespace: SystemNamespace},
 		Spec: lockingv1alpha1.LockGrantSpec{
-			Resource:             "lockwarden-demo/readiness-probe",
+			Resource:             "lockwarden/readiness-probe",
 			Owner:                "system:serviceaccount:nowhere:nobody",
 			LeaseDurationSeconds: 1,
 		},
@@ -185,9 +216,9 @@ func probeWebhook(ctx context.Context, c client.Client) string {
 	return "webhook probe: " + err.Error()
 }
 
-// stop asks the manager to shut down (SIGTERM) and kills it after a grace
+// Stop asks the manager to shut down (SIGTERM) and kills it after a grace
 // period.
-func (m *managerProc) stop() {
+func (m *Manager) Stop() {
 	select {
 	case <-m.exited:
 		return
@@ -203,9 +234,9 @@ func (m *managerProc) stop() {
 	}
 }
 
-// checkPortFree fails with a clear message when something already listens
+// CheckPortFree fails with a clear message when something already listens
 // on port, or the port cannot be bound.
-func checkPortFree(port int) error {
+func CheckPortFree(port int) error {
 	addr := net.JoinHostPort("localhost", strconv.Itoa(port))
 	if conn, err := net.DialTimeout("tcp", addr, time.Second); err == nil {
 		conn.Close()
@@ -218,8 +249,8 @@ func checkPortFree(port int) error {
 	return l.Close()
 }
 
-// freePort returns a TCP port on 127.0.0.1 that nobody listens on now.
-func freePort() (int, error) {
+// FreePort returns a TCP port on 127.0.0.1 that nobody listens on now.
+func FreePort() (int, error) {
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		return 0, err
@@ -228,8 +259,8 @@ func freePort() (int, error) {
 	return l.Addr().(*net.TCPAddr).Port, nil
 }
 
-// tail returns the last n lines of a file.
-func tail(path string, n int) string {
+// Tail returns the last n lines of a file.
+func Tail(path string, n int) string {
 	b, err := os.ReadFile(path)
 	if err != nil {
 		return err.Error()
