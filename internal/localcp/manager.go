@@ -1,6 +1,7 @@
 package localcp
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"fmt"
@@ -34,13 +35,14 @@ const (
 	mutatingConfigName   = "lockwarden-mutating-webhook-configuration"
 	validatingConfigName = "lockwarden-validating-webhook-configuration"
 
-	managerReadyTimeout = 60 * time.Second
+	managerReadyTimeout = 90 * time.Second
 	managerStopGrace    = 10 * time.Second
 )
 
 // Manager is the lockwarden manager running as a child process.
 type Manager struct {
-	cmd *exec.Cmd
+	cmd         *exec.Cmd
+	metricsAddr string
 	// LogPath is the file the manager logs to.
 	LogPath   string
 	probeAddr string
@@ -61,6 +63,8 @@ type ManagerOptions struct {
 	// WebhookPort is its webhook port on localhost (the one the webhook
 	// configuration names); DefaultWebhookPort when 0.
 	WebhookPort int
+	// MetricsAddr is where it serves /metrics (host:port); off when empty.
+	MetricsAddr string
 	// Args are further flags, e.g. --leader-elect or
 	// --finished-grant-retention=10s.
 	Args []string
@@ -83,10 +87,15 @@ func StartManager(o ManagerOptions) (*Manager, error) {
 	if err != nil {
 		return nil, err
 	}
+	metrics := o.MetricsAddr
+	if metrics == "" {
+		metrics = "0"
+	}
 	m := &Manager{
-		LogPath:   filepath.Join(o.Dir, o.LogName),
-		probeAddr: "127.0.0.1:" + strconv.Itoa(probePort),
-		exited:    make(chan struct{}),
+		metricsAddr: o.MetricsAddr,
+		LogPath:     filepath.Join(o.Dir, o.LogName),
+		probeAddr:   "127.0.0.1:" + strconv.Itoa(probePort),
+		exited:      make(chan struct{}),
 	}
 	logFile, err := os.Create(m.LogPath)
 	if err != nil {
@@ -98,13 +107,14 @@ func StartManager(o ManagerOptions) (*Manager, error) {
 		"--webhook-cert-secret=" + webhookCertSecret,
 		"--webhook-dns-name=localhost",
 		"--webhook-port=" + strconv.Itoa(o.WebhookPort),
-		"--metrics-bind-address=0",
+		"--metrics-bind-address=" + metrics,
 		"--health-probe-bind-address=" + m.probeAddr,
 	}, o.Args...)...)
 	m.cmd.Stdout, m.cmd.Stderr = logFile, logFile
 	// Its own process group: a Ctrl-C in the terminal reaches the caller
-	// only, which then stops the manager in order.
-	m.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	// only, which then stops the manager in order. It is killed if the
+	// caller dies without stopping it.
+	m.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
 	if err := m.cmd.Start(); err != nil {
 		logFile.Close()
 		return nil, fmt.Errorf("starting %s: %w", bin, err)
@@ -142,7 +152,7 @@ func (m *Manager) WaitReady(ctx context.Context, c client.Client) error {
 		if notYet = caBundlesInjected(ctx, c); notYet != "" {
 			return false, nil
 		}
-		notYet = probeWebhook(ctx, c)
+		notYet = ProbeWebhook(ctx, c)
 		return notYet == "", nil
 	})
 	if err != nil && notYet != "" && ctx.Err() == nil {
@@ -193,10 +203,10 @@ func caBundlesInjected(ctx context.Context, c client.Client) string {
 	return ""
 }
 
-// probeWebhook creates a LockGrant whose owner is not the requester; it
+// ProbeWebhook creates a LockGrant whose owner is not the requester; it
 // returns "" when admission refuses it with NOT_OWNER, else what happened
 // (a TLS or connection error while the webhook is still coming up).
-func probeWebhook(ctx context.Context, c client.Client) string {
+func ProbeWebhook(ctx context.Context, c client.Client) string {
 	g := &lockingv1alpha1.LockGrant{
 		ObjectMeta: metav1.ObjectMeta{GenerateName: "readiness-probe-", Namespace: SystemNamespace},
 		Spec: lockingv1alpha1.LockGrantSpec{
@@ -214,6 +224,55 @@ func probeWebhook(ctx context.Context, c client.Client) string {
 		return ""
 	}
 	return "webhook probe: " + err.Error()
+}
+
+// Metric scrapes /metrics (ManagerOptions.MetricsAddr) and returns the value
+// of the series name{labels} (labels as in the exposition format, e.g.
+// `reason="FENCE_REGRESSION"`), 0 when the series is absent, and every
+// scraped line of that metric.
+func (m *Manager) Metric(ctx context.Context, name, labels string) (float64, []string, error) {
+	if m.metricsAddr == "" {
+		return 0, nil, fmt.Errorf("the manager serves no metrics (ManagerOptions.MetricsAddr)")
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+m.metricsAddr+"/metrics", nil)
+	if err != nil {
+		return 0, nil, err
+	}
+	resp, err := (&http.Client{Timeout: 5 * time.Second}).Do(req)
+	if err != nil {
+		return 0, nil, err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return 0, nil, fmt.Errorf("GET /metrics: %s", resp.Status)
+	}
+	var value float64
+	var lines []string
+	series := name + "{" + labels + "}"
+	sc := bufio.NewScanner(resp.Body)
+	for sc.Scan() {
+		line := sc.Text()
+		if !strings.HasPrefix(line, name) {
+			continue
+		}
+		lines = append(lines, line)
+		if v, ok := strings.CutPrefix(line, series+" "); ok {
+			if value, err = strconv.ParseFloat(strings.TrimSpace(v), 64); err != nil {
+				return 0, lines, fmt.Errorf("parsing %q: %w", line, err)
+			}
+		}
+	}
+	return value, lines, sc.Err()
+}
+
+// Running returns nil while the process runs, else how it ended.
+func (m *Manager) Running() error {
+	select {
+	case <-m.exited:
+		return fmt.Errorf("the manager exited (%v); last lines of %s:\n%s", m.err, m.LogPath, Tail(m.LogPath, 20))
+	default:
+		return nil
+	}
 }
 
 // Stop asks the manager to shut down (SIGTERM) and kills it after a grace

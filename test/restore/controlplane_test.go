@@ -21,6 +21,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 
 	lockingv1alpha1 "github.com/lockwarden/lockwarden/api/v1alpha1"
+	"github.com/lockwarden/lockwarden/internal/localcp"
 )
 
 // localWebhookURL is where config/local points the API server's webhook
@@ -237,7 +238,7 @@ func (cp *controlPlane) waitServing(ctx context.Context) error {
 			return false, nil
 		}
 		// The API server calls the manager's webhooks again.
-		if why := probeWebhook(ctx, admin); why != "" {
+		if why := localcp.ProbeWebhook(ctx, admin); why != "" {
 			last = errors.New(why)
 			return false, nil
 		}

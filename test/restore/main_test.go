@@ -1,13 +1,13 @@
 package restore
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -23,6 +23,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 
 	lockingv1alpha1 "github.com/lockwarden/lockwarden/api/v1alpha1"
+	"github.com/lockwarden/lockwarden/internal/localcp"
 	"github.com/lockwarden/lockwarden/internal/pgtest"
 )
 
@@ -37,7 +38,7 @@ var (
 	cp    *controlPlane
 	admin client.WithWatch
 	// manager is the lockwarden manager process.
-	manager *managerProc
+	manager *localcp.Manager
 	// workerBin is the examples/settlement binary.
 	workerBin string
 	// runDir holds kubeconfigs, logs and snapshots of this run.
@@ -97,7 +98,7 @@ func run(m *testing.M) int {
 	}
 	workerBin = bins.path("./examples/settlement")
 
-	port, err := freePort()
+	port, err := localcp.FreePort()
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
@@ -106,12 +107,20 @@ func run(m *testing.M) int {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
 	}
-	if manager, err = startManager(bins.path("./cmd/manager"), cp.adminKubeconfig, runDir, port); err != nil {
+	metricsPort, err := localcp.FreePort()
+	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
 	}
-	defer manager.stop()
-	if err := manager.waitReady(ctx, admin); err != nil {
+	if manager, err = localcp.StartManager(localcp.ManagerOptions{
+		Binary: bins.path("./cmd/manager"), Kubeconfig: cp.adminKubeconfig, Dir: runDir, WebhookPort: port,
+		MetricsAddr: "127.0.0.1:" + strconv.Itoa(metricsPort),
+	}); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	defer manager.Stop()
+	if err := manager.WaitReady(ctx, admin); err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
 	}
@@ -185,24 +194,12 @@ func grantWorkersAccess(ctx context.Context) error {
 	return admin.Create(ctx, binding)
 }
 
-// tail returns the last n lines of a file.
-func tail(path string, n int) string {
-	b, err := os.ReadFile(path)
-	if err != nil {
-		return err.Error()
-	}
-	lines := bytes.Split(bytes.TrimRight(b, "\n"), []byte("\n"))
-	if len(lines) > n {
-		lines = lines[len(lines)-n:]
-	}
-	return string(bytes.Join(lines, []byte("\n")))
-}
 
 // logManagerOnFailure shows the end of the manager's log when t fails.
 func logManagerOnFailure(t *testing.T) {
 	t.Cleanup(func() {
 		if t.Failed() {
-			t.Logf("last lines of the manager's log %s:\n%s", manager.logPath, tail(manager.logPath, 40))
+			t.Logf("last lines of the manager's log %s:\n%s", manager.LogPath, localcp.Tail(manager.LogPath, 40))
 		}
 	})
 }

@@ -108,7 +108,7 @@ func TestC04RestoreFromOldSnapshot(t *testing.T) {
 			t.Logf("etcdutl: %s", l)
 		}
 	}
-	if err := manager.running(); err != nil {
+	if err := manager.Running(); err != nil {
 		t.Fatalf("the manager did not survive the restore: %v", err)
 	}
 
@@ -222,7 +222,7 @@ func TestC04RestoreFromOldSnapshot(t *testing.T) {
 
 	var lines []string
 	waitUntil(t, `lockwarden_grant_transitions_total{reason="FENCE_REGRESSION"} is 2`, func(ctx context.Context) (bool, error) {
-		v, l, err := manager.metric(ctx, "lockwarden_grant_transitions_total", `reason="FENCE_REGRESSION"`)
+		v, l, err := manager.Metric(ctx, "lockwarden_grant_transitions_total", `reason="FENCE_REGRESSION"`)
 		lines = l
 		if v > 2 {
 			return false, fmt.Errorf("the metric counts %v regressions, want 2: %v", v, l)
