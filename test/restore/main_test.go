@@ -194,7 +194,6 @@ func grantWorkersAccess(ctx context.Context) error {
 	return admin.Create(ctx, binding)
 }
 
-
 // logManagerOnFailure shows the end of the manager's log when t fails.
 func logManagerOnFailure(t *testing.T) {
 	t.Cleanup(func() {
