@@ -46,7 +46,7 @@ func as(t *testing.T, name string) *actor {
 	}
 	c := rest.CopyConfig(cfg)
 	c.Impersonate = rest.ImpersonationConfig{UserName: user, Groups: []string{"system:serviceaccounts", "system:serviceaccounts:billing"}}
-	cl, err := client.New(c, client.Options{Scheme: scheme})
+	cl, err := client.New(c, client.Options{Scheme: env.Scheme})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,0 +1,187 @@
+// Package testenv starts what lockwarden's envtest suites run against: a
+// real kube-apiserver and etcd from bin/ (envtest), lockwarden's CRDs and
+// webhook configuration, and the manager's controllers and webhooks running
+// in the test process exactly as cmd/manager wires them, on the clock the
+// suite chooses (a fake clock steps lease timing instead of waiting).
+package testenv
+
+import (
+	"context"
+	"crypto/tls"
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+	"time"
+
+	"go.uber.org/zap/zapcore"
+	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
+	"k8s.io/apimachinery/pkg/util/wait"
+	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
+	"k8s.io/client-go/rest"
+	"k8s.io/utils/clock"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/envtest"
+	logf "sigs.k8s.io/controller-runtime/pkg/log"
+	"sigs.k8s.io/controller-runtime/pkg/log/zap"
+	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
+	"sigs.k8s.io/controller-runtime/pkg/webhook"
+
+	lockingv1alpha1 "github.com/lockwarden/lockwarden/api/v1alpha1"
+	"github.com/lockwarden/lockwarden/controllers"
+	"github.com/lockwarden/lockwarden/internal/issuer"
+	lwwebhook "github.com/lockwarden/lockwarden/webhook"
+)
+
+// ManagerNamespace holds the issuer's keys and trust bundle.
+const ManagerNamespace = "lockwarden-system"
+
+// Env is one running test environment.
+type Env struct {
+	// Root is the repository root.
+	Root string
+	// Env is envtest's environment (KubeConfig, AddUser, the etcd URL).
+	Env *envtest.Environment
+	// Config is the admin's REST config; Admin its client.
+	Config *rest.Config
+	Admin  client.WithWatch
+	Scheme *runtime.Scheme
+	cancel context.CancelFunc
+}
+
+// Start starts the control plane and the in-process manager on clk. root is
+// the repository root (bin/ holds the control plane, unless
+// KUBEBUILDER_ASSETS says otherwise). Log output goes to stderr at the
+// error level, or at debug level when LOCKWARDEN_TEST_VERBOSE is set. On
+// error nothing is left running.
+func Start(root string, clk clock.PassiveClock) (*Env, error) {
+	level := zapcore.DPanicLevel
+	if os.Getenv("LOCKWARDEN_TEST_VERBOSE") != "" {
+		level = zapcore.DebugLevel
+	}
+	logf.SetLogger(zap.New(zap.WriteTo(os.Stderr), zap.Level(level)))
+	if os.Getenv("KUBEBUILDER_ASSETS") == "" {
+		os.Setenv("KUBEBUILDER_ASSETS", filepath.Join(root, "bin"))
+	}
+	e := &Env{Root: root, Scheme: runtime.NewScheme()}
+	utilruntime.Must(clientgoscheme.AddToScheme(e.Scheme))
+	utilruntime.Must(lockingv1alpha1.AddToScheme(e.Scheme))
+	e.Env = &envtest.Environment{
+		CRDDirectoryPaths:     []string{filepath.Join(root, "config", "crd", "bases")},
+		ErrorIfCRDPathMissing: true,
+		WebhookInstallOptions: envtest.WebhookInstallOptions{
+			Paths: []string{filepath.Join(root, "config", "webhook", "manifests.yaml")},
+		},
+	}
+	var err error
+	if e.Config, err = e.Env.Start(); err != nil {
+		_ = e.Env.Stop() // a half-started control plane must not outlive the test
+		return nil, fmt.Errorf("starting envtest (did `make tools` build bin/?): %w", err)
+	}
+	if e.Admin, err = client.NewWithWatch(e.Config, client.Options{Scheme: e.Scheme}); err != nil {
+		e.Stop()
+		return nil, err
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	e.cancel = cancel
+	if err := e.startManager(ctx, clk); err != nil {
+		e.Stop()
+		return nil, err
+	}
+	return e, nil
+}
+
+// Stop stops the manager and the control plane.
+func (e *Env) Stop() {
+	if e.cancel != nil {
+		e.cancel()
+	}
+	if err := e.Env.Stop(); err != nil {
+		fmt.Fprintf(os.Stderr, "stopping envtest: %v\n", err)
+	}
+}
+
+// startManager runs the controllers and the webhooks as cmd/manager does,
+// and waits until the webhook server answers.
+func (e *Env) startManager(ctx context.Context, clk clock.PassiveClock) error {
+	wo := &e.Env.WebhookInstallOptions
+	if err := e.Admin.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ManagerNamespace}}); err != nil {
+		return err
+	}
+	mgr, err := ctrl.NewManager(e.Config, ctrl.Options{
+		Scheme: e.Scheme,
+		Cache: cache.Options{ByObject: map[client.Object]cache.ByObject{
+			&corev1.Secret{}:    {Namespaces: map[string]cache.Config{ManagerNamespace: {}}},
+			&corev1.ConfigMap{}: {Namespaces: map[string]cache.Config{ManagerNamespace: {}}},
+		}},
+		Metrics: metricsserver.Options{BindAddress: "0"},
+		WebhookServer: webhook.NewServer(webhook.Options{
+			Host: wo.LocalServingHost, Port: wo.LocalServingPort, CertDir: wo.LocalServingCertDir,
+		}),
+	})
+	if err != nil {
+		return err
+	}
+	keyring := &issuer.Keyring{Reader: mgr.GetClient(), Namespace: ManagerNamespace}
+	if err := controllers.Setup(ctx, mgr, controllers.Options{
+		Clock: clk, Keyring: keyring, Namespace: ManagerNamespace,
+		WebhookConfiguration: "validating-webhook-configuration",
+	}); err != nil {
+		return err
+	}
+	if err := lwwebhook.Setup(mgr, clk, keyring.TrustBundle); err != nil {
+		return err
+	}
+	go func() {
+		if err := mgr.Start(ctx); err != nil {
+			fmt.Fprintf(os.Stderr, "manager stopped: %v\n", err)
+		}
+	}()
+	addr := net.JoinHostPort(wo.LocalServingHost, fmt.Sprint(wo.LocalServingPort))
+	return wait.PollUntilContextTimeout(ctx, 50*time.Millisecond, 30*time.Second, true, func(context.Context) (bool, error) {
+		conn, err := tls.DialWithDialer(&net.Dialer{Timeout: time.Second}, "tcp", addr, &tls.Config{InsecureSkipVerify: true}) //nolint:gosec // probing readiness only
+		if err != nil {
+			return false, nil
+		}
+		return true, conn.Close()
+	})
+}
+
+// GrantUsersAccess lets every authenticated user work with LockGrants and
+// ConfigMaps, as a platform team's role would; who may do what to a grant
+// or a guarded object is then admission's decision. The force-release verb
+// is deliberately not granted.
+func (e *Env) GrantUsersAccess(ctx context.Context) error {
+	role := &rbacv1.ClusterRole{
+		ObjectMeta: metav1.ObjectMeta{Name: "lockwarden-test-user"},
+		Rules: []rbacv1.PolicyRule{
+			{APIGroups: []string{"locking.lockwarden.io"}, Resources: []string{"lockgrants"}, Verbs: []string{"get", "list", "watch", "create", "update", "patch", "delete"}},
+			{APIGroups: []string{"locking.lockwarden.io"}, Resources: []string{"lockgrants/status", "fencecounters"}, Verbs: []string{"get", "list", "watch"}},
+			{APIGroups: []string{""}, Resources: []string{"configmaps"}, Verbs: []string{"*"}},
+		},
+	}
+	binding := &rbacv1.ClusterRoleBinding{
+		ObjectMeta: metav1.ObjectMeta{Name: role.Name},
+		RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: role.Name},
+		Subjects:   []rbacv1.Subject{{Kind: rbacv1.GroupKind, APIGroup: rbacv1.GroupName, Name: "system:authenticated"}},
+	}
+	if err := e.Admin.Create(ctx, role); err != nil {
+		return err
+	}
+	return e.Admin.Create(ctx, binding)
+}
+
+// Namespace creates a fresh namespace named prefix-xxxxx.
+func (e *Env) Namespace(ctx context.Context, prefix string) (string, error) {
+	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{GenerateName: prefix + "-"}}
+	if err := e.Admin.Create(ctx, ns); err != nil {
+		return "", err
+	}
+	return ns.Name, nil
+}
