@@ -170,3 +170,30 @@ func TestFenceCounterProtection(t *testing.T) {
 		t.Fatalf("counter fence = %d after refused changes, want 1", got.Spec.Fence)
 	}
 }
+
+// Resource IDs are scoped to a namespace: a grant held in one namespace
+// cannot write an object of another, even for the same resource ID, and so
+// cannot lock out that namespace's own holder.
+func TestGrantOfAnotherNamespaceIsRefused(t *testing.T) {
+	home, away, tl := namespace(t), namespace(t), startTimeline()
+	tl.at(0)
+	a, x := as(t, "ns-a"), as(t, "ns-x")
+	ga := mustAcquire(t, a, home, 30)
+	if err := write(t, a, home, "ledger", ga, fenceOf(ga), "home"); err != nil {
+		t.Fatal(err)
+	}
+	// x takes the same resource ID in its own namespace, twice, to get a
+	// higher fence there, and points the home object at that grant.
+	gx := mustAcquire(t, x, away, 30)
+	if err := release(t, x, gx); err != nil {
+		t.Fatal(err)
+	}
+	waitPhase(t, gx, lockingv1alpha1.PhaseReleased)
+	gx = mustAcquire(t, x, away, 30)
+	foreign := gx.DeepCopy()
+	foreign.Name = away + "/" + gx.Name
+	wantReason(t, "a grant of another namespace", write(t, x, home, "ledger", foreign, fenceOf(gx), "hijack"), "BINDING_MISMATCH")
+	if err := write(t, a, home, "ledger", ga, fenceOf(ga), "still home"); err != nil {
+		t.Fatalf("the home holder was locked out: %v", err)
+	}
+}

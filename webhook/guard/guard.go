@@ -170,7 +170,9 @@ func (c *Checker) namespaceTerminating(ctx context.Context, name string) bool {
 	return ns.DeletionTimestamp != nil
 }
 
-// grantRef parses "NAME" or "NAMESPACE/NAME".
+// grantRef parses "NAME" or "NAMESPACE/NAME". Resource IDs are scoped to a
+// namespace, so a namespaced object takes grants of its own namespace only;
+// a cluster-scoped object must name the grant's namespace.
 func grantRef(s, objNamespace string) (types.NamespacedName, error) {
 	ns, name, found := strings.Cut(s, "/")
 	if !found {
@@ -179,6 +181,10 @@ func grantRef(s, objNamespace string) (types.NamespacedName, error) {
 	if name == "" || ns == "" || strings.Contains(name, "/") {
 		return types.NamespacedName{}, &fencing.Error{Reason: fencing.ReasonNoFence,
 			Detail: fmt.Sprintf("the write must name its grant in annotation %s as NAME or NAMESPACE/NAME, got %q", lockingv1alpha1.GrantAnnotation, s)}
+	}
+	if objNamespace != "" && ns != objNamespace {
+		return types.NamespacedName{}, &fencing.Error{Reason: fencing.ReasonBindingMismatch,
+			Detail: fmt.Sprintf("the grant %s/%s is in another namespace; resource IDs are scoped to a namespace, so an object in %q takes grants of %q only", ns, name, objNamespace, objNamespace)}
 	}
 	return types.NamespacedName{Namespace: ns, Name: name}, nil
 }
