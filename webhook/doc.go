@@ -23,7 +23,9 @@ import (
 
 	"github.com/lockwarden/lockwarden/pkg/fencing"
 	"github.com/lockwarden/lockwarden/webhook/fencecounter"
+	"github.com/lockwarden/lockwarden/webhook/fenceissuer"
 	"github.com/lockwarden/lockwarden/webhook/guard"
+	"github.com/lockwarden/lockwarden/webhook/guardpolicy"
 	"github.com/lockwarden/lockwarden/webhook/lockgrant"
 )
 
@@ -33,6 +35,8 @@ const (
 	ValidateLockGrantPath    = "/validate-locking-lockwarden-io-v1alpha1-lockgrant"
 	ValidateFenceCounterPath = "/validate-locking-lockwarden-io-v1alpha1-fencecounter"
 	GuardPath                = "/validate-guarded"
+	ValidateGuardPolicyPath  = "/validate-locking-lockwarden-io-v1alpha1-guardpolicy"
+	ValidateFenceIssuerPath  = "/validate-locking-lockwarden-io-v1alpha1-fenceissuer"
 )
 
 // +kubebuilder:rbac:groups=authorization.k8s.io,resources=subjectaccessreviews,verbs=create
@@ -47,6 +51,8 @@ func Setup(mgr ctrl.Manager, clk clock.PassiveClock, bundle func(context.Context
 	srv.Register(MutateLockGrantPath, lockgrant.NewDefaulter(mgr.GetScheme(), clk))
 	srv.Register(ValidateLockGrantPath, lockgrant.NewValidator(mgr.GetScheme(), clk, mgr.GetClient(), mgr.GetClient()))
 	srv.Register(ValidateFenceCounterPath, fencecounter.NewValidator(mgr.GetScheme(), reader))
+	srv.Register(ValidateGuardPolicyPath, guardpolicy.NewValidator(mgr.GetScheme()))
+	srv.Register(ValidateFenceIssuerPath, fenceissuer.NewValidator(mgr.GetScheme()))
 
 	checker := &guard.Checker{Reader: reader, Clock: clk, Bundle: bundle}
 	recorder := mgr.GetEventRecorder("lockwarden-guard")

@@ -23,6 +23,7 @@ const (
 // +kubebuilder:validation:XValidation:rule="(has(self.waitTimeoutSeconds) ? self.waitTimeoutSeconds : 0) == (has(oldSelf.waitTimeoutSeconds) ? oldSelf.waitTimeoutSeconds : 0)",message="waitTimeoutSeconds is immutable"
 // +kubebuilder:validation:XValidation:rule="has(self.requestID) == has(oldSelf.requestID) && (!has(self.requestID) || self.requestID == oldSelf.requestID)",message="requestID is immutable"
 // +kubebuilder:validation:XValidation:rule="(has(self.renewals) ? self.renewals : 0) >= (has(oldSelf.renewals) ? oldSelf.renewals : 0)",message="renewals never decreases"
+// +kubebuilder:validation:XValidation:rule="(has(self.renewals) ? self.renewals : 0) <= (has(oldSelf.renewals) ? oldSelf.renewals : 0) + 1",message="renewals rises by one per renew"
 // +kubebuilder:validation:XValidation:rule="has(self.operationRoot) == has(oldSelf.operationRoot) && (!has(self.operationRoot) || self.operationRoot == oldSelf.operationRoot)",message="operationRoot is immutable"
 // +kubebuilder:validation:XValidation:rule="has(self.operationClass) == has(oldSelf.operationClass) && (!has(self.operationClass) || self.operationClass == oldSelf.operationClass)",message="operationClass is immutable"
 // +kubebuilder:validation:XValidation:rule="has(self.policy) == has(oldSelf.policy) && (!has(self.policy) || self.policy == oldSelf.policy)",message="policy is immutable"
@@ -105,7 +106,7 @@ type LockGrantSpec struct {
 	Policy string `json:"policy,omitempty"`
 
 	// renewals counts the renewals the owner has asked for. To renew, the
-	// owner raises it by one; the controller then extends expiresAt to its
+	// owner raises it by exactly one (a larger jump is refused); the controller then extends expiresAt to its
 	// clock's now plus leaseDurationSeconds, if the grant is still Held and
 	// unexpired, and reports the outcome in status.observedRenewals and the
 	// Renewed condition. A renew of an expired grant fails and never

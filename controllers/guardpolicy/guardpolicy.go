@@ -32,6 +32,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	lockingv1alpha1 "github.com/lockwarden/lockwarden/api/v1alpha1"
+	"github.com/lockwarden/lockwarden/internal/policy"
 	"github.com/lockwarden/lockwarden/webhook/guard"
 )
 
@@ -92,8 +93,15 @@ func (r *Reconciler) Reconcile(ctx context.Context, _ reconcile.Request) (reconc
 	}
 	var enforce []admissionregistrationv1.ValidatingWebhook
 	var shadow []admissionregistrationv1.MutatingWebhook
+	invalid := map[string]error{}
 	for i := range list.Items {
 		p := &list.Items[i]
+		if err := policy.Validate(p); err != nil {
+			// One broken policy must not break the configuration shared
+			// with every other; it gets no webhook and says why.
+			invalid[p.Name] = err
+			continue
+		}
 		if p.Spec.Mode == lockingv1alpha1.ModeEnforce {
 			enforce = append(enforce, validating(p, withPath(template, guard.EnforcePathPrefix+p.Name)))
 		} else {
@@ -107,7 +115,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, _ reconcile.Request) (reconc
 		return reconcile.Result{}, err
 	}
 	for i := range list.Items {
-		if err := r.setReady(ctx, &list.Items[i]); err != nil {
+		if err := r.setReady(ctx, &list.Items[i], invalid[list.Items[i].Name]); err != nil {
 			return reconcile.Result{}, err
 		}
 	}
@@ -250,13 +258,17 @@ func (r *Reconciler) writeMutating(ctx context.Context, hooks []admissionregistr
 	return r.Client.Update(ctx, cfg)
 }
 
-func (r *Reconciler) setReady(ctx context.Context, p *lockingv1alpha1.GuardPolicy) error {
+func (r *Reconciler) setReady(ctx context.Context, p *lockingv1alpha1.GuardPolicy, invalid error) error {
 	before := p.Status.DeepCopy()
 	p.Status.ObservedGeneration = p.Generation
-	meta.SetStatusCondition(&p.Status.Conditions, metav1.Condition{
+	cond := metav1.Condition{
 		Type: "Ready", Status: metav1.ConditionTrue, Reason: "WebhookInstalled", ObservedGeneration: p.Generation,
 		Message: fmt.Sprintf("%s webhook %s installed", p.Spec.Mode, webhookName(p)),
-	})
+	}
+	if invalid != nil {
+		cond.Status, cond.Reason, cond.Message = metav1.ConditionFalse, "InvalidPolicy", "Not installed: "+invalid.Error()
+	}
+	meta.SetStatusCondition(&p.Status.Conditions, cond)
 	if equality.Semantic.DeepEqual(before, &p.Status) {
 		return nil
 	}

@@ -3,6 +3,7 @@ package grantplan
 import (
 	"cmp"
 	"fmt"
+	"math"
 	"slices"
 	"time"
 
@@ -235,8 +236,10 @@ func Decide(f Facts) Plan {
 		}
 	}
 
-	// Hand the resource to the first waiter when nobody holds it.
-	if !holderLive && len(waiting) > 0 {
+	// Hand the resource to the first waiter when nobody holds it, unless
+	// the fence space is exhausted (a counter raised to the int64 limit by
+	// hand): then nobody is granted, rather than a fence that wraps around.
+	if !holderLive && len(waiting) > 0 && fence < math.MaxInt64 {
 		next := waiting[0]
 		waiting = waiting[1:]
 		fence = fencing.NextFence(fence, f.Epoch)

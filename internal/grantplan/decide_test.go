@@ -1,6 +1,7 @@
 package grantplan
 
 import (
+	"math"
 	"testing"
 	"time"
 
@@ -235,5 +236,12 @@ func TestEqualStatusSeesEveryField(t *testing.T) {
 	same := *base.DeepCopy()
 	if !equalStatus(&base, &same) {
 		t.Error("a copy differs")
+	}
+}
+
+func TestDecideNeverWrapsAnExhaustedFence(t *testing.T) {
+	p := Decide(Facts{Now: sec(1), Resource: res, Counter: counter(math.MaxInt64, nil), Grants: []lockingv1alpha1.LockGrant{grant("b", 0, 5)}})
+	if p.Counter != nil || p.Granted != nil {
+		t.Fatalf("granted past the int64 limit: counter %+v", p.Counter)
 	}
 }

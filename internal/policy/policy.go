@@ -100,3 +100,39 @@ func Groups(g *lockingv1alpha1.LockGrant) []string {
 	}
 	return strings.Split(v, ",")
 }
+
+// Validate reports what makes a policy unusable, or nil: a label selector
+// that does not parse, a resource ID template with anything but the
+// placeholders {namespace} and {name} or that cannot yield a valid resource
+// ID, or a holder that is not a User, Group or ServiceAccount with a name
+// (and a namespace, for a ServiceAccount).
+func Validate(p *lockingv1alpha1.GuardPolicy) error {
+	if p.Spec.Selector != nil {
+		if _, err := metav1.LabelSelectorAsSelector(p.Spec.Selector); err != nil {
+			return fmt.Errorf("spec.selector: %w", err)
+		}
+	}
+	if t := p.Spec.ResourceIDTemplate; t != "" {
+		rest := strings.NewReplacer("{namespace}", "", "{name}", "").Replace(t)
+		if strings.ContainsAny(rest, "{}") {
+			return fmt.Errorf("spec.resourceIDTemplate %q: only {namespace} and {name} may be used", t)
+		}
+		// Namespaces and most names are lowercase DNS labels; the result
+		// must then be a valid resource ID.
+		sample := strings.NewReplacer("{namespace}", "billing", "{name}", "settlement-7").Replace(t)
+		if !lockingv1alpha1.ValidResourceID(sample) {
+			return fmt.Errorf("spec.resourceIDTemplate %q yields %q for namespace billing and name settlement-7, which is not a valid resource ID (%s)", t, sample, lockingv1alpha1.ResourcePattern)
+		}
+	}
+	for i, h := range p.Spec.Holders {
+		switch {
+		case h.Name == "":
+			return fmt.Errorf("spec.holders[%d]: a name is required", i)
+		case h.Kind == rbacv1.ServiceAccountKind && h.Namespace == "":
+			return fmt.Errorf("spec.holders[%d]: a ServiceAccount needs a namespace", i)
+		case h.Kind != rbacv1.UserKind && h.Kind != rbacv1.GroupKind && h.Kind != rbacv1.ServiceAccountKind:
+			return fmt.Errorf("spec.holders[%d]: kind %q is not User, Group or ServiceAccount", i, h.Kind)
+		}
+	}
+	return nil
+}

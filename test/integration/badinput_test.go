@@ -75,6 +75,9 @@ func TestGrantOwnershipAndImmutability(t *testing.T) {
 			t.Errorf("changing spec.%s: %v, want Invalid", field, err)
 		}
 	}
+	if err := patchGrant(t, a, g, map[string]any{"renewals": 3}); !apierrors.IsInvalid(err) {
+		t.Errorf("renewals jumping by 3: %v, want Invalid", err)
+	}
 	if err := patchGrant(t, a, g, map[string]any{"release": true}); err != nil {
 		t.Fatal(err)
 	}
@@ -162,6 +165,18 @@ func TestFenceCounterProtection(t *testing.T) {
 	}
 	if err := admin.Delete(t.Context(), c); reason(err) != "FENCE_REGRESSION" {
 		t.Fatalf("deleting the counter while grants exist: %v, want FENCE_REGRESSION", err)
+	}
+	// Also once every grant is gone: a new counter would reissue fence 1.
+	if err := admin.Delete(t.Context(), g); err != nil {
+		t.Fatal(err)
+	}
+	if err := admin.Delete(t.Context(), c); reason(err) != "FENCE_REGRESSION" {
+		t.Fatalf("deleting the counter with no grants left: %v, want FENCE_REGRESSION", err)
+	}
+	iss := &lockingv1alpha1.FenceIssuer{}
+	iss.Name = lockingv1alpha1.DefaultFenceIssuerName
+	if err := admin.Delete(t.Context(), iss); reason(err) != "FENCE_REGRESSION" {
+		t.Fatalf("deleting the FenceIssuer: %v, want FENCE_REGRESSION", err)
 	}
 	if err := as(t, "fc-a").c.Delete(t.Context(), c); !apierrors.IsForbidden(err) {
 		t.Fatalf("a user deleting the counter: %v, want Forbidden by RBAC", err)

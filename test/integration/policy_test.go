@@ -245,3 +245,28 @@ func metricValue(t *testing.T, name string, want map[string]string) float64 {
 	}
 	return sum
 }
+
+// A policy that could not be installed is refused at admission, so it can
+// never break the webhook configuration every policy shares.
+func TestInvalidGuardPolicyRefused(t *testing.T) {
+	for name, mutate := range map[string]func(*lockingv1alpha1.GuardPolicy){
+		"bad selector": func(p *lockingv1alpha1.GuardPolicy) {
+			p.Spec.Selector = &metav1.LabelSelector{MatchExpressions: []metav1.LabelSelectorRequirement{{Key: "a", Operator: "Bogus"}}}
+		},
+		"bad template":    func(p *lockingv1alpha1.GuardPolicy) { p.Spec.ResourceIDTemplate = "x/{nope}" },
+		"bad holder kind": func(p *lockingv1alpha1.GuardPolicy) { p.Spec.Holders[0].Kind = "Robot" },
+	} {
+		p := &lockingv1alpha1.GuardPolicy{
+			ObjectMeta: metav1.ObjectMeta{GenerateName: "invalid-"},
+			Spec: lockingv1alpha1.GuardPolicySpec{
+				Resources: []lockingv1alpha1.GuardedResource{{Resource: "configmaps"}},
+				Holders:   []rbacv1.Subject{{Kind: rbacv1.UserKind, Name: "u"}},
+				Mode:      lockingv1alpha1.ModeEnforce,
+			},
+		}
+		mutate(p)
+		if err := admin.Create(t.Context(), p); err == nil || !strings.Contains(err.Error(), "INVALID_POLICY") {
+			t.Errorf("%s: %v, want INVALID_POLICY", name, err)
+		}
+	}
+}

@@ -1,15 +1,17 @@
 // Package fencecounter is the admission webhook of FenceCounters: a counter
-// must be named after its resource and cannot be deleted while its resource
-// has grants. That nobody, the controller included, lowers a recorded fence
-// is the CRD's validation rule.
+// must be named after its resource and is never deleted while its namespace
+// exists. That nobody, the controller included, lowers a recorded fence is
+// the CRD's validation rule.
 package fencecounter
 
 import (
 	"context"
 	"fmt"
 
+	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
 
@@ -53,25 +55,21 @@ func (v *Validator) ValidateUpdate(_ context.Context, oldC, newC *lockingv1alpha
 	return nil, nil
 }
 
-// ValidateDelete refuses deletion while any LockGrant of the resource
-// exists, whatever its phase: a counter recreated from zero would reissue
-// fences. The grants are listed directly from the API server.
+// ValidateDelete refuses deletion unless the counter's namespace is being
+// deleted: a counter recreated from zero would reissue fences that guarded
+// objects and stores outside the cluster have already seen, even after every
+// grant of the resource is gone. The namespace is read directly from the
+// API server.
 func (v *Validator) ValidateDelete(ctx context.Context, c *lockingv1alpha1.FenceCounter) (admission.Warnings, error) {
-	var list lockingv1alpha1.LockGrantList
-	if err := v.Reader.List(ctx, &list, client.InNamespace(c.Namespace)); err != nil {
-		return nil, fmt.Errorf("listing grants: %w", err)
+	ns := &corev1.Namespace{}
+	if err := v.Reader.Get(ctx, types.NamespacedName{Name: c.Namespace}, ns); err != nil {
+		return nil, fmt.Errorf("reading namespace %s: %w", c.Namespace, err)
 	}
-	n := 0
-	for i := range list.Items {
-		if list.Items[i].Spec.Resource == c.Spec.Resource {
-			n++
-		}
+	if ns.DeletionTimestamp != nil {
+		return nil, nil
 	}
-	if n > 0 {
-		return nil, forbid(c.Name, &fencing.Error{Reason: fencing.ReasonFenceRegression,
-			Detail: fmt.Sprintf("resource %q still has %d LockGrant(s); deleting its counter would let fences be reissued", c.Spec.Resource, n)})
-	}
-	return nil, nil
+	return nil, forbid(c.Name, &fencing.Error{Reason: fencing.ReasonFenceRegression,
+		Detail: fmt.Sprintf("the fence record of resource %q is kept as long as its namespace: a new one would reissue fences from 1", c.Spec.Resource)})
 }
 
 func forbid(name string, err error) error {

@@ -1,0 +1,48 @@
+// Package guardpolicy is the admission webhook of GuardPolicies: it refuses
+// a policy that could not be installed (internal/policy.Validate), so that a
+// typo never reaches the webhook configuration every policy shares.
+package guardpolicy
+
+import (
+	"context"
+	"fmt"
+
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/runtime"
+	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
+
+	lockingv1alpha1 "github.com/lockwarden/lockwarden/api/v1alpha1"
+	"github.com/lockwarden/lockwarden/internal/policy"
+)
+
+// Validator refuses unusable GuardPolicies.
+type Validator struct{}
+
+var _ admission.Validator[*lockingv1alpha1.GuardPolicy] = Validator{}
+
+// NewValidator returns the validating webhook of GuardPolicies.
+func NewValidator(s *runtime.Scheme) *admission.Webhook {
+	return admission.WithValidator(s, Validator{})
+}
+
+// ValidateCreate refuses an unusable policy with INVALID_POLICY.
+func (Validator) ValidateCreate(_ context.Context, p *lockingv1alpha1.GuardPolicy) (admission.Warnings, error) {
+	return nil, check(p)
+}
+
+// ValidateUpdate refuses an unusable policy with INVALID_POLICY.
+func (Validator) ValidateUpdate(_ context.Context, _, p *lockingv1alpha1.GuardPolicy) (admission.Warnings, error) {
+	return nil, check(p)
+}
+
+// ValidateDelete allows deletion.
+func (Validator) ValidateDelete(context.Context, *lockingv1alpha1.GuardPolicy) (admission.Warnings, error) {
+	return nil, nil
+}
+
+func check(p *lockingv1alpha1.GuardPolicy) error {
+	if err := policy.Validate(p); err != nil {
+		return apierrors.NewBadRequest(fmt.Sprintf("INVALID_POLICY: %v", err))
+	}
+	return nil
+}
