@@ -214,7 +214,7 @@ func releaseDetail(r lock.ReleaseResult) string {
 	case lock.LeaseExpired:
 		return "the lease had already expired"
 	case lock.AlreadyEnded:
-		return "the grant had already ended"
+		return "the grant had already ended, or does not exist"
 	case lock.NotOwner:
 		return "the grant belongs to another identity"
 	}

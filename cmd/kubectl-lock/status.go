@@ -89,6 +89,9 @@ requests, next first.`,
 }
 
 func readStatus(ctx context.Context, c client.Client, ns, resource string) (*resourceStatus, error) {
+	if !lockingv1alpha1.ValidResourceID(resource) {
+		return nil, fmt.Errorf("%q is not a resource ID (%s, at most %d bytes)", resource, lockingv1alpha1.ResourcePattern, lockingv1alpha1.MaxResourceLength)
+	}
 	if ctx == nil {
 		ctx = context.Background()
 	}
