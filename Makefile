@@ -51,6 +51,11 @@ test: tools vet ## Run every test: unit, envtest (real kube-apiserver + etcd) an
 faults: ## Run the fault simulation's release gate: ROUNDS rounds (default 100,000) of mixed faults.
 	go run ./cmd/lockwarden-faults -rounds $(or $(ROUNDS),100000) $(if $(SEED),-seed $(SEED))
 
+.PHONY: chaos
+chaos: tools build ## Run the real-process chaos suite for DURATION (default 2m; SEED to fix the fault schedule) and check its history.
+	go build -o $(LOCALBIN)/lockwarden-chaos ./cmd/lockwarden-chaos
+	$(LOCALBIN)/lockwarden-chaos --assets $(LOCALBIN) --manager $(LOCALBIN)/manager --duration $(or $(DURATION),2m) $(if $(SEED),--seed $(SEED))
+
 .PHONY: verify
 verify: manifests generate ## Fail if generated files are out of date.
 	git diff --exit-code -- api config

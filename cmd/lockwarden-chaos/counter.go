@@ -1,0 +1,156 @@
+package main
+
+import (
+	"context"
+	"os"
+	"runtime"
+	"strconv"
+	"strings"
+	"syscall"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	lockingv1alpha1 "github.com/lockwarden/lockwarden/api/v1alpha1"
+	"github.com/lockwarden/lockwarden/pkg/fencing"
+)
+
+// Keys of a guarded counter ConfigMap's data.
+const (
+	// countKey holds the counter, in decimal.
+	countKey = "count"
+	// writeKey holds the ID of the write that produced this version, so the
+	// checker can tell which write, of unknown outcome or not, took effect.
+	writeKey = "write"
+)
+
+// objectName is the guarded ConfigMap of a resource: "counter-" and the
+// resource's last segment.
+func objectName(resource string) string {
+	return "counter-" + resource[strings.LastIndex(resource, "/")+1:]
+}
+
+// increment reads the resource's counter, computes for a moment (keeping
+// the lease), and writes count+1 with the grant, its fence and its proof,
+// under a resourceVersion precondition (a create when the object does not
+// exist). It writes nothing unless the holder machine is Valid just before;
+// but between that check and the request a process can always be paused,
+// and the chaos driver makes sure some are (pauseIfArmed): those late
+// writes are the ones admission must refuse.
+// It reports whether the worker may go on writing under l: false once
+// admission refused the grant or the lease is no longer valid.
+func (w *worker) increment(ctx context.Context, l *lease) bool {
+	key := client.ObjectKey{Namespace: w.o.namespace, Name: objectName(l.resource)}
+	read := Event{Op: OpRead, ID: w.nextID("r"), Resource: l.resource, Object: key.Name}
+	w.rec.emit(withKind(read, EventInvoke))
+	cm := &corev1.ConfigMap{}
+	rctx, cancel := w.requestCtx(ctx)
+	err := w.c.Get(rctx, key, cm)
+	cancel()
+	exists := true
+	switch {
+	case err == nil:
+		read.Count, _ = strconv.ParseInt(cm.Data[countKey], 10, 64)
+		read.RV = cm.ResourceVersion
+		read.Fence, _ = fencing.ParseFence(cm.Annotations[lockingv1alpha1.FenceAnnotation])
+		read.WriteID = cm.Data[writeKey]
+		w.rec.emit(withKind(read, EventOK))
+	case apierrors.IsNotFound(err):
+		exists = false
+		w.rec.emit(withKind(read, EventOK))
+	default:
+		read.Detail = err.Error()
+		w.rec.emit(withKind(read, EventInfo))
+		return l.valid()
+	}
+
+	l.keep(ctx, w.between(0, maxCompute), nil)
+	if !l.valid() {
+		return false
+	}
+	if !exists {
+		cm = &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{
+			Name: key.Name, Namespace: key.Namespace,
+			Labels:      map[string]string{lockingv1alpha1.GuardedLabel: "true"},
+			Annotations: map[string]string{lockingv1alpha1.ResourceAnnotation: l.resource},
+		}}
+	}
+	write := Event{
+		Op: OpWrite, ID: w.nextID("w"), Resource: l.resource, Object: key.Name,
+		Grant: l.key.Name, UID: string(l.uid), Fence: l.m.Fence(), ExpectRV: read.RV, Count: read.Count + 1,
+	}
+	stamp(cm, l, write)
+	if w.pauseIfArmed(ctx, write) && exists {
+		// Resumed long after its lease ended, the write goes out without
+		// its resourceVersion precondition, as a client that does not
+		// compare-and-swap would send it: a successor's writes then cannot
+		// turn it into a conflict, and the fence is the only thing that
+		// can stop it.
+		cm.ResourceVersion = ""
+		write.ExpectRV, write.Unconditional = "", true
+	}
+	w.rec.emit(withKind(write, EventInvoke))
+	rctx, cancel = w.requestCtx(ctx)
+	if exists {
+		err = w.c.Update(rctx, cm)
+	} else {
+		err = w.c.Create(rctx, cm)
+	}
+	cancel()
+	switch outcome, reason := classify(err); outcome {
+	case EventOK:
+		write.RV = cm.ResourceVersion
+		w.rec.emit(withKind(write, EventOK))
+	case EventFail:
+		write.Reason = reason
+		w.rec.emit(withKind(write, EventFail))
+		if reason != reasonConflict {
+			return false // admission refused the grant: stop using it
+		}
+	default:
+		write.Detail = err.Error()
+		w.rec.emit(withKind(write, EventInfo))
+	}
+	return l.valid()
+}
+
+// stamp writes the new count and the write's ID into cm, and the grant, its
+// fence and its proof into the annotations admission checks.
+func stamp(cm *corev1.ConfigMap, l *lease, write Event) {
+	if cm.Data == nil {
+		cm.Data = map[string]string{}
+	}
+	cm.Data[countKey] = strconv.FormatInt(write.Count, 10)
+	cm.Data[writeKey] = write.ID
+	if cm.Annotations == nil {
+		cm.Annotations = map[string]string{}
+	}
+	cm.Annotations[lockingv1alpha1.GrantAnnotation] = l.key.Name
+	cm.Annotations[lockingv1alpha1.FenceAnnotation] = fencing.FormatFence(write.Fence)
+	if l.proof != "" {
+		cm.Annotations[lockingv1alpha1.ProofAnnotation] = l.proof
+	} else {
+		delete(cm.Annotations, lockingv1alpha1.ProofAnnotation)
+	}
+}
+
+// pauseIfArmed stops the worker (SIGSTOP to itself) if the chaos driver
+// armed it (SIGUSR1): after the last validity check, with the write
+// prepared, as a GC pause or a stalled VM would. The driver resumes it past
+// the end of its lease; the write then goes out with its old fence. It
+// reports whether the worker paused.
+func (w *worker) pauseIfArmed(ctx context.Context, write Event) bool {
+	if ctx.Err() != nil || !w.armed.CompareAndSwap(true, false) {
+		return false
+	}
+	w.rec.emit(Event{Kind: EventNote, Op: NotePaused, ID: write.ID, Resource: write.Resource, Grant: write.Grant, Fence: write.Fence})
+	// Sent to this very thread, SIGSTOP stops the process before the
+	// thread runs on; sent to the process, another thread could take it
+	// and this one could send the write first.
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	_ = syscall.Tgkill(os.Getpid(), syscall.Gettid(), syscall.SIGSTOP)
+	return true
+}

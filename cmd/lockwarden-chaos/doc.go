@@ -1,0 +1,84 @@
+// Command lockwarden-chaos is lockwarden's real-process chaos suite: the
+// second half of the release gate (the first is the deterministic
+// simulation, cmd/lockwarden-faults). It runs the real manager, the real
+// admission webhooks and real worker processes on a local control plane,
+// injects faults into all of them, records every operation with its
+// invocation and completion time, and checks the recorded history.
+//
+// Usage (what `make chaos DURATION=5m` runs, from the repository root):
+//
+//	bin/lockwarden-chaos --assets bin --manager bin/manager --duration 5m
+//	bin/lockwarden-chaos check --history /tmp/lockwarden-chaos-*/history.jsonl
+//
+// # The system under test
+//
+//   - etcd and kube-apiserver from --assets, started by envtest, with the
+//     CRDs and config/local applied by kubectl (internal/localcp; webhook
+//     URLs moved from localhost:9443 to a free port, so a demo or another
+//     test may run beside it);
+//   - two manager replicas (bin/manager processes) with --leader-elect in
+//     lockwarden-system. Both serve the webhooks; a small TCP balancer on
+//     the webhook URL's port sends each connection to whichever replica
+//     accepts it, so that killing one replica forces a leader failover while
+//     admission keeps being served;
+//   - worker processes (this binary re-executed as the hidden `worker`
+//     subcommand), each with its own identity (an envtest client
+//     certificate for system:serviceaccount:chaos:worker-N). They contend for
+//     a few resources: acquire a LockGrant, keep it with the holder state
+//     machine of pkg/lock/holder (renewing, and producing no effect once
+//     ownership is unknown), and write fenced increments to the guarded
+//     ConfigMap of the resource: read the count, add one, write it back with
+//     a resourceVersion precondition and the grant, fence and proof
+//     annotations. Each worker reaches the API server through its own
+//     toxiproxy proxy (github.com/Shopify/toxiproxy/v2, in process).
+//
+// # The faults
+//
+// A chaos driver, for --duration: freezes workers past their TTL (SIGSTOP,
+// then SIGCONT), preferably while they hold a grant; has a holder stop
+// itself between its last validity check and its write (SIGUSR1 arms it;
+// it sends itself SIGSTOP) and resumes it past its TTL, so that the write
+// goes out late with its old fence, and without a resourceVersion
+// precondition, leaving the fence as the only thing that can stop it; adds
+// latency to, blackholes, resets or cuts a worker's traffic to the API
+// server; and kills a manager replica (SIGKILL or SIGTERM, mostly the
+// leader) and starts it again, forcing leader failover. Faults are random
+// from --seed; the run is not deterministic (real processes and a real
+// scheduler), but every action is in the history.
+//
+// # The history and the checker
+//
+// Workers append JSON lines (history.Event) to their own file: an invoke
+// line before each request and an ok, fail (definitely no effect) or info
+// (outcome unknown) line after it. An observer in the driver watches, as the
+// admin and without faults, every LockGrant, every version of every guarded
+// ConfigMap and the leader Lease. At the end the driver merges all of it into
+// history.jsonl and runs the checker (check.go), which fails the run if any
+// of these does not hold:
+//
+//   - per guarded object, the accepted fences never decrease;
+//   - no acknowledged write is lost: every acknowledged write is a version
+//     of the object, each version adds exactly one to the count, the final
+//     count is the number of versions, and every version is a write a worker
+//     invoked and did not see refused (writes of unknown outcome count when
+//     the object shows them);
+//   - no write of an expired or superseded grant is accepted: a version's
+//     fence is its grant's, and its write was invoked before the grant's
+//     lease ran out, before the grant was seen ended, and before a later
+//     grant of the resource was seen Held;
+//   - at most one grant per resource is Held at any controller time
+//     (grantedAt and endedAt), fences increase in grant order, and no grant
+//     is expired before its expiresAt;
+//   - the client-side history is linearizable (porcupine) for a fenced lock
+//     model per resource (acquire, end, and accepted writes, which must fall
+//     while their grant holds the lock) and for a compare-and-swap register
+//     per guarded object (reads, acknowledged writes and conflicts).
+//
+// It reports handoff latency (release or expiry to the successor's
+// grantedAt, for successors that were waiting) and the time from a worker's
+// local deadline to the read that reconciled OWNERSHIP_UNKNOWN.
+//
+// Everything the run started (control plane, managers, workers, proxies) is
+// stopped on success, failure and Ctrl-C. Logs, kubeconfigs and the history
+// stay in the run directory it prints.
+package main
