@@ -55,6 +55,9 @@ type options struct {
 	validatingConfig        string
 	retention               time.Duration
 	namespace               string
+	leaseDuration           time.Duration
+	renewDeadline           time.Duration
+	retryPeriod             time.Duration
 }
 
 func main() {
@@ -71,6 +74,9 @@ func main() {
 	flag.StringVar(&o.mutatingConfig, "mutating-webhook-configuration", "lockwarden-mutating-webhook-configuration", "MutatingWebhookConfiguration to inject the CA into.")
 	flag.StringVar(&o.validatingConfig, "validating-webhook-configuration", "lockwarden-validating-webhook-configuration", "ValidatingWebhookConfiguration to inject the CA into.")
 	flag.DurationVar(&o.retention, "finished-grant-retention", time.Hour, "How long a LockGrant is kept after it ended (Released, Expired, TimedOut) before it is deleted; 0 keeps them forever.")
+	flag.DurationVar(&o.leaseDuration, "leader-election-lease-duration", 15*time.Second, "How long a standby replica waits before taking over from a leader that stopped renewing: the longest pause in granting, expiring and releasing after a leader dies.")
+	flag.DurationVar(&o.renewDeadline, "leader-election-renew-deadline", 10*time.Second, "How long the leader retries renewing its leadership before it stops leading.")
+	flag.DurationVar(&o.retryPeriod, "leader-election-retry-period", 2*time.Second, "How often replicas try to acquire or renew leadership.")
 	flag.StringVar(&o.namespace, "namespace", defaultNamespace(), "The manager's namespace, where the signing keys Secret and the trust bundle ConfigMap live (default: $POD_NAMESPACE, else lockwarden-system).")
 	zapOpts := zap.Options{}
 	zapOpts.BindFlags(flag.CommandLine)
@@ -112,6 +118,9 @@ func run(o options) error {
 		LeaderElectionID:              "lockwarden.locking.lockwarden.io",
 		LeaderElectionNamespace:       o.leaderElectionNamespace,
 		LeaderElectionReleaseOnCancel: true,
+		LeaseDuration:                 &o.leaseDuration,
+		RenewDeadline:                 &o.renewDeadline,
+		RetryPeriod:                   &o.retryPeriod,
 		// The webhook server is added to the manager once its certificate
 		// exists (see below).
 		WebhookServer: webhook.NewServer(webhook.Options{
