@@ -76,14 +76,17 @@ func untilHeld(ctx context.Context, w watch.Interface) (*lockingv1alpha1.LockGra
 	}
 }
 
-// release asks the controller to end the grant (spec.release=true).
+// release asks the controller to end the grant (spec.release=true): this
+// acquisition only. The update carries the resourceVersion of the grant
+// read, and a name that now belongs to another acquisition (another UID)
+// is left alone.
 func release(ctx context.Context, c client.Client, g *lockingv1alpha1.LockGrant) error {
 	return retry.RetryOnConflict(retry.DefaultRetry, func() error {
 		cur := &lockingv1alpha1.LockGrant{}
 		if err := c.Get(ctx, client.ObjectKeyFromObject(g), cur); err != nil {
 			return err
 		}
-		if cur.Spec.Release || cur.Status.Phase.Final() {
+		if cur.UID != g.UID || cur.Spec.Release || cur.Status.Phase.Final() {
 			return nil
 		}
 		cur.Spec.Release = true
