@@ -90,7 +90,7 @@ func (r *Reconciler) SetupWithManager(ctx context.Context, mgr ctrl.Manager) err
 		// A policy change can revoke the grants issued under it.
 		Watches(&lockingv1alpha1.GuardPolicy{}, handler.EnqueueRequestsFromMapFunc(r.resourcesUnderPolicy),
 			builder.WithPredicates(predicate.GenerationChangedPredicate{})).
-		WithOptions(controller.Options{MaxConcurrentReconciles: 4}).
+		WithOptions(controller.Options{MaxConcurrentReconciles: 16}).
 		Complete(r)
 }
 
