@@ -1,0 +1,169 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	lockingv1alpha1 "github.com/lockwarden/lockwarden/api/v1alpha1"
+)
+
+// actorLabel selects the grants of one bench client, so that each client
+// watches only its own.
+const actorLabel = "bench.lockwarden.io/actor"
+
+// lwClient is a lockwarden client: it acquires by creating a LockGrant,
+// observes it through its own watch (label-selected), and releases with a
+// merge patch carrying the grant's UID as a precondition.
+type lwClient struct {
+	c     client.WithWatch
+	ns    string
+	actor string
+	ttl   int32
+
+	mu      sync.Mutex
+	tracked map[string]*lwTracked // by grant name
+	early   map[string]lwEvent    // events of grants not tracked yet
+	gone    map[string]bool       // released or vanished: ignore
+	cancel  context.CancelFunc
+	stopped <-chan struct{}
+}
+
+type lwTracked struct {
+	t    *ticket
+	held *lockingv1alpha1.LockGrant
+}
+
+type lwEvent struct {
+	g  *lockingv1alpha1.LockGrant
+	at time.Time
+}
+
+// newLWClient starts a client whose grants have leases of ttlSeconds; it
+// returns once its watch is established.
+func newLWClient(ctx context.Context, cp *controlPlane, ns, actor string, ttlSeconds int32) (*lwClient, error) {
+	c, err := cp.newClient()
+	if err != nil {
+		return nil, err
+	}
+	l := &lwClient{c: c, ns: ns, actor: actor, ttl: ttlSeconds,
+		tracked: map[string]*lwTracked{}, early: map[string]lwEvent{}, gone: map[string]bool{}}
+	wctx, cancel := context.WithCancel(ctx)
+	l.cancel = cancel
+	l.stopped, err = watchLoop(wctx, c, &lockingv1alpha1.LockGrantList{},
+		[]client.ListOption{client.InNamespace(ns), client.MatchingLabels{actorLabel: actor}},
+		func(o client.Object, at time.Time) { l.observe(o.(*lockingv1alpha1.LockGrant), at) })
+	if err != nil {
+		cancel()
+		return nil, fmt.Errorf("watching the grants of %s: %w", actor, err)
+	}
+	return l, nil
+}
+
+func (l *lwClient) Close() {
+	l.cancel()
+	<-l.stopped
+}
+
+func (l *lwClient) observe(g *lockingv1alpha1.LockGrant, at time.Time) {
+	l.mu.Lock()
+	tr := l.tracked[g.Name]
+	if tr == nil {
+		if !l.gone[g.Name] {
+			l.early[g.Name] = lwEvent{g, at}
+		}
+		l.mu.Unlock()
+		return
+	}
+	l.mu.Unlock()
+	l.apply(tr, g, at)
+}
+
+func (l *lwClient) apply(tr *lwTracked, g *lockingv1alpha1.LockGrant, at time.Time) {
+	switch st := g.Status; {
+	case st.Phase == lockingv1alpha1.PhasePending:
+		tr.t.markQueued()
+	case st.Phase == lockingv1alpha1.PhaseHeld && st.FenceToken > 0 && st.Proof != "":
+		l.mu.Lock()
+		if tr.held == nil {
+			tr.held = g
+		}
+		l.mu.Unlock()
+		tr.t.markHeld(at, st.FenceToken)
+	case st.Phase.Final():
+		tr.t.fail(fmt.Errorf("grant %s/%s ended %s before it was held", g.Namespace, g.Name, st.Phase))
+	}
+}
+
+func (l *lwClient) untrack(name string) {
+	l.mu.Lock()
+	delete(l.tracked, name)
+	delete(l.early, name)
+	l.gone[name] = true
+	l.mu.Unlock()
+}
+
+// Request creates a LockGrant for resource.
+func (l *lwClient) Request(ctx context.Context, resource string) (*ticket, error) {
+	g := &lockingv1alpha1.LockGrant{
+		ObjectMeta: metav1.ObjectMeta{GenerateName: "g-", Namespace: l.ns, Labels: map[string]string{actorLabel: l.actor}},
+		Spec:       lockingv1alpha1.LockGrantSpec{Resource: resource, LeaseDurationSeconds: l.ttl},
+	}
+	if err := l.c.Create(ctx, g); err != nil {
+		return nil, fmt.Errorf("creating a grant for %s: %w", resource, err)
+	}
+	t := newTicket()
+	t.name = g.Name
+	tr := &lwTracked{t: t}
+	l.mu.Lock()
+	l.tracked[g.Name] = tr
+	ev, seen := l.early[g.Name]
+	delete(l.early, g.Name)
+	l.mu.Unlock()
+	if seen {
+		l.apply(tr, ev.g, ev.at)
+	}
+	name, uid := g.Name, g.UID
+	t.release = func(ctx context.Context) error {
+		defer l.untrack(name)
+		return l.release(ctx, name, uid)
+	}
+	t.vanish = func(context.Context) (time.Time, error) {
+		l.mu.Lock()
+		held := tr.held
+		l.mu.Unlock()
+		l.untrack(name)
+		if held == nil || held.Status.ExpiresAt == nil {
+			return time.Time{}, fmt.Errorf("grant %s is not held", name)
+		}
+		return held.Status.ExpiresAt.Time, nil
+	}
+	return t, nil
+}
+
+// release sets spec.release on the grant with this UID.
+func (l *lwClient) release(ctx context.Context, name string, uid types.UID) error {
+	patch := []byte(fmt.Sprintf(`{"metadata":{"uid":%q},"spec":{"release":true}}`, uid))
+	g := &lockingv1alpha1.LockGrant{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: l.ns}}
+	if err := l.c.Patch(ctx, g, client.RawPatch(types.MergePatchType, patch)); err != nil {
+		return fmt.Errorf("releasing grant %s: %w", name, err)
+	}
+	return nil
+}
+
+// heldGrant returns the grant of a held ticket as its client observed it.
+func (l *lwClient) heldGrant(t *ticket) *lockingv1alpha1.LockGrant {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for _, tr := range l.tracked {
+		if tr.t == t {
+			return tr.held
+		}
+	}
+	return nil
+}
