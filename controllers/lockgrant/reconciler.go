@@ -83,7 +83,11 @@ func (r *Reconciler) SetupWithManager(ctx context.Context, mgr ctrl.Manager) err
 	return ctrl.NewControllerManagedBy(mgr).
 		Named("lockgrant").
 		For(&lockingv1alpha1.FenceCounter{}, builder.WithPredicates(predicate.GenerationChangedPredicate{})).
-		Watches(&lockingv1alpha1.LockGrant{}, handler.EnqueueRequestsFromMapFunc(resourceOf)).
+		// Grants: creation, deletion, and changes of spec (renew, release)
+		// or annotations (a reported fence regression). Status changes are
+		// this controller's own writes and need no second pass.
+		Watches(&lockingv1alpha1.LockGrant{}, handler.EnqueueRequestsFromMapFunc(resourceOf),
+			builder.WithPredicates(predicate.Or(predicate.GenerationChangedPredicate{}, predicate.AnnotationChangedPredicate{}))).
 		// A new epoch or revoked epoch can revoke grants of any resource.
 		Watches(&lockingv1alpha1.FenceIssuer{}, handler.EnqueueRequestsFromMapFunc(r.allResources),
 			builder.WithPredicates(predicate.GenerationChangedPredicate{})).
