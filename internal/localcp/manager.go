@@ -226,30 +226,40 @@ func ProbeWebhook(ctx context.Context, c client.Client) string {
 	return "webhook probe: " + err.Error()
 }
 
-// Metric scrapes /metrics (ManagerOptions.MetricsAddr) and returns the value
-// of the series name{labels} (labels as in the exposition format, e.g.
-// `reason="FENCE_REGRESSION"`), 0 when the series is absent, and every
-// scraped line of that metric.
-func (m *Manager) Metric(ctx context.Context, name, labels string) (float64, []string, error) {
+// MetricsText returns the manager's /metrics (ManagerOptions.MetricsAddr)
+// in the Prometheus text format.
+func (m *Manager) MetricsText(ctx context.Context) (string, error) {
 	if m.metricsAddr == "" {
-		return 0, nil, fmt.Errorf("the manager serves no metrics (ManagerOptions.MetricsAddr)")
+		return "", fmt.Errorf("the manager serves no metrics (ManagerOptions.MetricsAddr)")
 	}
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+m.metricsAddr+"/metrics", nil)
 	if err != nil {
-		return 0, nil, err
+		return "", err
 	}
 	resp, err := (&http.Client{Timeout: 5 * time.Second}).Do(req)
 	if err != nil {
-		return 0, nil, err
+		return "", err
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
-		return 0, nil, fmt.Errorf("GET /metrics: %s", resp.Status)
+		return "", fmt.Errorf("GET /metrics: %s", resp.Status)
+	}
+	b, err := io.ReadAll(resp.Body)
+	return string(b), err
+}
+
+// Metric scrapes /metrics and returns the value of the series name{labels}
+// (labels as in the exposition format, e.g. `reason="FENCE_REGRESSION"`), 0
+// when the series is absent, and every scraped line of that metric.
+func (m *Manager) Metric(ctx context.Context, name, labels string) (float64, []string, error) {
+	text, err := m.MetricsText(ctx)
+	if err != nil {
+		return 0, nil, err
 	}
 	var value float64
 	var lines []string
 	series := name + "{" + labels + "}"
-	sc := bufio.NewScanner(resp.Body)
+	sc := bufio.NewScanner(strings.NewReader(text))
 	for sc.Scan() {
 		line := sc.Text()
 		if !strings.HasPrefix(line, name) {
