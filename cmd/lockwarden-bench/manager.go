@@ -42,7 +42,9 @@ func startManager(bin, kubeconfig, logPath string, webhookPort int, retention ti
 }
 
 // waitReady waits until the manager and its webhooks answer.
-func (p *managerProc) waitReady(ctx context.Context, c client.Client) error { return p.m.WaitReady(ctx, c) }
+func (p *managerProc) waitReady(ctx context.Context, c client.Client) error {
+	return p.m.WaitReady(ctx, c)
+}
 
 // stop stops the manager.
 func (p *managerProc) stop() { p.m.Stop() }
