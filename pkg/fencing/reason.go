@@ -33,8 +33,38 @@ const (
 	ReasonNotHeld Reason = "NOT_HELD"
 	// ReasonAlreadyEnded: the grant was already released or its wait timed out.
 	ReasonAlreadyEnded Reason = "ALREADY_ENDED"
-	// ReasonFenceRegression: a write would lower a recorded fence.
+	// ReasonFenceRegression: the registry issued a fence the resource had
+	// already seen from another grant or operation (a restore from an old
+	// snapshot), or a write would lower a recorded fence.
 	ReasonFenceRegression Reason = "FENCE_REGRESSION"
+	// ReasonRevoked: the issuer ended the grant before its lease ran out
+	// (its epoch was revoked or superseded, or its policy stopped allowing it).
+	ReasonRevoked Reason = "REVOKED"
+
+	// Proof checks (CheckProvenWrite).
+
+	// ReasonBadSignature: the grant proof is malformed, signed by an unknown
+	// or retired key, or its signature does not match the record.
+	ReasonBadSignature Reason = "BAD_SIGNATURE"
+	// ReasonRevokedEpoch: the grant was issued in a revoked issuer epoch.
+	ReasonRevokedEpoch Reason = "REVOKED_EPOCH"
+
+	// Segment rules (CheckSegment, ResolveMutation).
+
+	// ReasonInvalidSegment: the segment names no operation root, a sequence
+	// below 1, no grant UID or no payload digest.
+	ReasonInvalidSegment Reason = "INVALID_SEGMENT"
+	// ReasonSequenceGap: the segment is not the next one the resource
+	// expects: under the highest fence the next is last+1; a new, larger
+	// fence must begin with segment 1 of its operation.
+	ReasonSequenceGap Reason = "SEQUENCE_GAP"
+	// ReasonSegmentConflict: a segment already accepted is sent again with a
+	// different payload. It is quarantined for inspection and never applied.
+	ReasonSegmentConflict Reason = "SEGMENT_CONFLICT"
+	// ReasonMutationUnknown: the outcome of a write is not known (its
+	// acknowledgement was lost, or the store could not tell). The caller
+	// looks the receipt up (see ResolveMutation) before doing anything else.
+	ReasonMutationUnknown Reason = "MUTATION_UNKNOWN"
 )
 
 // Sentinel errors, one per Reason, matched with errors.Is.
@@ -49,6 +79,13 @@ var (
 	ErrNotHeld         = errors.New("fencing: not held")
 	ErrAlreadyEnded    = errors.New("fencing: already ended")
 	ErrFenceRegression = errors.New("fencing: fence regression")
+	ErrRevoked         = errors.New("fencing: revoked")
+	ErrBadSignature    = errors.New("fencing: bad signature")
+	ErrRevokedEpoch    = errors.New("fencing: revoked epoch")
+	ErrInvalidSegment  = errors.New("fencing: invalid segment")
+	ErrSequenceGap     = errors.New("fencing: sequence gap")
+	ErrSegmentConflict = errors.New("fencing: segment conflict")
+	ErrMutationUnknown = errors.New("fencing: mutation outcome unknown")
 )
 
 var sentinels = map[Reason]error{
@@ -62,6 +99,13 @@ var sentinels = map[Reason]error{
 	ReasonNotHeld:         ErrNotHeld,
 	ReasonAlreadyEnded:    ErrAlreadyEnded,
 	ReasonFenceRegression: ErrFenceRegression,
+	ReasonRevoked:         ErrRevoked,
+	ReasonBadSignature:    ErrBadSignature,
+	ReasonRevokedEpoch:    ErrRevokedEpoch,
+	ReasonInvalidSegment:  ErrInvalidSegment,
+	ReasonSequenceGap:     ErrSequenceGap,
+	ReasonSegmentConflict: ErrSegmentConflict,
+	ReasonMutationUnknown: ErrMutationUnknown,
 }
 
 // Error is a refusal: a Reason and a sentence for the user. It matches the
