@@ -9,42 +9,19 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/lockwarden/lockwarden/internal/testenv"
 )
-
-// repoRoot is the repository root, from this package's directory.
-func repoRoot(t *testing.T) string {
-	t.Helper()
-	root, err := filepath.Abs("../..")
-	if err != nil {
-		t.Fatal(err)
-	}
-	return root
-}
-
-// build compiles a main package of the repository into dir.
-func build(t *testing.T, dir, pkg string) string {
-	t.Helper()
-	out := filepath.Join(dir, filepath.Base(pkg))
-	cmd := exec.CommandContext(t.Context(), "go", "build", "-o", out, pkg)
-	cmd.Dir = repoRoot(t)
-	if b, err := cmd.CombinedOutput(); err != nil {
-		t.Fatalf("go build %s: %v\n%s", pkg, err, b)
-	}
-	return out
-}
 
 // TestChaos runs about a minute of the chaos suite and requires every check
 // of the history to pass. The run directory (logs, history) is kept when
 // the test fails.
 func TestChaos(t *testing.T) {
-	root := repoRoot(t)
+	root := testenv.Repo(t, "../..")
 	assets := filepath.Join(root, "bin")
-	if _, err := os.Stat(filepath.Join(assets, "kube-apiserver")); err != nil {
-		t.Fatalf("bin/kube-apiserver is missing; run `make tools` (make test does): %v", err)
-	}
 	bins := t.TempDir()
-	manager := build(t, bins, "./cmd/manager")
-	chaos := build(t, bins, "./cmd/lockwarden-chaos")
+	manager := testenv.Build(t, root, bins, "./cmd/manager")
+	chaos := testenv.Build(t, root, bins, "./cmd/lockwarden-chaos")
 	runDir, err := os.MkdirTemp("", "lockwarden-chaos-test-")
 	if err != nil {
 		t.Fatal(err)

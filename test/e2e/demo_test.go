@@ -4,49 +4,25 @@ import (
 	"bytes"
 	"context"
 	"net"
-	"os"
 	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/lockwarden/lockwarden/internal/testenv"
 )
-
-// repoRoot is the repository root, from this package's directory.
-func repoRoot(t *testing.T) string {
-	t.Helper()
-	root, err := filepath.Abs("../..")
-	if err != nil {
-		t.Fatal(err)
-	}
-	return root
-}
-
-// build compiles a main package of the repository into dir.
-func build(t *testing.T, dir, pkg string) string {
-	t.Helper()
-	out := filepath.Join(dir, filepath.Base(pkg))
-	cmd := exec.CommandContext(t.Context(), "go", "build", "-o", out, pkg)
-	cmd.Dir = repoRoot(t)
-	if b, err := cmd.CombinedOutput(); err != nil {
-		t.Fatalf("go build %s: %v\n%s", pkg, err, b)
-	}
-	return out
-}
 
 // TestDemo runs what `make demo` runs: a paused holder's late write must be
 // refused with STALE_OWNER and the object must keep its successor's data,
 // with two real worker processes under two service-account identities.
 func TestDemo(t *testing.T) {
-	root := repoRoot(t)
+	root := testenv.Repo(t, "../..")
 	assets := filepath.Join(root, "bin")
-	if _, err := os.Stat(filepath.Join(assets, "kube-apiserver")); err != nil {
-		t.Fatalf("bin/kube-apiserver is missing; run `make tools` (make test does): %v", err)
-	}
 	dir := t.TempDir()
-	manager := build(t, dir, "./cmd/manager")
-	demo := build(t, dir, "./cmd/lockwarden-demo")
+	manager := testenv.Build(t, root, dir, "./cmd/manager")
+	demo := testenv.Build(t, root, dir, "./cmd/lockwarden-demo")
 
 	ctx, cancel := context.WithTimeout(t.Context(), 4*time.Minute)
 	defer cancel()

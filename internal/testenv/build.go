@@ -1,0 +1,36 @@
+package testenv
+
+import (
+	"os"
+	"os/exec"
+	"path/filepath"
+	"testing"
+)
+
+// Repo returns the repository root, rel being the path from the test's
+// package directory to it (e.g. "../.."), and fails the test when bin/ has
+// no control plane yet.
+func Repo(t testing.TB, rel string) string {
+	t.Helper()
+	root, err := filepath.Abs(rel)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(filepath.Join(root, "bin", "kube-apiserver")); err != nil {
+		t.Fatalf("bin/kube-apiserver is missing; run `make tools` (make test does): %v", err)
+	}
+	return root
+}
+
+// Build compiles the main package pkg (e.g. "./cmd/manager") of the
+// repository at root into dir and returns the binary's path.
+func Build(t testing.TB, root, dir, pkg string) string {
+	t.Helper()
+	out := filepath.Join(dir, filepath.Base(pkg))
+	cmd := exec.CommandContext(t.Context(), "go", "build", "-o", out, pkg)
+	cmd.Dir = root
+	if b, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("go build %s: %v\n%s", pkg, err, b)
+	}
+	return out
+}
