@@ -7,14 +7,14 @@ import (
 // FenceCounterSpec is the durable per-resource fence record. It lives in spec,
 // not status, so that a backup/restore that drops status keeps it.
 //
-// +kubebuilder:validation:XValidation:rule="(has(self.fence) ? self.fence : 0) >= (has(oldSelf.fence) ? oldSelf.fence : 0)",message="fence never decreases"
-// +kubebuilder:validation:XValidation:rule="!has(self.holder) || self.holder.fence <= (has(self.fence) ? self.fence : 0)",message="holder.fence cannot exceed fence"
+// +kubebuilder:validation:XValidation:rule="(has(self.fence) ? self.fence : 0) >= (has(oldSelf.fence) ? oldSelf.fence : 0)",message="FENCE_REGRESSION: fence never decreases"
+// +kubebuilder:validation:XValidation:rule="!has(self.holder) || self.holder.fence <= (has(self.fence) ? self.fence : 0)",message="INVALID_SPEC: holder.fence cannot exceed fence"
 type FenceCounterSpec struct {
 	// resource is the resource ID this counter belongs to. Immutable.
 	// +required
 	// +kubebuilder:validation:MinLength=1
 	// +kubebuilder:validation:MaxLength=200
-	// +kubebuilder:validation:XValidation:rule="self == oldSelf",message="resource is immutable"
+	// +kubebuilder:validation:XValidation:rule="self == oldSelf",message="INVALID_SPEC: resource is immutable"
 	Resource string `json:"resource"`
 
 	// fence is the highest fencing token ever issued for the resource. The

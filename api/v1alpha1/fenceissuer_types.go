@@ -40,11 +40,11 @@ type SigningKey struct {
 
 // FenceIssuerSpec controls how grants are issued and verified cluster-wide.
 //
-// +kubebuilder:validation:XValidation:rule="(has(self.epoch) ? self.epoch : 0) >= (has(oldSelf.epoch) ? oldSelf.epoch : 0)",message="epoch never decreases"
-// +kubebuilder:validation:XValidation:rule="!has(oldSelf.revokedEpochs) || oldSelf.revokedEpochs.all(e, has(self.revokedEpochs) && e in self.revokedEpochs)",message="a revoked epoch stays revoked"
-// +kubebuilder:validation:XValidation:rule="!has(self.revokedEpochs) || self.revokedEpochs.all(e, e < (has(self.epoch) ? self.epoch : 0))",message="only epochs before the current epoch can be revoked"
-// +kubebuilder:validation:XValidation:rule="self.signingKeys.filter(k, k.state == 'Active').size() == 1",message="exactly one signing key must be Active"
-// +kubebuilder:validation:XValidation:rule="!has(oldSelf.signingKeys) || oldSelf.signingKeys.all(o, o.state != 'Retired' || self.signingKeys.exists(k, k.keyID == o.keyID && k.state == 'Retired'))",message="a retired key stays retired"
+// +kubebuilder:validation:XValidation:rule="(has(self.epoch) ? self.epoch : 0) >= (has(oldSelf.epoch) ? oldSelf.epoch : 0)",message="FENCE_REGRESSION: epoch never decreases"
+// +kubebuilder:validation:XValidation:rule="!has(oldSelf.revokedEpochs) || oldSelf.revokedEpochs.all(e, has(self.revokedEpochs) && e in self.revokedEpochs)",message="FENCE_REGRESSION: a revoked epoch stays revoked"
+// +kubebuilder:validation:XValidation:rule="!has(self.revokedEpochs) || self.revokedEpochs.all(e, e < (has(self.epoch) ? self.epoch : 0))",message="INVALID_SPEC: only epochs before the current epoch can be revoked"
+// +kubebuilder:validation:XValidation:rule="self.signingKeys.filter(k, k.state == 'Active').size() == 1",message="INVALID_SPEC: exactly one signing key must be Active"
+// +kubebuilder:validation:XValidation:rule="!has(oldSelf.signingKeys) || oldSelf.signingKeys.all(o, o.state != 'Retired' || self.signingKeys.exists(k, k.keyID == o.keyID && k.state == 'Retired'))",message="INVALID_SPEC: a retired key stays retired"
 type FenceIssuerSpec struct {
 	// epoch is the issuer epoch new grants are issued in. Every fence of a
 	// later epoch is larger than every fence of an earlier one (a fence is

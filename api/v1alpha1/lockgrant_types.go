@@ -19,15 +19,15 @@ const (
 // LockGrantSpec is an acquisition request: who wants which resource, for how
 // long each lease lasts, and, later, the owner's renewals and release.
 //
-// +kubebuilder:validation:XValidation:rule="!has(oldSelf.owner) || (has(self.owner) && self.owner == oldSelf.owner)",message="owner is immutable"
-// +kubebuilder:validation:XValidation:rule="(has(self.waitTimeoutSeconds) ? self.waitTimeoutSeconds : 0) == (has(oldSelf.waitTimeoutSeconds) ? oldSelf.waitTimeoutSeconds : 0)",message="waitTimeoutSeconds is immutable"
-// +kubebuilder:validation:XValidation:rule="has(self.requestID) == has(oldSelf.requestID) && (!has(self.requestID) || self.requestID == oldSelf.requestID)",message="requestID is immutable"
-// +kubebuilder:validation:XValidation:rule="(has(self.renewals) ? self.renewals : 0) >= (has(oldSelf.renewals) ? oldSelf.renewals : 0)",message="renewals never decreases"
-// +kubebuilder:validation:XValidation:rule="(has(self.renewals) ? self.renewals : 0) <= (has(oldSelf.renewals) ? oldSelf.renewals : 0) + 1",message="renewals rises by one per renew"
-// +kubebuilder:validation:XValidation:rule="has(self.operationRoot) == has(oldSelf.operationRoot) && (!has(self.operationRoot) || self.operationRoot == oldSelf.operationRoot)",message="operationRoot is immutable"
-// +kubebuilder:validation:XValidation:rule="has(self.operationClass) == has(oldSelf.operationClass) && (!has(self.operationClass) || self.operationClass == oldSelf.operationClass)",message="operationClass is immutable"
-// +kubebuilder:validation:XValidation:rule="has(self.policy) == has(oldSelf.policy) && (!has(self.policy) || self.policy == oldSelf.policy)",message="policy is immutable"
-// +kubebuilder:validation:XValidation:rule="!(has(oldSelf.release) && oldSelf.release) || (has(self.release) && self.release)",message="release cannot be unset"
+// +kubebuilder:validation:XValidation:rule="!has(oldSelf.owner) || (has(self.owner) && self.owner == oldSelf.owner)",message="INVALID_SPEC: owner is immutable"
+// +kubebuilder:validation:XValidation:rule="(has(self.waitTimeoutSeconds) ? self.waitTimeoutSeconds : 0) == (has(oldSelf.waitTimeoutSeconds) ? oldSelf.waitTimeoutSeconds : 0)",message="INVALID_SPEC: waitTimeoutSeconds is immutable"
+// +kubebuilder:validation:XValidation:rule="has(self.requestID) == has(oldSelf.requestID) && (!has(self.requestID) || self.requestID == oldSelf.requestID)",message="INVALID_SPEC: requestID is immutable"
+// +kubebuilder:validation:XValidation:rule="(has(self.renewals) ? self.renewals : 0) >= (has(oldSelf.renewals) ? oldSelf.renewals : 0)",message="INVALID_SPEC: renewals never decreases"
+// +kubebuilder:validation:XValidation:rule="(has(self.renewals) ? self.renewals : 0) <= (has(oldSelf.renewals) ? oldSelf.renewals : 0) + 1",message="INVALID_SPEC: renewals rises by one per renew"
+// +kubebuilder:validation:XValidation:rule="has(self.operationRoot) == has(oldSelf.operationRoot) && (!has(self.operationRoot) || self.operationRoot == oldSelf.operationRoot)",message="INVALID_SPEC: operationRoot is immutable"
+// +kubebuilder:validation:XValidation:rule="has(self.operationClass) == has(oldSelf.operationClass) && (!has(self.operationClass) || self.operationClass == oldSelf.operationClass)",message="INVALID_SPEC: operationClass is immutable"
+// +kubebuilder:validation:XValidation:rule="has(self.policy) == has(oldSelf.policy) && (!has(self.policy) || self.policy == oldSelf.policy)",message="INVALID_SPEC: policy is immutable"
+// +kubebuilder:validation:XValidation:rule="!(has(oldSelf.release) && oldSelf.release) || (has(self.release) && self.release)",message="INVALID_SPEC: release cannot be unset"
 type LockGrantSpec struct {
 	// resource is the canonical ID of the protected resource, for example
 	// "invoice-batch/2026-07-19". It is one or more segments separated by "/";
@@ -38,7 +38,7 @@ type LockGrantSpec struct {
 	// +kubebuilder:validation:MinLength=1
 	// +kubebuilder:validation:MaxLength=200
 	// +kubebuilder:validation:Pattern=`^[a-z0-9]([a-z0-9._-]*[a-z0-9])?(/[a-z0-9]([a-z0-9._-]*[a-z0-9])?)*$`
-	// +kubebuilder:validation:XValidation:rule="self == oldSelf",message="resource is immutable"
+	// +kubebuilder:validation:XValidation:rule="self == oldSelf",message="INVALID_SPEC: resource is immutable"
 	Resource string `json:"resource"`
 
 	// owner is the workload identity that holds the grant: the Kubernetes user
@@ -56,7 +56,7 @@ type LockGrantSpec struct {
 	// +required
 	// +kubebuilder:validation:Minimum=1
 	// +kubebuilder:validation:Maximum=3600
-	// +kubebuilder:validation:XValidation:rule="self == oldSelf",message="leaseDurationSeconds is immutable"
+	// +kubebuilder:validation:XValidation:rule="self == oldSelf",message="INVALID_SPEC: leaseDurationSeconds is immutable"
 	LeaseDurationSeconds int32 `json:"leaseDurationSeconds"`
 
 	// waitTimeoutSeconds is how long, in seconds, this request may wait in the

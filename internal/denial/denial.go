@@ -44,11 +44,12 @@ func Response(err error, gr schema.GroupResource, name string) admission.Respons
 	return admission.Response{AdmissionResponse: admissionResponse(st)}
 }
 
-// Reason returns the reason code of an API error returned for a refused
-// request, from its causes, or "" when there is none.
+// Reason returns the reason code of an API error returned for a request
+// lockwarden's admission refused (403 Forbidden), from its causes, or ""
+// when there is none.
 func Reason(err error) fencing.Reason {
 	var st apierrors.APIStatus
-	if !errors.As(err, &st) {
+	if !errors.As(err, &st) || !apierrors.IsForbidden(err) {
 		return ""
 	}
 	if d := st.Status().Details; d != nil {

@@ -36,7 +36,7 @@ func NewValidator(s *runtime.Scheme, r client.Reader) *admission.Webhook {
 // ValidateCreate checks that the counter is named after its resource.
 func (v *Validator) ValidateCreate(_ context.Context, c *lockingv1alpha1.FenceCounter) (admission.Warnings, error) {
 	if want := lockingv1alpha1.FenceCounterName(c.Spec.Resource); c.Name != want {
-		return nil, apierrors.NewBadRequest(fmt.Sprintf("the FenceCounter of resource %q must be named %q", c.Spec.Resource, want))
+		return nil, apierrors.NewBadRequest(fmt.Sprintf("INVALID_SPEC: the FenceCounter of resource %q must be named %q", c.Spec.Resource, want))
 	}
 	return nil, nil
 }

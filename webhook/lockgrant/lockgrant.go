@@ -108,11 +108,11 @@ func (v *Validator) ValidateCreate(ctx context.Context, g *lockingv1alpha1.LockG
 			Detail: fmt.Sprintf("spec.owner %q must be the requesting user %q (leave it empty to default it)", g.Spec.Owner, user)})
 	}
 	if g.Spec.Renewals != 0 || g.Spec.Release {
-		return nil, apierrors.NewBadRequest("a new LockGrant must have spec.renewals 0 and spec.release false")
+		return nil, apierrors.NewBadRequest("INVALID_SPEC: a new LockGrant must have spec.renewals 0 and spec.release false")
 	}
 	if g.Spec.RequestID != "" {
 		if want := lockingv1alpha1.GrantNameForRequest(g.Spec.RequestID); g.Name != want {
-			return nil, apierrors.NewBadRequest(fmt.Sprintf("a LockGrant with requestID %q must be named %q (or use generateName)", g.Spec.RequestID, want))
+			return nil, apierrors.NewBadRequest(fmt.Sprintf("INVALID_SPEC: a LockGrant with requestID %q must be named %q (or use generateName)", g.Spec.RequestID, want))
 		}
 	}
 	if g.Spec.Policy != "" {
@@ -126,7 +126,7 @@ func (v *Validator) checkPolicy(ctx context.Context, g *lockingv1alpha1.LockGran
 	pol := &lockingv1alpha1.GuardPolicy{}
 	if err := v.Reader.Get(ctx, types.NamespacedName{Name: g.Spec.Policy}, pol); err != nil {
 		if apierrors.IsNotFound(err) {
-			return apierrors.NewBadRequest(fmt.Sprintf("GuardPolicy %q does not exist", g.Spec.Policy))
+			return apierrors.NewBadRequest(fmt.Sprintf("INVALID_SPEC: GuardPolicy %q does not exist", g.Spec.Policy))
 		}
 		return err
 	}
@@ -135,7 +135,7 @@ func (v *Validator) checkPolicy(ctx context.Context, g *lockingv1alpha1.LockGran
 			Detail: fmt.Sprintf("%q is not a holder of GuardPolicy %q", g.Spec.Owner, pol.Name)})
 	}
 	if !policy.AllowsTTL(pol, g.Spec.LeaseDurationSeconds) {
-		return apierrors.NewBadRequest(fmt.Sprintf("GuardPolicy %q allows leases of at most %d seconds", pol.Name, pol.Spec.MaxLeaseDurationSeconds))
+		return apierrors.NewBadRequest(fmt.Sprintf("INVALID_SPEC: GuardPolicy %q allows leases of at most %d seconds", pol.Name, pol.Spec.MaxLeaseDurationSeconds))
 	}
 	return nil
 }
@@ -152,11 +152,11 @@ func (v *Validator) ValidateUpdate(ctx context.Context, oldG, newG *lockingv1alp
 	}
 	for _, a := range []string{lockingv1alpha1.RequestedAtAnnotation, lockingv1alpha1.OwnerGroupsAnnotation} {
 		if oldG.Annotations[a] != newG.Annotations[a] {
-			return nil, apierrors.NewBadRequest("annotation " + a + " is immutable")
+			return nil, apierrors.NewBadRequest("INVALID_SPEC: annotation " + a + " is immutable")
 		}
 	}
 	if oldG.Labels[lockingv1alpha1.RequestIDLabel] != newG.Labels[lockingv1alpha1.RequestIDLabel] {
-		return nil, apierrors.NewBadRequest("label " + lockingv1alpha1.RequestIDLabel + " is immutable")
+		return nil, apierrors.NewBadRequest("INVALID_SPEC: label " + lockingv1alpha1.RequestIDLabel + " is immutable")
 	}
 	now := v.Clock.Now()
 	g := *facts.Grant(oldG)
