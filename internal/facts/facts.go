@@ -23,10 +23,10 @@ func Grant(g *lockingv1alpha1.LockGrant) *fencing.Grant {
 	if g.Status.ExpiresAt != nil {
 		f.ExpiresAt = g.Status.ExpiresAt.Time
 	}
-	if g.Spec.Release && f.State == fencing.StateHeld {
-		// The owner asked to release: from that write on, the grant
-		// admits no more writes or renewals, even before the controller
-		// has answered.
+	if g.Spec.Release && (f.State == fencing.StateHeld || f.State == fencing.StatePending) {
+		// The owner asked to release (or withdraw): from that write on,
+		// the grant admits no more writes, renewals or releases, even
+		// before the controller has answered.
 		f.State = fencing.StateReleased
 	}
 	return f

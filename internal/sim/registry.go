@@ -111,9 +111,6 @@ func (r *registry) release(uid types.UID, caller string, now time.Duration) erro
 	if g == nil {
 		return &fencing.Error{Reason: fencing.ReasonUnknownGrant, Detail: "no such grant"}
 	}
-	if g.Spec.Release || g.Status.Phase.Final() {
-		return &fencing.Error{Reason: fencing.ReasonAlreadyEnded, Detail: "already ended"}
-	}
 	if err := fencing.CheckRelease(*facts.Grant(g), caller, r.wall(now)); err != nil {
 		return err
 	}
