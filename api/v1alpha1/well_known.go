@@ -20,19 +20,30 @@ const (
 	// the same syntax as LockGrantSpec.Resource. It is immutable while the object is guarded.
 	ResourceAnnotation = "locking.lockwarden.io/resource"
 
-	// GrantAnnotation names the LockGrant a guarded write is made under, as
-	// "NAME" (the object's own namespace) or "NAMESPACE/NAME".
-	GrantAnnotation = "locking.lockwarden.io/grant"
+	// GrantAnnotation, FenceAnnotation, ProofAnnotation and IntentAnnotation
+	// are a write's claim: the grant the write is made under ("NAME" in the
+	// object's own namespace, or "NAMESPACE/NAME"), its fencing token in
+	// decimal, the grant proof (status.proof; required on objects a
+	// GuardPolicy covers, checked when present elsewhere) and the intent
+	// ("delete" to prepare a delete, else empty). A claim authorizes only the
+	// write that sets it: admission removes it from the object in the same
+	// write it accepts, and records what it accepted in the Accepted*
+	// annotations. A write that carries no claim of its own (a merge patch
+	// of the data alone, a re-read and update that does not set them again)
+	// is refused.
+	GrantAnnotation  = "locking.lockwarden.io/grant"
+	FenceAnnotation  = "locking.lockwarden.io/fence"
+	ProofAnnotation  = "locking.lockwarden.io/proof"
+	IntentAnnotation = "locking.lockwarden.io/intent"
 
-	// FenceAnnotation carries the fencing token of the grant, in decimal. On a
-	// stored guarded object it is the fence of the last accepted write: admission
-	// checks the incoming write and records its fence in the same write.
-	FenceAnnotation = "locking.lockwarden.io/fence"
-
-	// ProofAnnotation carries the grant proof (status.proof of the grant) on
-	// a guarded write. Writes to objects a GuardPolicy covers must carry it;
-	// on other guarded objects it is checked when present.
-	ProofAnnotation = "locking.lockwarden.io/proof"
+	// AcceptedGrantAnnotation, AcceptedFenceAnnotation and
+	// AcceptedIntentAnnotation are the record of the last write admission
+	// accepted on a guarded object ("NAMESPACE/NAME", fence, intent). Only
+	// admission writes them; a value on an object that was not guarded when
+	// it was written is ignored.
+	AcceptedGrantAnnotation  = "locking.lockwarden.io/accepted-grant"
+	AcceptedFenceAnnotation  = "locking.lockwarden.io/accepted-fence"
+	AcceptedIntentAnnotation = "locking.lockwarden.io/accepted-intent"
 
 	// ShadowDenialAnnotation is set on an object by a GuardPolicy in Shadow
 	// mode when Enforce would have denied the write: "REASON: detail". It

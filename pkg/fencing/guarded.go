@@ -1,0 +1,262 @@
+package fencing
+
+import (
+	"fmt"
+	"strings"
+	"time"
+)
+
+// The guarded-object protocol (docs/guarded-writes.md).
+//
+// A write to a guarded object is authorized only by what the request itself
+// asserts: a Claim (grant, fence, optional proof and intent) that the write
+// sets and that the stored object did not already carry. The enforcement
+// point consumes the claim (it is removed from the object by the same write
+// that it authorizes) and writes a record (Accepted) of what it accepted. So a claim
+// never outlives its write: a later write that only inherits the object's
+// state asserts nothing and is refused, whoever sends it, even a stale
+// replica that shares the holder's identity.
+//
+// A delete carries no object, so it is authorized in two steps: a write that
+// claims intent "delete" (accepted like any write, and recorded with that
+// intent), then a delete whose resourceVersion precondition is the version
+// that write made. Nothing can slip in between, and a delete without that
+// precondition is refused.
+
+// Operation is the kind of request to a guarded object.
+type Operation string
+
+const (
+	// OpCreate creates the object.
+	OpCreate Operation = "CREATE"
+	// OpUpdate changes it: update, any patch, server-side apply, or a write
+	// to a subresource whose body is the object itself (status).
+	OpUpdate Operation = "UPDATE"
+	// OpDelete deletes it (also one item of a deletecollection).
+	OpDelete Operation = "DELETE"
+)
+
+// IntentDelete is the intent a write claims to prepare a delete.
+const IntentDelete = "delete"
+
+// Claim is the raw text of what a request (or a stored object) carries in the
+// claim annotations: grant ("NAME" or "NAMESPACE/NAME"), fence (decimal),
+// proof (compact signed record) and intent ("" or "delete").
+type Claim struct {
+	Grant, Fence, Proof, Intent string
+}
+
+// IsZero reports whether nothing is claimed at all.
+func (c Claim) IsZero() bool { return c == Claim{} }
+
+// Assertion is a parsed, well-formed Claim.
+type Assertion struct {
+	// GrantNamespace and GrantName name the LockGrant.
+	GrantNamespace, GrantName string
+	// Fence is the fencing token claimed.
+	Fence int64
+	// Proof is the signed grant record, or empty.
+	Proof Proof
+	// Intent is "" for an ordinary write or IntentDelete.
+	Intent string
+}
+
+// ParseClaim parses a claim made on an object of namespace objNamespace ("" for
+// a cluster-scoped object). A namespaced object takes grants of its own
+// namespace only, because resource IDs and fences are scoped to a namespace;
+// a cluster-scoped object names the grant's namespace. It returns
+// ReasonNoFence for a missing or malformed grant, fence or intent, and
+// ReasonBindingMismatch for a grant of another namespace.
+func ParseClaim(c Claim, objNamespace string) (Assertion, error) {
+	fence, err := ParseFence(c.Fence)
+	if err != nil {
+		return Assertion{}, err
+	}
+	ns, name, found := strings.Cut(c.Grant, "/")
+	if !found {
+		ns, name = objNamespace, c.Grant
+	}
+	if name == "" || ns == "" || strings.Contains(name, "/") {
+		return Assertion{}, refuse(ReasonNoFence, "the write must name its grant as NAME or NAMESPACE/NAME, got %q", c.Grant)
+	}
+	if objNamespace != "" && ns != objNamespace {
+		return Assertion{}, refuse(ReasonBindingMismatch, "the grant %s/%s is in another namespace; resource IDs are scoped to a namespace, so an object in %q takes grants of %q only", ns, name, objNamespace, objNamespace)
+	}
+	if c.Intent != "" && c.Intent != IntentDelete {
+		return Assertion{}, refuse(ReasonNoFence, "intent %q is not %q or empty", c.Intent, IntentDelete)
+	}
+	return Assertion{GrantNamespace: ns, GrantName: name, Fence: fence, Proof: Proof(c.Proof), Intent: c.Intent}, nil
+}
+
+// Accepted is what the enforcement point recorded on an object at the last
+// write it accepted: the grant, its fence and the write's intent. Only the
+// enforcement point writes it, in the same write it accepts.
+type Accepted struct {
+	// Grant is "NAMESPACE/NAME" of the grant.
+	Grant string
+	// Fence is the accepted fence; 0 when none.
+	Fence int64
+	// Intent is the accepted write's intent.
+	Intent string
+}
+
+// AcceptedOf parses a stored record's text. A record that does not parse is no
+// record (fence 0): the enforcement point never writes one.
+func AcceptedOf(grant, fence, intent string) Accepted {
+	f, err := ParseFence(fence)
+	if err != nil || grant == "" {
+		return Accepted{}
+	}
+	return Accepted{Grant: grant, Fence: f, Intent: intent}
+}
+
+// GuardedRequest is everything CheckGuardedRequest needs to decide on one
+// admission request to a guarded object, gathered by the enforcement point.
+type GuardedRequest struct {
+	// Operation is the request's operation.
+	Operation Operation
+	// Subresource is the request's subresource, "" for the object itself.
+	Subresource string
+	// Opaque is true when the request's body is not the guarded object
+	// (a Scale, an Eviction, a Binding): such a request cannot carry a
+	// claim, so it is refused on a guarded object.
+	Opaque bool
+	// Resource is the resource ID the object is guarded by.
+	Resource string
+	// ObjectNamespace is the object's namespace, "" when cluster-scoped.
+	ObjectNamespace string
+	// Caller is the authenticated identity of the request.
+	Caller string
+	// Claim is what the object carries in the claim annotations after the
+	// request is applied (create, update); zero for a delete.
+	Claim Claim
+	// StoredClaim is what the stored object carried in them before the
+	// request; zero for a create. A claim equal to it is inherited, not
+	// asserted by the request.
+	StoredClaim Claim
+	// StoredGuarded is true when the stored object was guarded: only then is
+	// Record the enforcement point's own.
+	StoredGuarded bool
+	// Record is the stored object's record (AcceptedOf); ignored unless
+	// StoredGuarded.
+	Record Accepted
+	// StoredVersion is the stored object's resourceVersion; Precondition is
+	// the resourceVersion precondition of a delete, "" when none.
+	StoredVersion, Precondition string
+	// NamespaceTerminating is true when the object's namespace is being
+	// deleted: its objects go with it.
+	NamespaceTerminating bool
+	// RequireProof is true when the object is under a policy: the claim must
+	// carry a proof issued under Policy at PolicyGeneration or older.
+	RequireProof     bool
+	Policy           string
+	PolicyGeneration int64
+	// Bundle is the trust bundle proofs are verified with.
+	Bundle *TrustBundle
+	// Grant and Counter are the registry's facts for the claimed grant (for
+	// a delete: the recorded grant) and the resource, read linearizably.
+	Grant   *Grant
+	Counter *Counter
+	// Now is the enforcement point's clock.
+	Now time.Time
+}
+
+// Target returns the grant a request must be judged against: the one it
+// claims (create, update) or the one recorded by its pre-delete write
+// (delete), as NAMESPACE and NAME; ok is false when there is none to read.
+func (r GuardedRequest) Target() (namespace, name string, ok bool) {
+	if r.Operation == OpDelete {
+		if !r.StoredGuarded || r.Record.Grant == "" {
+			return "", "", false
+		}
+		ns, n, found := strings.Cut(r.Record.Grant, "/")
+		return ns, n, found
+	}
+	a, err := ParseClaim(r.Claim, r.ObjectNamespace)
+	if err != nil {
+		return "", "", false
+	}
+	return a.GrantNamespace, a.GrantName, true
+}
+
+// CheckGuardedRequest decides on one request to a guarded object. On
+// acceptance of a create or update it returns the Accepted record the enforcement
+// point must write in the same write, with the claim removed; a delete
+// returns the zero Accepted. It refuses, in this order:
+//
+//  1. ReasonNoFence: a request whose body cannot carry a claim (Opaque:
+//     scale, eviction, binding).
+//  2. Delete: ReasonNoFence unless the delete carries a resourceVersion
+//     precondition equal to the stored version and the stored object's
+//     record (written by this enforcement point) has intent "delete"; then
+//     the recorded grant and fence are judged by CheckWrite as of now.
+//  3. Create, update: ReasonNoFence when the request claims nothing, or only
+//     what the stored object already carried (an inherited claim is not an
+//     assertion); ParseClaim's refusals; ReasonNoFence when a proof is
+//     required and missing; then CheckProvenWrite (with a proof) or
+//     CheckWrite, against the stored record when the stored object was
+//     guarded.
+//
+// A delete while the object's namespace terminates is accepted: the
+// namespace's objects go with it.
+func CheckGuardedRequest(r GuardedRequest) (Accepted, error) {
+	if r.Operation == OpDelete && r.NamespaceTerminating {
+		return Accepted{}, nil
+	}
+	if r.Opaque {
+		return Accepted{}, refuse(ReasonNoFence, "a %s request cannot carry a grant and fence; make the change with a fenced write to the object itself", describe(r.Subresource))
+	}
+	var recorded int64
+	if r.StoredGuarded {
+		recorded = r.Record.Fence
+	}
+	if r.Operation == OpDelete {
+		return Accepted{}, checkDelete(r, recorded)
+	}
+	switch {
+	case r.Claim.IsZero():
+		return Accepted{}, refuse(ReasonNoFence, "the write asserts no grant and fence of its own; set them in this write (each accepted write consumes them)")
+	case r.Claim == r.StoredClaim:
+		return Accepted{}, refuse(ReasonNoFence, "the write's grant and fence are the ones the object already carried; a write must assert them itself")
+	}
+	a, err := ParseClaim(r.Claim, r.ObjectNamespace)
+	if err != nil {
+		return Accepted{}, err
+	}
+	if r.RequireProof && a.Proof == "" {
+		return Accepted{}, refuse(ReasonNoFence, "objects under GuardPolicy %q need the grant's proof with every write", r.Policy)
+	}
+	w := Write{Resource: r.Resource, Caller: r.Caller, Fence: a.Fence, Recorded: recorded, Grant: r.Grant, Counter: r.Counter, Now: r.Now}
+	if a.Proof == "" {
+		err = CheckWrite(w)
+	} else {
+		pw := ProvenWrite{Proof: a.Proof, Bundle: r.Bundle, GrantNamespace: a.GrantNamespace, GrantName: a.GrantName, Write: w}
+		if r.RequireProof {
+			pw.Policy, pw.PolicyGeneration = r.Policy, r.PolicyGeneration
+		}
+		err = CheckProvenWrite(pw)
+	}
+	if err != nil {
+		return Accepted{}, err
+	}
+	return Accepted{Grant: a.GrantNamespace + "/" + a.GrantName, Fence: a.Fence, Intent: a.Intent}, nil
+}
+
+func checkDelete(r GuardedRequest, recorded int64) error {
+	switch {
+	case r.Precondition == "" || r.Precondition != r.StoredVersion:
+		return refuse(ReasonNoFence, "a delete of a guarded object must carry the resourceVersion precondition of the version your pre-delete write made (the object is at %q, the delete names %q)", r.StoredVersion, r.Precondition)
+	case !r.StoredGuarded || r.Record.Fence == 0:
+		return refuse(ReasonNoFence, "the object has no accepted write to delete under; write your grant with intent %q first", IntentDelete)
+	case r.Record.Intent != IntentDelete:
+		return refuse(ReasonNoFence, "the last accepted write did not claim intent %q; write your grant with that intent, then delete with its resourceVersion as precondition", IntentDelete)
+	}
+	return CheckWrite(Write{Resource: r.Resource, Caller: r.Caller, Fence: r.Record.Fence, Recorded: recorded, Grant: r.Grant, Counter: r.Counter, Now: r.Now})
+}
+
+func describe(sub string) string {
+	if sub == "" {
+		return "request"
+	}
+	return fmt.Sprintf("%q subresource", sub)
+}
