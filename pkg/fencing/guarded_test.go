@@ -31,7 +31,10 @@ func TestCheckGuardedRequest(t *testing.T) {
 		r.Operation, r.Precondition, r.Record = fencing.OpDelete, precondition, rec
 		return r
 	}
-	with := func(r fencing.GuardedRequest, f func(*fencing.GuardedRequest)) fencing.GuardedRequest { f(&r); return r }
+	with := func(r fencing.GuardedRequest, f func(*fencing.GuardedRequest)) fencing.GuardedRequest {
+		f(&r)
+		return r
+	}
 
 	tests := []struct {
 		name string
