@@ -127,10 +127,14 @@ func (h *Handle) ReportFenceRegression(ctx context.Context, detail string) error
 // every segment and retry of the operation, and the segment's sequence
 // number. The store accepts a larger fence only at sequence 1 of the
 // operation and an equal fence only at the next sequence of the same root.
+// Fences increase per namespace and resource ID (and per cluster), so a
+// store keys its records by Grant.Namespace and Resource together (in
+// pkg/store/postgres: Segment.Namespace and Segment.Resource).
 type Segment struct {
-	// Resource is the resource ID of the lock.
+	// Resource is the resource ID of the lock, scoped to Grant.Namespace.
 	Resource string
-	// Grant is the LockGrant's namespace and name.
+	// Grant is the LockGrant's namespace and name. Its namespace is the
+	// namespace the resource ID and the fence belong to.
 	Grant types.NamespacedName
 	// GrantUID is the LockGrant's UID (the record's leaseID).
 	GrantUID types.UID
