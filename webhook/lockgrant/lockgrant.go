@@ -5,8 +5,8 @@ package lockgrant
 
 import (
 	"context"
-	"maps"
 	"fmt"
+	"maps"
 	"strings"
 	"time"
 
