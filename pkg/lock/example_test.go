@@ -98,7 +98,8 @@ func ExampleHandle_Stamp() {
 		fmt.Println("refused:", err)
 		return
 	}
-	fmt.Println("guarded:", cm.Labels[lockingv1alpha1.GuardedLabel], "fence:", cm.Annotations[lockingv1alpha1.FenceAnnotation])
+	// Admission consumed the claim and recorded what it accepted.
+	fmt.Println("guarded:", cm.Labels[lockingv1alpha1.GuardedLabel], "fence:", cm.Annotations[lockingv1alpha1.AcceptedFenceAnnotation])
 	// Output:
 	// guarded: true fence: 1
 }

@@ -159,8 +159,8 @@ func TestRunFrozenHolder(t *testing.T) {
 	if err := admin.Get(t.Context(), types.NamespacedName{Namespace: ns, Name: "shared"}, &cm); err != nil {
 		t.Fatal(err)
 	}
-	if cm.Data["writer"] != "bob" || cm.Annotations[lockingv1alpha1.FenceAnnotation] != "2" {
-		t.Fatalf("the guarded object is %q at fence %s; want bob's write at fence 2", cm.Data["writer"], cm.Annotations[lockingv1alpha1.FenceAnnotation])
+	if cm.Data["writer"] != "bob" || cm.Annotations[lockingv1alpha1.AcceptedFenceAnnotation] != "2" {
+		t.Fatalf("the guarded object is %q at fence %s; want bob's write at fence 2", cm.Data["writer"], cm.Annotations[lockingv1alpha1.AcceptedFenceAnnotation])
 	}
 	logText := string(must(os.ReadFile(logA)))
 	t.Logf("alice's command log:\n%s", logText)
