@@ -14,6 +14,7 @@ import (
 
 	"github.com/lockwarden/lockwarden/pkg/fencing"
 	"github.com/lockwarden/lockwarden/pkg/lock"
+	"github.com/lockwarden/lockwarden/pkg/lock/holder"
 )
 
 // Environment variables `run` passes to the command.
@@ -44,10 +45,22 @@ objects must carry annotations
   locking.lockwarden.io/fence=$LOCKWARDEN_FENCE
 and be made as the same Kubernetes user.
 
-The moment ownership becomes unknown (renewals did not get through before
-the local deadline: TTL minus a margin after the last confirmed renew was
-sent) or is lost, COMMAND is sent SIGTERM, then SIGKILL after --grace, and
-kubectl lock exits with code 123. Unless stdin is a terminal, COMMAND runs
+COMMAND is always killed before the controller can expire the lease. The
+moment ownership becomes doubtful (renewals did not get through in time) or
+is lost, COMMAND is sent SIGTERM, then SIGKILL after --grace, and kubectl
+lock exits with code 123. SIGTERM is sent --grace before the local deadline
+(TTL minus a safety margin after the last confirmed renew was sent), so
+SIGKILL lands at that deadline at the latest, while the lease still runs.
+The grace therefore comes out of the lease: it can be at most
+TTL - margin - 2 x TTL/3 (the margin is a tenth of the TTL, at least 1 s,
+at most half of it), e.g. 2.3s for --ttl 10s, 7s for --ttl 30s, 14s for
+--ttl 60s. Without --grace it is 10s or that limit, whichever is smaller; a
+--grace that does not fit is refused (exit code 125): raise --ttl.
+
+--request-id makes a retried run find its own request; it never lets two
+runs hold one grant. A run that finds the grant of its request ID held or
+awaited by another run is refused with SESSION_MISMATCH (exit code 3), and
+one that finds it ended is refused with the reason it ended. Unless stdin is a terminal, COMMAND runs
 in its own process group, and signals go to the whole group. SIGINT, SIGTERM
 and SIGHUP sent to kubectl lock are passed on to COMMAND.`,
 		Example: `  kubectl lock run db/orders --ttl 30s --wait 5m -- ./migrate.sh
@@ -59,7 +72,11 @@ and SIGHUP sent to kubectl lock are passed on to COMMAND.`,
 			if dash != 1 || len(args) < 2 {
 				return &exitErr{code: exitRunFailed, err: errors.New("usage: kubectl lock run RESOURCE [flags] -- COMMAND [ARG...]")}
 			}
-			code, err := a.run(args[0], args[1:], o, grace)
+			g, err := fitGrace(o.ttl, grace, cmd.Flags().Changed("grace"))
+			if err != nil {
+				return &exitErr{code: exitRunFailed, err: err}
+			}
+			code, err := a.run(args[0], args[1:], o, g)
 			if err != nil {
 				return &exitErr{code: code, err: err}
 			}
@@ -70,8 +87,37 @@ and SIGHUP sent to kubectl lock are passed on to COMMAND.`,
 		},
 	}
 	o.addFlags(cmd)
-	cmd.Flags().DurationVar(&grace, "grace", 10*time.Second, "How long COMMAND has to exit after SIGTERM before it is killed.")
+	cmd.Flags().DurationVar(&grace, "grace", defaultGrace, "How long COMMAND has to exit after SIGTERM before it is killed; at most TTL - margin - 2 x TTL/3 (default 10s or that limit).")
 	return cmd
+}
+
+// defaultGrace is --grace when it is not set and the lease leaves room.
+const defaultGrace = 10 * time.Second
+
+// maxGrace is the longest grace a lease of ttl leaves: the time from the
+// local deadline to the end of the lease is the safety margin, which absorbs
+// clock-rate differences and is never spent; so SIGTERM goes out grace
+// before the local deadline, and the handle still needs two renew intervals
+// before that to renew at least once and retry once.
+func maxGrace(ttl time.Duration) time.Duration {
+	return max(0, ttl-holder.DefaultMargin(ttl)-2*holder.DefaultRenewInterval(ttl))
+}
+
+// fitGrace returns the grace run uses: grace when it fits the lease,
+// refused (errors.Is lock.ErrInvalidOption) when set explicitly and too
+// long, else capped.
+func fitGrace(ttl, grace time.Duration, explicit bool) (time.Duration, error) {
+	limit := maxGrace(ttl)
+	switch {
+	case grace < 0:
+		return 0, fmt.Errorf("%w: --grace %s is negative", lock.ErrInvalidOption, grace)
+	case grace <= limit:
+		return grace, nil
+	case explicit:
+		return 0, fmt.Errorf("%w: --grace %s does not fit a %s lease: SIGKILL must land before the lease can expire, so the grace is at most %s (TTL - margin - 2 x TTL/3); lower --grace or raise --ttl",
+			lock.ErrInvalidOption, grace, ttl, limit)
+	}
+	return limit, nil
 }
 
 // run holds the lock on resource while argv runs, and returns the exit code.
@@ -100,7 +146,10 @@ func (a *app) run(resource string, argv []string, o acquireOptions, grace time.D
 	}()
 
 	p := newProgress(a.streams.ErrOut, c, ns, resource)
-	h, err := locks.Acquire(ctx, resource, append(o.lockOptions(), lock.WithProgress(p.update))...)
+	// The handle's deadline comes grace early: SIGTERM then, SIGKILL at
+	// the true local deadline, before the lease can expire.
+	margin := holder.DefaultMargin(o.ttl) + grace
+	h, err := locks.Acquire(ctx, resource, append(o.lockOptions(), lock.WithProgress(p.update), lock.WithSafetyMargin(margin))...)
 	close(acquiring)
 	<-watcher
 	if err != nil {
@@ -110,22 +159,29 @@ func (a *app) run(resource string, argv []string, o acquireOptions, grace time.D
 			return exitNotAcquired, err
 		case interrupted != 0:
 			return 128 + int(interrupted), fmt.Errorf("interrupted while waiting; the request was withdrawn: %w", err)
+		case fencing.ReasonOf(err) != "":
+			return exitRefused, err
 		}
 		return exitRunFailed, err
 	}
 	p.finish(fmt.Sprintf("acquired %s: grant %s, fence %d", resource, h.Grant().Name, h.Fence()))
-	release := func() error {
-		rctx, rcancel := context.WithTimeout(context.Background(), 30*time.Second)
+	// release ends the grant. After the lock was lost or became doubtful
+	// it gives up sooner: the lease runs out by itself within the margin.
+	release := func(timeout time.Duration) error {
+		rctx, rcancel := context.WithTimeout(context.Background(), timeout)
 		defer rcancel()
-		res, err := h.Release(rctx)
+		wasLost := !errors.Is(h.Err(), lock.ErrReleased) && h.Err() != nil
+		err := h.Release(rctx)
 		switch {
-		case err != nil:
+		case err == nil:
+			return nil
+		case fencing.ReasonOf(err) == "":
 			return fmt.Errorf("releasing grant %s: %w (its lease will run out)", h.Grant().Name, err)
-		case res != lock.Released && errors.Is(h.Err(), lock.ErrReleased):
-			// The lease ended before the release arrived, unnoticed.
-			return fmt.Errorf("releasing grant %s: %w", h.Grant().Name, &fencing.Error{Reason: res.Reason(), Detail: releaseDetail(res)})
+		case wasLost:
+			return nil // the loss was reported already
 		}
-		return nil
+		// The lease ended before the release arrived, unnoticed.
+		return err
 	}
 
 	child := exec.Command(argv[0], argv[1:]...)
@@ -143,7 +199,7 @@ func (a *app) run(resource string, argv []string, o acquireOptions, grace time.D
 		child.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	}
 	if err := child.Start(); err != nil {
-		_ = release()
+		_ = release(releaseTimeout)
 		code := exitCannotExec
 		if errors.Is(err, exec.ErrNotFound) || errors.Is(err, os.ErrNotExist) {
 			code = exitNotFound
@@ -164,7 +220,7 @@ func (a *app) run(resource string, argv []string, o acquireOptions, grace time.D
 		select {
 		case err := <-exited:
 			code := exitCode(child.ProcessState, err)
-			if rerr := release(); rerr != nil {
+			if rerr := release(releaseTimeout); rerr != nil {
 				fmt.Fprintf(a.streams.ErrOut, "kubectl-lock: warning: %v\n", rerr)
 			}
 			return code, nil
@@ -180,7 +236,7 @@ func (a *app) run(resource string, argv []string, o acquireOptions, grace time.D
 				<-exited
 			}
 			t.Stop()
-			if rerr := release(); rerr != nil {
+			if rerr := release(lostReleaseTimeout); rerr != nil {
 				fmt.Fprintf(a.streams.ErrOut, "kubectl-lock: %v\n", rerr)
 			}
 			return exitLockLost, fmt.Errorf("lock on %s lost while the command ran: %w", resource, cause)
@@ -192,6 +248,13 @@ func (a *app) run(resource string, argv []string, o acquireOptions, grace time.D
 		}
 	}
 }
+
+// How long run waits for its release: after the command exited, and after
+// the lock was lost or became doubtful (the lease runs out by itself then).
+const (
+	releaseTimeout     = 30 * time.Second
+	lostReleaseTimeout = 5 * time.Second
+)
 
 // exitCode is the shell's view of how a command ended: its exit status, or
 // 128+S when signal S killed it.
