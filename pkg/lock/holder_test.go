@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/url"
 	"strings"
 	"testing"
 	"time"
@@ -20,8 +21,10 @@ import (
 
 	lockingv1alpha1 "github.com/lockwarden/lockwarden/api/v1alpha1"
 	"github.com/lockwarden/lockwarden/internal/denial"
+	"github.com/lockwarden/lockwarden/internal/testenv"
 	"github.com/lockwarden/lockwarden/pkg/fencing"
 	"github.com/lockwarden/lockwarden/pkg/lock"
+	"github.com/lockwarden/lockwarden/pkg/lock/holder"
 )
 
 var lockGrants = schema.GroupResource{Group: lockingv1alpha1.GroupVersion.Group, Resource: "lockgrants"}
@@ -289,4 +292,53 @@ func TestConfigureTransport(t *testing.T) {
 	if _, err := lock.ConfigureTransport(hc); !errors.Is(err, lock.ErrInvalidOption) {
 		t.Fatalf("a config with its own transport: %v, want ErrInvalidOption", err)
 	}
+}
+
+// After a partition heals, a handle whose connection died in it learns its
+// grant's fate within a few seconds: ConfigureTransport's health checks
+// close the dead connection during the partition, so that nothing waits
+// for it afterwards.
+func TestPartitionHealSettlesQuickly(t *testing.T) {
+	ns := namespace(t)
+	u, err := url.Parse(cfg.Host)
+	if err != nil {
+		t.Fatal(err)
+	}
+	px, err := testenv.StartProxy(u.Host)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer px.Close()
+	rc := rest.CopyConfig(cfg)
+	rc.Host = "https://" + px.Addr()
+	rc.Impersonate = rest.ImpersonationConfig{UserName: "system:serviceaccount:billing:heal-a", Groups: []string{"system:serviceaccounts"}}
+	hc, err := lock.ConfigureTransport(rc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := client.NewWithWatch(hc, client.Options{Scheme: scheme})
+	if err != nil {
+		t.Fatal(err)
+	}
+	h, err := lock.NewClient(c, lock.WithNamespace(ns)).Acquire(t.Context(), "b10/heal", lock.WithTTL(4*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	px.Partition()
+	eventually(t, "ownership becomes unknown", func() bool { return errors.Is(h.Err(), lock.ErrOwnershipUnknown) })
+	// The controller expires the grant meanwhile.
+	clk.Step(5 * time.Second)
+	wake(t, h.Grant())
+	waitPhase(t, h.Grant(), lockingv1alpha1.PhaseExpired)
+	// The health checks find the connection dead and the client dials
+	// again, during the partition.
+	eventually(t, "the client gives up its dead connection", func() bool { return px.Refused() > 0 })
+	px.Heal()
+	healed := time.Now()
+	eventually(t, "the handle reads that its grant expired", func() bool { return h.State() == holder.Expired })
+	if took := time.Since(healed); took > 3*time.Second {
+		t.Fatalf("OWNERSHIP_UNKNOWN settled %s after the heal, want within 3 s", took)
+	}
+	t.Logf("settled %s after the heal", time.Since(healed))
+	_ = h.Release(t.Context())
 }
