@@ -15,13 +15,13 @@ type Proxy struct {
 	ln       net.Listener
 	upstream string
 
-	mu    sync.Mutex
-	gen   int // partitions so far: a connection of an earlier generation is dead
-	cut   bool
+	mu  sync.Mutex
+	gen int // partitions so far: a connection of an earlier generation is dead
+	cut bool
 	// refused counts connections refused during partitions.
 	refused int
 	conns   []net.Conn
-	wg    sync.WaitGroup
+	wg      sync.WaitGroup
 }
 
 // StartProxy listens on 127.0.0.1 and forwards to upstream ("host:port").
