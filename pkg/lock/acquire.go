@@ -198,8 +198,8 @@ func (h *Handle) create(ctx context.Context, g *lockingv1alpha1.LockGrant, s *se
 					h.key, cur.Spec.Resource, cur.Spec.RequestID, cur.Spec.OperationRoot, cur.Spec.OperationClass, cur.Spec.Policy)
 			case cur.Status.Phase.Final():
 				// The request ID is spent: its acquisition is over.
-				return fmt.Errorf("lock: acquiring %s: request ID %q was used by grant %s, which has ended (%s): %w",
-					g.Spec.Resource, g.Spec.RequestID, h.key, cur.Status.Phase, refusalOf(phaseReason(cur.Status.Phase)))
+				return fmt.Errorf("lock: acquiring %s: grant %s of request ID %q has ended (%s); the request ID is spent, acquire with a new one: %w",
+					g.Spec.Resource, h.key, g.Spec.RequestID, cur.Status.Phase, refusalOf(phaseReason(cur.Status.Phase)))
 			case cur.Annotations[lockingv1alpha1.SessionAnnotation] != s.session:
 				return fmt.Errorf("lock: acquiring %s: %w", g.Spec.Resource, sessionMismatch(cur))
 			default:

@@ -220,7 +220,8 @@ func TestC08RenewAfterExpiry(t *testing.T) {
 			}
 			fa := &faulty{WithWatch: as(t, "c08-a")}
 			locks := lock.NewClient(fa, lock.WithNamespace(ns), lock.WithClock(hclk))
-			a, err := locks.Acquire(t.Context(), res, lock.WithTTL(2*time.Second))
+			// Detached: the late renew below is sent from outside the handle.
+			a, err := locks.Acquire(t.Context(), res, lock.WithTTL(2*time.Second), lock.WithDetachedGrant())
 			if err != nil {
 				t.Fatal(err)
 			}
