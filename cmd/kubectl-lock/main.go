@@ -10,12 +10,15 @@
 //	kubectl lock release GRANT
 //	kubectl lock status RESOURCE [-o json|yaml]
 //	kubectl lock list [--resource R] [--phase P] [--owner O] [-A] [-o json|yaml]
-//	kubectl lock run RESOURCE [--ttl 30s] [--wait 0] [--grace 10s] -- COMMAND [ARG...]
+//	kubectl lock run RESOURCE [--ttl 30s] [--wait 0] [--grace 10s] [-- COMMAND [ARG...]]
+//	kubectl lock version
 //	kubectl lock completion bash|zsh|fish|powershell
 //
 // `run` passes the command LOCKWARDEN_FENCE, LOCKWARDEN_GRANT (the grant's
-// name), LOCKWARDEN_NAMESPACE, LOCKWARDEN_RESOURCE, LOCKWARDEN_GRANT_UID and
-// LOCKWARDEN_REQUEST_ID. A guarded write made by the command carries
+// name), LOCKWARDEN_NAMESPACE, LOCKWARDEN_RESOURCE, LOCKWARDEN_GRANT_UID,
+// LOCKWARDEN_REQUEST_ID and LOCKWARDEN_PROOF (the signed grant record);
+// without a command, run holds the lock until interrupted. A guarded write
+// made by the command carries
 // annotations locking.lockwarden.io/grant=$LOCKWARDEN_NAMESPACE/$LOCKWARDEN_GRANT
 // and locking.lockwarden.io/fence=$LOCKWARDEN_FENCE, and must be made as the
 // same Kubernetes user. When ownership becomes doubtful or is lost, the

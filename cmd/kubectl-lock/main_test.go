@@ -1,12 +1,15 @@
 package main
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/cli-runtime/pkg/genericiooptions"
 
 	"github.com/lockwarden/lockwarden/pkg/fencing"
 	"github.com/lockwarden/lockwarden/pkg/lock"
@@ -61,5 +64,13 @@ func TestFitGrace(t *testing.T) {
 		if tc.refused != (err != nil) || (err != nil && !errors.Is(err, lock.ErrInvalidOption)) || got != tc.want {
 			t.Errorf("fitGrace(%s, %s, %v) = %s, %v; want %s, refused %v", tc.ttl, tc.grace, tc.explicit, got, err, tc.want, tc.refused)
 		}
+	}
+}
+
+func TestVersion(t *testing.T) {
+	var out bytes.Buffer
+	code := execute([]string{"version"}, genericiooptions.IOStreams{In: &bytes.Buffer{}, Out: &out, ErrOut: &out})
+	if code != 0 || !strings.HasPrefix(out.String(), "kubectl-lock ") || !strings.Contains(out.String(), "(commit ") {
+		t.Fatalf("version exited %d and printed %q", code, out.String())
 	}
 }

@@ -143,7 +143,7 @@ on $PATH that runs: kubectl-lock __complete "$@"`,
 		Annotations: map[string]string{cobra.CommandDisplayNameAnnotation: "kubectl lock"},
 	}
 	a.flags.AddFlags(root.PersistentFlags())
-	root.AddCommand(a.acquireCmd(), a.renewCmd(), a.releaseCmd(), a.statusCmd(), a.listCmd(), a.runCmd())
+	root.AddCommand(a.acquireCmd(), a.renewCmd(), a.releaseCmd(), a.statusCmd(), a.listCmd(), a.runCmd(), a.versionCmd())
 	return root
 }
 

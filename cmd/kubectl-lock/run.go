@@ -25,13 +25,18 @@ const (
 	EnvNamespace = "LOCKWARDEN_NAMESPACE"
 	EnvResource  = "LOCKWARDEN_RESOURCE"
 	EnvRequestID = "LOCKWARDEN_REQUEST_ID"
+	// EnvProof is the signed grant record (status.proof), "" when the
+	// registry publishes none: what annotation locking.lockwarden.io/proof
+	// carries on a guarded write, and what a verifier outside the cluster
+	// checks with the trust bundle.
+	EnvProof = "LOCKWARDEN_PROOF"
 )
 
 func (a *app) runCmd() *cobra.Command {
 	var o acquireOptions
 	var grace time.Duration
 	cmd := &cobra.Command{
-		Use:   "run RESOURCE [--ttl 30s] [--wait 0] [--grace 10s] -- COMMAND [ARG...]",
+		Use:   "run RESOURCE [--ttl 30s] [--wait 0] [--grace 10s] [-- COMMAND [ARG...]]",
 		Short: "Run a command while holding the lock on RESOURCE",
 		Long: `Take the lock on RESOURCE (waiting in its queue, with a progress line on
 stderr), run COMMAND while renewing the lease, and release the lock when
@@ -39,10 +44,11 @@ COMMAND exits.
 
 COMMAND gets the lock in its environment: LOCKWARDEN_FENCE, LOCKWARDEN_GRANT
 (the grant's name), LOCKWARDEN_NAMESPACE, LOCKWARDEN_RESOURCE,
-LOCKWARDEN_GRANT_UID and LOCKWARDEN_REQUEST_ID. Writes it makes to guarded
-objects must carry annotations
+LOCKWARDEN_GRANT_UID, LOCKWARDEN_REQUEST_ID and LOCKWARDEN_PROOF (the signed
+grant record). Writes it makes to guarded objects must carry annotations
   locking.lockwarden.io/grant=$LOCKWARDEN_NAMESPACE/$LOCKWARDEN_GRANT
   locking.lockwarden.io/fence=$LOCKWARDEN_FENCE
+  locking.lockwarden.io/proof=$LOCKWARDEN_PROOF  (required under a GuardPolicy)
 and be made as the same Kubernetes user.
 
 COMMAND is always killed before the controller can expire the lease. The
@@ -57,6 +63,11 @@ at most half of it), e.g. 2.3s for --ttl 10s, 7s for --ttl 30s, 14s for
 --ttl 60s. Without --grace it is 10s or that limit, whichever is smaller; a
 --grace that does not fit is refused (exit code 125): raise --ttl.
 
+Without COMMAND, run holds the lock until it is interrupted (Ctrl-C,
+SIGTERM, SIGHUP), as etcdctl lock does: it prints the grant and its fence
+on stdout, renews the lease, releases it on the signal and exits 0, or
+exits 123 if the lock is lost or in doubt first.
+
 --request-id makes a retried run find its own request; it never lets two
 runs hold one grant. A run that finds the grant of its request ID held or
 awaited by another run is refused with SESSION_MISMATCH (exit code 3), and
@@ -69,14 +80,21 @@ and SIGHUP sent to kubectl lock are passed on to COMMAND.`,
 		ValidArgsFunction: a.completeResources,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			dash := cmd.ArgsLenAtDash()
-			if dash != 1 || len(args) < 2 {
+			if dash == -1 && len(args) == 1 {
+				// No command: hold the lock until interrupted.
+				args = append(args, "")
+			} else if dash != 1 || len(args) < 2 {
 				return &exitErr{code: exitRunFailed, err: errors.New("usage: kubectl lock run RESOURCE [flags] -- COMMAND [ARG...]")}
 			}
 			g, err := fitGrace(o.ttl, grace, cmd.Flags().Changed("grace"))
 			if err != nil {
 				return &exitErr{code: exitRunFailed, err: err}
 			}
-			code, err := a.run(args[0], args[1:], o, g)
+			argv := args[1:]
+			if argv[0] == "" {
+				argv = nil
+			}
+			code, err := a.run(args[0], argv, o, g)
 			if err != nil {
 				return &exitErr{code: code, err: err}
 			}
@@ -184,6 +202,9 @@ func (a *app) run(resource string, argv []string, o acquireOptions, grace time.D
 		return err
 	}
 
+	if len(argv) == 0 {
+		return a.hold(h, resource, sigs, release)
+	}
 	child := exec.Command(argv[0], argv[1:]...)
 	child.Stdin, child.Stdout, child.Stderr = a.streams.In, a.streams.Out, a.streams.ErrOut
 	child.Env = append(os.Environ(),
@@ -193,6 +214,7 @@ func (a *app) run(resource string, argv []string, o acquireOptions, grace time.D
 		EnvNamespace+"="+h.Grant().Namespace,
 		EnvResource+"="+resource,
 		EnvRequestID+"="+h.RequestID(),
+		EnvProof+"="+h.Proof(),
 	)
 	interactive := isTerminal(a.streams.In)
 	if !interactive {
@@ -246,6 +268,25 @@ func (a *app) run(resource string, argv []string, o acquireOptions, grace time.D
 				signalChild(sig)
 			}
 		}
+	}
+}
+
+// hold keeps h until a signal (release, exit 0) or until ownership is lost
+// or in doubt (exit 123).
+func (a *app) hold(h *lock.Handle, resource string, sigs <-chan os.Signal, release func(time.Duration) error) (int, error) {
+	fmt.Fprintf(a.streams.Out, "grant %s fence %d\n", h.Grant().Name, h.Fence())
+	select {
+	case <-sigs:
+		if err := release(releaseTimeout); err != nil {
+			return exitRunFailed, err
+		}
+		return exitOK, nil
+	case <-h.Done():
+		cause := h.Err()
+		if rerr := release(lostReleaseTimeout); rerr != nil {
+			fmt.Fprintf(a.streams.ErrOut, "kubectl-lock: %v\n", rerr)
+		}
+		return exitLockLost, fmt.Errorf("lock on %s lost while held: %w", resource, cause)
 	}
 }
 

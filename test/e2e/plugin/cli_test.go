@@ -2,8 +2,10 @@ package plugin
 
 import (
 	"encoding/json"
+	"os"
 	"strings"
 	"testing"
+	"time"
 
 	lockingv1alpha1 "github.com/lockwarden/lockwarden/api/v1alpha1"
 )
@@ -76,8 +78,23 @@ func TestCommands(t *testing.T) {
 	if code, _, _ = kubectlLockOK(t, "alice", "-n", ns, "run", res, "--", "/nonexistent/command"); code != 127 {
 		t.Fatalf("run of a missing command exited %d, want 127", code)
 	}
-	if code, _, _ = kubectlLockOK(t, "alice", "-n", ns, "run", res); code != 125 {
-		t.Fatalf("run without a command exited %d, want 125", code)
+	if code, _, _ = kubectlLockOK(t, "alice", "-n", ns, "run", res, "extra"); code != 125 {
+		t.Fatalf("run with a command but no -- exited %d, want 125", code)
+	}
+	// run without a command holds the lock until Ctrl-C, then releases it.
+	held := kubectlLock(t, "alice", nil, "-n", ns, "run", res)
+	eventually(t, 30*time.Second, "run without a command holds the lock", func() bool { return strings.Contains(held.stdout.String(), " fence ") })
+	if code, _, errOut = kubectlLockOK(t, "bob", "-n", ns, "acquire", res, "--wait", "1s"); code != 124 {
+		t.Fatalf("acquire while run holds the lock exited %d, want 124: %s", code, errOut)
+	}
+	if err := held.cmd.Process.Signal(os.Interrupt); err != nil {
+		t.Fatal(err)
+	}
+	if code := held.wait(t, 30*time.Second); code != 0 || held.stderr.String() != "" {
+		t.Fatalf("run without a command exited %d after Ctrl-C, want 0 and a quiet stderr:\n%s", code, held.stderr)
+	}
+	if code, out, errOut = kubectlLockOK(t, "bob", "-n", ns, "run", res, "--", "sh", "-c", `printf %s "$LOCKWARDEN_PROOF" | cut -c1-5`); code != 0 || out != "lgv1.\n" {
+		t.Fatalf("run after the holder's Ctrl-C exited %d and printed %q, want the proof in LOCKWARDEN_PROOF: %s", code, out, errOut)
 	}
 	if code, out, _ = kubectlLockOK(t, "alice", "completion", "bash"); code != 0 || !strings.Contains(out, "bash completion") {
 		t.Fatalf("completion bash exited %d", code)
