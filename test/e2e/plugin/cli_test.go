@@ -40,6 +40,23 @@ func TestCommands(t *testing.T) {
 	if code != 0 || !strings.Contains(out, g.Name) || !strings.Contains(out, "Held") {
 		t.Fatalf("list exited %d:\n%s", code, out)
 	}
+	// kubectl's output formats.
+	if code, out, errOut = kubectlLockOK(t, "bob", "-n", ns, "status", res, "-o", "jsonpath={.holder.fence} {.holder.owner}"); code != 0 || out != "1 alice" {
+		t.Fatalf("status -o jsonpath exited %d and printed %q: %s", code, out, errOut)
+	}
+	if code, out, errOut = kubectlLockOK(t, "bob", "-n", ns, "list", "-o", "name"); code != 0 || out != "lockgrant.locking.lockwarden.io/"+g.Name+"\n" {
+		t.Fatalf("list -o name exited %d and printed %q: %s", code, out, errOut)
+	}
+	if code, out, errOut = kubectlLockOK(t, "bob", "-n", ns, "list", "-o", "go-template={{range .items}}{{.spec.resource}}{{end}}"); code != 0 || out != res {
+		t.Fatalf("list -o go-template exited %d and printed %q: %s", code, out, errOut)
+	}
+	var gl lockingv1alpha1.LockGrantList
+	if code, out, _ = kubectlLockOK(t, "bob", "-n", ns, "list", "-o", "json"); code != 0 || json.Unmarshal([]byte(out), &gl) != nil || gl.Kind != "LockGrantList" || len(gl.Items) != 1 {
+		t.Fatalf("list -o json exited %d and printed %q", code, out)
+	}
+	if code, _, errOut = kubectlLockOK(t, "bob", "-n", ns, "status", res, "-o", "name"); code != 1 || !strings.Contains(errOut, "allowed formats") {
+		t.Fatalf("status -o name exited %d, want 1 and the allowed formats: %s", code, errOut)
+	}
 	if code, out, _ = kubectlLockOK(t, "bob", "-n", ns, "list", "--phase", "Released"); code != 0 || strings.Contains(out, g.Name) {
 		t.Fatalf("list --phase Released exited %d:\n%s", code, out)
 	}
