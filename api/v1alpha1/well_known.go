@@ -63,6 +63,12 @@ const (
 	//   kubectl get lockgrants -l locking.lockwarden.io/request-id=ID
 	// It is set by admission from the spec and cannot be changed.
 	RequestIDLabel = "locking.lockwarden.io/request-id"
+
+	// SessionLabel marks a coordination.k8s.io/v1 Lease as a client
+	// session that LockGrants may name in spec.session (value "true"). The
+	// controller watches only Leases with this label; admission refuses a
+	// session Lease without it.
+	SessionLabel = "locking.lockwarden.io/session"
 )
 
 // ResourcePattern is the syntax of a resource ID (LockGrantSpec.Resource);

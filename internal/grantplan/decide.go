@@ -2,6 +2,7 @@ package grantplan
 
 import (
 	"cmp"
+	"errors"
 	"fmt"
 	"math"
 	"slices"
@@ -34,6 +35,9 @@ const (
 	ReasonPolicyDenied = "PolicyDenied"
 	// ReasonFenceRegression: a resource refused the grant's fence as reissued.
 	ReasonFenceRegression = string(fencing.ReasonFenceRegression)
+	// ReasonSessionExpired: the session Lease the request names is gone or
+	// lapsed: a Pending request is withdrawn, a Held grant ends.
+	ReasonSessionExpired = string(fencing.ReasonSessionExpired)
 )
 
 // Facts is what one decision about a resource needs.
@@ -57,6 +61,24 @@ type Facts struct {
 	Policies map[string]*lockingv1alpha1.GuardPolicy
 	// Params are the issuer's epoch and signing key, for records.
 	Params issuer.Params
+	// Sessions are the session Leases that live grants name, by Lease
+	// name; a nil value means the Lease does not exist.
+	Sessions map[string]*fencing.Session
+}
+
+// session says whether g's session keeps it alive: it returns the instant
+// the session lapses unless renewed (zero for a grant without a session),
+// or the refusal (SESSION_EXPIRED) once the session is gone or lapsed.
+func (f Facts) session(g *lockingv1alpha1.LockGrant) (time.Time, error) {
+	ref := g.Spec.Session
+	if ref == nil {
+		return time.Time{}, nil
+	}
+	s := f.Sessions[ref.Name]
+	if err := fencing.CheckSession(s, ref.UID, g.Spec.Owner, f.Now); err != nil {
+		return time.Time{}, err
+	}
+	return s.LapsesAt(), nil
 }
 
 // revocation says why a grant that is Held or waiting must be revoked, or
@@ -196,14 +218,19 @@ func Decide(f Facts) Plan {
 				// counter's fence, never issue another.
 				p.Events = append(p.Events, hold(g, holder.Fence, now))
 			}
+			lapses, serr := f.session(g)
 			if reason, msg := f.revocation(g); reason != "" {
 				p.Events = append(p.Events, end(g, lockingv1alpha1.PhaseRevoked, reason, msg, now, true))
+			} else if serr != nil && !g.Spec.Release {
+				// Its client is gone: end the grant now rather than at
+				// the end of its lease. The fence stays consumed.
+				p.Events = append(p.Events, end(g, lockingv1alpha1.PhaseExpired, ReasonSessionExpired, "Ended before its lease ran out: "+detail(serr), now, true))
 			} else if e, ended := settleHolder(g, now); ended {
 				p.Events = append(p.Events, e...)
 			} else {
 				p.Events = append(p.Events, e...)
 				holderLive = true
-				deadlines = append(deadlines, st.ExpiresAt.Time)
+				deadlines = append(deadlines, st.ExpiresAt.Time, lapses)
 			}
 		case st.Phase == lockingv1alpha1.PhaseHeld:
 			// Held in status but no longer the counter's holder: the
@@ -212,6 +239,7 @@ func Decide(f Facts) Plan {
 			p.Events = append(p.Events, endHeldNotHolder(g, now))
 		default: // Pending, or new.
 			reason, msg := f.revocation(g)
+			lapses, serr := f.session(g)
 			switch {
 			case reason != "":
 				p.Events = append(p.Events, end(g, lockingv1alpha1.PhaseRevoked, reason, msg, now, true))
@@ -219,11 +247,13 @@ func Decide(f Facts) Plan {
 				p.Events = append(p.Events, end(g, lockingv1alpha1.PhaseReleased, ReasonCancelled, "Request withdrawn before it was granted", now, false))
 			case !waitDeadline(g).IsZero() && fencing.Expired(waitDeadline(g), f.Now):
 				p.Events = append(p.Events, end(g, lockingv1alpha1.PhaseTimedOut, ReasonTimedOut, "Wait limit passed before the resource was granted", now, true))
+			case serr != nil:
+				// Nobody follows the request any more: withdraw it,
+				// never grant it, and let the next live waiter in.
+				p.Events = append(p.Events, end(g, lockingv1alpha1.PhaseReleased, ReasonSessionExpired, "Withdrawn before it was granted: "+detail(serr), now, true))
 			default:
 				waiting = append(waiting, g)
-				if d := waitDeadline(g); !d.IsZero() {
-					deadlines = append(deadlines, d)
-				}
+				deadlines = append(deadlines, waitDeadline(g), lapses)
 			}
 		}
 		if msg, ok := g.Annotations[lockingv1alpha1.FenceRegressionAnnotation]; ok && !meta.IsStatusConditionTrue(st.Conditions, lockingv1alpha1.ConditionFenceRegression) {
@@ -276,11 +306,23 @@ func Decide(f Facts) Plan {
 	}
 
 	for _, d := range deadlines {
+		if d.IsZero() {
+			continue
+		}
 		if wait := d.Sub(f.Now); wait > 0 && (p.RequeueAfter == 0 || wait < p.RequeueAfter) {
 			p.RequeueAfter = wait
 		}
 	}
 	return p
+}
+
+// detail is the sentence of a refusal, without its reason code.
+func detail(err error) string {
+	var e *fencing.Error
+	if errors.As(err, &e) {
+		return e.Detail
+	}
+	return err.Error()
 }
 
 // quiet reports whether a grant is final and needs nothing: no deletion

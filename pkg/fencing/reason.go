@@ -65,6 +65,14 @@ const (
 	// acknowledgement was lost, or the store could not tell). The caller
 	// looks the receipt up (see ResolveMutation) before doing anything else.
 	ReasonMutationUnknown Reason = "MUTATION_UNKNOWN"
+
+	// Session rules (CheckSession).
+
+	// ReasonSessionExpired: the request's session Lease is gone, was
+	// replaced, no longer names the owner, or lapsed by the registry's
+	// clock: its client is presumed dead, so the request is withdrawn (or
+	// the grant ended) and the resource passes on.
+	ReasonSessionExpired Reason = "SESSION_EXPIRED"
 )
 
 // Sentinel errors, one per Reason, matched with errors.Is.
@@ -86,6 +94,7 @@ var (
 	ErrSequenceGap     = errors.New("fencing: sequence gap")
 	ErrSegmentConflict = errors.New("fencing: segment conflict")
 	ErrMutationUnknown = errors.New("fencing: mutation outcome unknown")
+	ErrSessionExpired  = errors.New("fencing: session expired")
 )
 
 var sentinels = map[Reason]error{
@@ -106,6 +115,7 @@ var sentinels = map[Reason]error{
 	ReasonSequenceGap:     ErrSequenceGap,
 	ReasonSegmentConflict: ErrSegmentConflict,
 	ReasonMutationUnknown: ErrMutationUnknown,
+	ReasonSessionExpired:  ErrSessionExpired,
 }
 
 // Error is a refusal: a Reason and a sentence for the user. It matches the
