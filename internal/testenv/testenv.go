@@ -15,9 +15,11 @@ import (
 	"time"
 
 	"go.uber.org/zap/zapcore"
+	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/runtime"
 	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
 	"k8s.io/apimachinery/pkg/util/wait"
@@ -119,6 +121,8 @@ func (e *Env) startManager(ctx context.Context, clk clock.PassiveClock) error {
 		Cache: cache.Options{ByObject: map[client.Object]cache.ByObject{
 			&corev1.Secret{}:    {Namespaces: map[string]cache.Config{ManagerNamespace: {}}},
 			&corev1.ConfigMap{}: {Namespaces: map[string]cache.Config{ManagerNamespace: {}}},
+			// Leases: only client sessions (spec.session of LockGrants).
+			&coordinationv1.Lease{}: {Label: labels.SelectorFromSet(labels.Set{lockingv1alpha1.SessionLabel: "true"})},
 		}},
 		Metrics: metricsserver.Options{BindAddress: "0"},
 		WebhookServer: webhook.NewServer(webhook.Options{
