@@ -114,7 +114,9 @@ and fence. The lock is not renewed after the command exits: renew it with
 			ctx, cancel := signalContext()
 			defer cancel()
 			p := newProgress(a.streams.ErrOut, c, ns, args[0])
-			h, err := locks.Acquire(ctx, args[0], append(o.lockOptions(), lock.WithProgress(p.update))...)
+			// The grant outlives this command, so it is not tied to a
+			// session: it lives by its lease and its renewals.
+			h, err := locks.Acquire(ctx, args[0], append(o.lockOptions(), lock.WithProgress(p.update), lock.WithoutSession())...)
 			if err != nil {
 				p.finish("")
 				return classify(err)

@@ -80,6 +80,9 @@ func (a *app) run(resource string, argv []string, o acquireOptions, grace time.D
 	if err != nil {
 		return exitRunFailed, err
 	}
+	// The session keeps the request alive while this process waits and
+	// holds; ending it on the way out frees the queue at once.
+	defer func() { _ = locks.Close(context.Background()) }()
 	// Signals: while waiting they cancel the request; while the command
 	// runs they are passed on to it.
 	sigs := make(chan os.Signal, 4)

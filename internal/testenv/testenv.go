@@ -189,3 +189,31 @@ func (e *Env) Namespace(ctx context.Context, prefix string) (string, error) {
 	}
 	return ns.Name, nil
 }
+
+// GrantUsersSessions lets every authenticated user keep client sessions
+// (coordination.k8s.io Leases, see pkg/lock.Session) in namespace ns, or in
+// every namespace when ns is "". Without it, pkg/lock makes requests
+// without a session.
+func (e *Env) GrantUsersSessions(ctx context.Context, ns string) error {
+	rules := []rbacv1.PolicyRule{{APIGroups: []string{"coordination.k8s.io"}, Resources: []string{"leases"}, Verbs: []string{"get", "list", "watch", "create", "update", "patch", "delete"}}}
+	subjects := []rbacv1.Subject{{Kind: rbacv1.GroupKind, APIGroup: rbacv1.GroupName, Name: "system:authenticated"}}
+	name := "lockwarden-test-sessions"
+	if ns == "" {
+		if err := e.Admin.Create(ctx, &rbacv1.ClusterRole{ObjectMeta: metav1.ObjectMeta{Name: name}, Rules: rules}); err != nil {
+			return err
+		}
+		return e.Admin.Create(ctx, &rbacv1.ClusterRoleBinding{
+			ObjectMeta: metav1.ObjectMeta{Name: name},
+			RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: name},
+			Subjects:   subjects,
+		})
+	}
+	if err := e.Admin.Create(ctx, &rbacv1.Role{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name}, Rules: rules}); err != nil {
+		return err
+	}
+	return e.Admin.Create(ctx, &rbacv1.RoleBinding{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name},
+		RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "Role", Name: name},
+		Subjects:   subjects,
+	})
+}

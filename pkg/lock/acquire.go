@@ -80,6 +80,15 @@ func (c *Client) acquire(ctx context.Context, resource string, try bool, opts []
 			Policy:               s.policy,
 		},
 	}
+	// Session hook (session.go): the request lives as long as its client.
+	sess, err := c.sessionFor(ctx, s)
+	if err != nil {
+		return nil, err
+	}
+	var sessionDone <-chan struct{}
+	if sess != nil {
+		g.Spec.Session, sessionDone = sess.Ref(), sess.Done()
+	}
 	switch {
 	case try:
 		g.Spec.WaitTimeoutSeconds = tryWaitSeconds
@@ -108,6 +117,9 @@ func (c *Client) acquire(ctx context.Context, resource string, try bool, opts []
 	// The loop outlives Done: after ownership is lost it keeps watching the
 	// grant until it is final or released.
 	go h.run(context.WithoutCancel(ctx))
+	if sess != nil {
+		go h.followSession(sess)
+	}
 
 	var backstop <-chan time.Time
 	if !try && s.wait > 0 {
@@ -140,6 +152,9 @@ func (c *Client) acquire(ctx context.Context, resource string, try bool, opts []
 		case <-backstop:
 			h.withdraw(ctx)
 			return nil, ErrWaitTimeout
+		case <-sessionDone:
+			h.withdraw(ctx)
+			return nil, fmt.Errorf("lock: acquiring %s: %w", resource, sess.Err())
 		}
 	}
 }

@@ -30,6 +30,7 @@ var (
 type Client struct {
 	c        client.WithWatch
 	defaults []Option
+	sessions sessionSlot // session.go
 }
 
 // NewClient returns a Client that talks to the API server through c, with

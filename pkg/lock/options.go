@@ -42,6 +42,7 @@ type settings struct {
 	renewInterval  time.Duration
 	clk            clock.WithTicker
 	progress       func(*lockingv1alpha1.LockGrant)
+	session        sessionSettings // session.go
 	err            error
 }
 
