@@ -236,7 +236,8 @@ func Decide(f Facts) Plan {
 			// Held in status but no longer the counter's holder: the
 			// counter moved on (this controller wrote the counter and died
 			// before ending this grant). It can never hold again.
-			p.Events = append(p.Events, endHeldNotHolder(g, now))
+			_, serr := f.session(g)
+			p.Events = append(p.Events, endHeldNotHolder(g, serr, now))
 		default: // Pending, or new.
 			reason, msg := f.revocation(g)
 			lapses, serr := f.session(g)
@@ -378,12 +379,17 @@ func settleHolder(g *lockingv1alpha1.LockGrant, now metav1.MicroTime) ([]Event, 
 	return evs, false
 }
 
-func endHeldNotHolder(g *lockingv1alpha1.LockGrant, now metav1.MicroTime) Event {
+// endHeldNotHolder ends a grant that is Held in its status but no longer
+// the counter's holder, with the reason it most likely ended for: released,
+// expired, its session lapsed (serr), or superseded.
+func endHeldNotHolder(g *lockingv1alpha1.LockGrant, serr error, now metav1.MicroTime) Event {
 	switch {
 	case g.Spec.Release:
 		return end(g, lockingv1alpha1.PhaseReleased, ReasonReleased, "Released by its owner", now, false)
 	case g.Status.ExpiresAt != nil && fencing.Expired(g.Status.ExpiresAt.Time, now.Time):
 		return end(g, lockingv1alpha1.PhaseExpired, ReasonExpired, "Lease expired at "+g.Status.ExpiresAt.UTC().Format(time.RFC3339Nano), now, true)
+	case serr != nil:
+		return end(g, lockingv1alpha1.PhaseExpired, ReasonSessionExpired, "Ended before its lease ran out: "+detail(serr), now, true)
 	}
 	return end(g, lockingv1alpha1.PhaseExpired, ReasonSuperseded, "The resource's fence record names another holder", now, true)
 }

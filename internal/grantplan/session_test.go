@@ -108,3 +108,14 @@ func readyReason(s *lockingv1alpha1.LockGrantStatus) string {
 	}
 	return ""
 }
+
+func TestDecideHeldGrantNoLongerTheHolderKeepsItsSessionReason(t *testing.T) {
+	// The counter already moved to b (the status write of a's end was lost).
+	a := withSession(held(grant("a", 0, 30), 4, 30), "s")
+	b := held(grant("b", 1, 30), 5, 40)
+	p := Decide(Facts{Now: sec(12), Resource: res, Counter: counter(5, &b), Grants: []lockingv1alpha1.LockGrant{a, b},
+		Sessions: map[string]*fencing.Session{"s": session("s", "owner-a", 6)}})
+	if s := statusOf(p, "a"); s == nil || s.Phase != lockingv1alpha1.PhaseExpired || readyReason(s) != ReasonSessionExpired {
+		t.Fatalf("a = %+v, want Expired with reason SESSION_EXPIRED", s)
+	}
+}
