@@ -125,10 +125,8 @@ func newSession(ctx context.Context, c client.WithWatch, ns string, ttl time.Dur
 	if ttl%time.Second != 0 || ttl < time.Second || ttl > time.Hour {
 		return nil, fmt.Errorf("%w: session TTL %s is not a whole number of seconds from 1 to 3600", ErrInvalidOption, ttl)
 	}
-	rctx, cancel := context.WithTimeout(ctx, requestTimeout)
-	defer cancel()
 	review := &authenticationv1.SelfSubjectReview{}
-	if err := c.Create(rctx, review); err != nil {
+	if err := retrying(ctx, func(rctx context.Context) error { return c.Create(rctx, review) }); err != nil {
 		return nil, fmt.Errorf("lock: learning the client's identity for its session: %w", err)
 	}
 	s := &Session{
@@ -149,14 +147,44 @@ func newSession(ctx context.Context, c client.WithWatch, ns string, ttl time.Dur
 			RenewTime:            &now,
 		},
 	}
-	sent := s.mono()
-	if err := c.Create(rctx, l); err != nil {
+	var sent time.Duration
+	// A create whose reply was lost leaves a Lease nobody renews behind;
+	// it holds nothing and no request names it.
+	if err := retrying(ctx, func(rctx context.Context) error {
+		sent = s.mono()
+		obj := l.DeepCopy()
+		if err := c.Create(rctx, obj); err != nil {
+			return err
+		}
+		l = obj
+		return nil
+	}); err != nil {
 		return nil, fmt.Errorf("lock: creating the session lease: %w", err)
 	}
 	s.key, s.uid = client.ObjectKeyFromObject(l), l.UID
 	s.deadline = sent + s.validity()
 	go s.keep(logf.FromContext(ctx).WithName("lock-session"))
 	return s, nil
+}
+
+// retrying calls fn with a per-request timeout, again after a pause while
+// its error is transient, until it succeeds, fails for good or ctx ends.
+func retrying(ctx context.Context, fn func(context.Context) error) error {
+	backoff := 100 * time.Millisecond
+	for {
+		rctx, cancel := context.WithTimeout(ctx, requestTimeout)
+		err := fn(rctx)
+		cancel()
+		if err == nil || !retryable(err) {
+			return err
+		}
+		select {
+		case <-ctx.Done():
+			return errors.Join(context.Cause(ctx), err)
+		case <-time.After(backoff):
+			backoff = min(2*backoff, 2*time.Second)
+		}
+	}
 }
 
 // validity is how long after a renewal is sent the session counts itself
