@@ -85,10 +85,6 @@ func (c *Client) acquire(ctx context.Context, resource string, try bool, opts []
 	if err != nil {
 		return nil, err
 	}
-	var sessionDone <-chan struct{}
-	if sess != nil {
-		g.Spec.Session, sessionDone = sess.Ref(), sess.Done()
-	}
 	switch {
 	case try:
 		g.Spec.WaitTimeoutSeconds = tryWaitSeconds
@@ -110,14 +106,17 @@ func (c *Client) acquire(ctx context.Context, resource string, try bool, opts []
 		stopped:   make(chan struct{}),
 	}
 	h.ctx, h.cancel = context.WithCancelCause(context.WithoutCancel(ctx))
-	if err := h.create(ctx, g, s); err != nil {
+	sess, err = c.createUnder(ctx, h, g, s, sess)
+	if err != nil {
 		h.cancel(err)
 		return nil, err
 	}
 	// The loop outlives Done: after ownership is lost it keeps watching the
 	// grant until it is final or released.
 	go h.run(context.WithoutCancel(ctx))
+	var sessionDone <-chan struct{}
 	if sess != nil {
+		sessionDone = sess.Done()
 		go h.followSession(sess)
 	}
 

@@ -20,6 +20,7 @@ import (
 	logf "sigs.k8s.io/controller-runtime/pkg/log"
 
 	lockingv1alpha1 "github.com/lockwarden/lockwarden/api/v1alpha1"
+	"github.com/lockwarden/lockwarden/pkg/fencing"
 )
 
 // DefaultSessionTTL is the duration of a session Lease without
@@ -244,6 +245,9 @@ func (s *Session) keep(log interface{ Info(string, ...any) }) {
 		case <-s.stop:
 			expire.Stop()
 			return
+		case <-s.done: // counted lost elsewhere (admission refused it)
+			expire.Stop()
+			return
 		case <-expire.C():
 			continue
 		case <-next.C():
@@ -345,6 +349,31 @@ func (c *Client) sessionFor(ctx context.Context, s *settings) (*Session, error) 
 	}
 	slot.s = sess
 	return sess, nil
+}
+
+// createUnder creates the request g under sess (nil: none). When admission
+// says the Client's own session is gone (SESSION_EXPIRED: its Lease was
+// deleted before the keeper noticed), it counts that session lost and
+// creates the request once more under a new one. It returns the session
+// the request was made under.
+func (c *Client) createUnder(ctx context.Context, h *Handle, g *lockingv1alpha1.LockGrant, s *settings, sess *Session) (*Session, error) {
+	if sess != nil {
+		g.Spec.Session = sess.Ref()
+	}
+	err := h.create(ctx, g, s)
+	r := Refusal(err)
+	if sess == nil || s.session.session != nil || r == nil || r.Reason != fencing.ReasonSessionExpired {
+		return sess, err
+	}
+	sess.end(fmt.Errorf("%w: %w", ErrSessionExpired, r))
+	if sess, err = c.sessionFor(ctx, s); err != nil {
+		return nil, err
+	}
+	g.Spec.Session = nil
+	if sess != nil {
+		g.Spec.Session = sess.Ref()
+	}
+	return sess, h.create(ctx, g, s)
 }
 
 // Close ends the Client's own session, if it has one (see Session.Close).
