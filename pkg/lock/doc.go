@@ -42,7 +42,7 @@
 //     reading the grant until it is final, which State reports.
 //   - Release returns the registry's answer: Released, LeaseExpired,
 //     AlreadyEnded or NotOwner.
-//   - A request whose process dies is not granted later for nobody (see
+//   - A request whose process has died is not granted in its turn (see
 //     Session): each Client keeps a session Lease its requests name, and
 //     the registry withdraws the requests and ends the grants of a session
 //     that lapsed. The session's own local deadline, judged like the
