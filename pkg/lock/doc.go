@@ -42,10 +42,11 @@
 //     reading the grant until it is final, which State reports.
 //   - Release returns the registry's answer: Released, LeaseExpired,
 //     AlreadyEnded or NotOwner.
-//   - A request whose process has died is not granted in its turn (see
-//     Session): each Client keeps a session Lease its requests name, and
-//     the registry withdraws the requests and ends the grants of a session
-//     that lapsed. The session's own local deadline, judged like the
+//   - A request whose process has died does not hold the resource for a
+//     TTL (see Session): each Client keeps a session Lease its requests
+//     name, and the registry withdraws the requests and ends the grants of
+//     a session that lapsed (its TTL plus 1 s after the last renewal the
+//     registry saw). The session's own local deadline, judged like the
 //     handle's, spends every handle made under it first.
 //
 // # What it does not guarantee
