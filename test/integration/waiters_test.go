@@ -68,14 +68,18 @@ func TestDeadWaiterAheadOfALiveOneIsNeverGranted(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, dead, "first in the queue", func(g *lockingv1alpha1.LockGrant) bool { return g.Status.QueuePosition != nil && *g.Status.QueuePosition == 0 })
+	waitFor(t, dead, "first in the queue", func(g *lockingv1alpha1.LockGrant) bool {
+		return g.Status.QueuePosition != nil && *g.Status.QueuePosition == 0
+	})
 	tl.at(0.5)
 	liveSession := newSession(t, ns, as(t, "live").name, 5, true)
 	live, err := acquire(t, as(t, "live"), ns, 20, under(liveSession))
 	if err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, live, "second in the queue", func(g *lockingv1alpha1.LockGrant) bool { return g.Status.QueuePosition != nil && *g.Status.QueuePosition == 1 })
+	waitFor(t, live, "second in the queue", func(g *lockingv1alpha1.LockGrant) bool {
+		return g.Status.QueuePosition != nil && *g.Status.QueuePosition == 1
+	})
 
 	// Eight seconds pass: the dead waiter's client renews nothing (its
 	// session lapses at 6 s), the live one goes on renewing.
