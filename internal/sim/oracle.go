@@ -48,6 +48,13 @@ type Report struct {
 	// than 15 minutes; MaxUnknown is the longest stay seen.
 	UnknownNotReconciled int
 	MaxUnknown           time.Duration
+	// DeadWaiterGranted: a request of a client killed while it waited was
+	// granted after its session had lapsed, or was still live (Pending or
+	// Held) past its session's lapse plus a reconcile.
+	DeadWaiterGranted int
+	// LiveWaiterDropped: a request of a live client ended because its
+	// session was judged lapsed.
+	LiveWaiterDropped int
 
 	// Faults injected, by kind.
 	Faults map[string]int
@@ -75,6 +82,8 @@ func (r *Report) Add(o *Report) {
 	r.TwoHolders += o.TwoHolders
 	r.UnknownNotReconciled += o.UnknownNotReconciled
 	r.MaxUnknown = max(r.MaxUnknown, o.MaxUnknown)
+	r.DeadWaiterGranted += o.DeadWaiterGranted
+	r.LiveWaiterDropped += o.LiveWaiterDropped
 	for k, v := range o.Rejected {
 		r.Rejected[k] += v
 	}
@@ -90,7 +99,7 @@ func (r *Report) Add(o *Report) {
 func (r *Report) Forbidden() int {
 	return r.StaleAccepted + r.ForgedAccepted + r.AuthFailMovedFence + r.ExpiredOwnerAccepted +
 		r.GapAccepted + r.RegressionAccepted + r.DoubleEffect + r.TwoHolders + r.UnknownNotReconciled +
-		(r.Accepted - r.AcceptedChecked)
+		r.DeadWaiterGranted + r.LiveWaiterDropped + (r.Accepted - r.AcceptedChecked)
 }
 
 // CheckedShare is the share of accepted mutations that passed the proof and
@@ -104,9 +113,9 @@ func (r *Report) CheckedShare() float64 {
 
 // Summary is the one-line summary `make faults` prints.
 func (r *Report) Summary() string {
-	return fmt.Sprintf("rounds=%d mutations=%d accepted=%d checked=%.1f%% stale_accepted=%d forged_accepted=%d auth_fail_moved_fence=%d expired_owner_accepted=%d gap_accepted=%d regression_accepted=%d double_effect=%d two_holders=%d unknown_over_15m=%d max_unknown=%s",
+	return fmt.Sprintf("rounds=%d mutations=%d accepted=%d checked=%.1f%% stale_accepted=%d forged_accepted=%d auth_fail_moved_fence=%d expired_owner_accepted=%d gap_accepted=%d regression_accepted=%d double_effect=%d two_holders=%d unknown_over_15m=%d max_unknown=%s dead_waiter_granted=%d live_waiter_dropped=%d",
 		r.Rounds, r.Offered, r.Accepted, r.CheckedShare(), r.StaleAccepted, r.ForgedAccepted, r.AuthFailMovedFence,
-		r.ExpiredOwnerAccepted, r.GapAccepted, r.RegressionAccepted, r.DoubleEffect, r.TwoHolders, r.UnknownNotReconciled, r.MaxUnknown)
+		r.ExpiredOwnerAccepted, r.GapAccepted, r.RegressionAccepted, r.DoubleEffect, r.TwoHolders, r.UnknownNotReconciled, r.MaxUnknown, r.DeadWaiterGranted, r.LiveWaiterDropped)
 }
 
 // history is the oracle's record of what really happened, kept apart from

@@ -106,3 +106,18 @@ func ExampleRound() {
 	fmt.Println(r.Forbidden(), r.CheckedShare())
 	// Output: 0 100
 }
+
+// The waiter checks are not vacuous: a controller that never judges a
+// session lapsed (it counts every session as just renewed) grants killed
+// waiters, and the oracle says so.
+func TestOracleCatchesAControllerThatIgnoresSessions(t *testing.T) {
+	total := newReport()
+	for i := range 20 {
+		w := newWorld(RoundSeed(7, i), []Fault{FaultKilledWaiter})
+		w.reg.sessionsNeverLapse = true
+		total.Add(w.run())
+	}
+	if total.DeadWaiterGranted == 0 {
+		t.Fatalf("a controller that ignores sessions went unnoticed: %s", total.Summary())
+	}
+}

@@ -51,6 +51,7 @@ const (
 var Faults = []Fault{
 	FaultPause, FaultLostRenew, FaultReleaseReacquire, FaultSegmentDisorder, FaultLateMessage, FaultRestore,
 	FaultLostAck, FaultForgedFence, FaultTamperedRecord, FaultReplay, FaultRevokedEpoch, FaultControllerCrash,
+	FaultKilledWaiter,
 }
 
 // world is one round: the scheduler, the registry, the resources, the
@@ -89,6 +90,8 @@ type world struct {
 	// objects' etcd knows it: a restore rolls it back together with the
 	// objects, while the oracle's history keeps the truth for the store.
 	objIssued map[string]int64
+	// waiters are the session clients of FaultKilledWaiter, by grant UID.
+	waiters map[types.UID]*waiterProc
 }
 
 func newWorld(seed uint64, faults []Fault) *world {
@@ -190,10 +193,12 @@ func (w *world) run() *Report {
 		w.s.after(w.between(0, 2*time.Second), wk.step)
 	}
 	w.scheduleAdversary()
+	w.scheduleWaiters()
 	w.s.run(w.horizon)
 	for _, wk := range w.workers {
 		wk.finish()
 	}
+	w.checkWaiters()
 	w.rep.Rounds = 1
 	return w.rep
 }

@@ -8,6 +8,8 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	lockingv1alpha1 "github.com/lockwarden/lockwarden/api/v1alpha1"
 )
 
 // faulty is a client whose requests the test can delay or whose replies it
@@ -18,7 +20,8 @@ type faulty struct {
 	mu sync.Mutex
 	// gate, when set, holds every renew until it is closed.
 	gate chan struct{}
-	// loseCreateReplies creates, then reports a timeout, this many times.
+	// loseCreateReplies creates a LockGrant, then reports a timeout, this
+	// many times (the creates of a session are not affected).
 	loseCreateReplies int
 	// loseRenewReplies renews, then reports a timeout, this many times.
 	loseRenewReplies int
@@ -42,7 +45,7 @@ func (f *faulty) Create(ctx context.Context, obj client.Object, opts ...client.C
 	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	if err == nil && f.loseCreateReplies > 0 {
+	if _, grant := obj.(*lockingv1alpha1.LockGrant); err == nil && grant && f.loseCreateReplies > 0 {
 		f.loseCreateReplies--
 		return errLostReply
 	}

@@ -36,7 +36,7 @@ func admissionRefusal(r fencing.Reason, name string) error {
 }
 
 // One live holder per grant: a second process that uses the same request
-// ID while the first holds the grant is refused SESSION_MISMATCH and gets
+// ID while the first holds the grant is refused DRIVER_MISMATCH and gets
 // no lock; it cannot renew the first one's grant either; the first keeps
 // holding and renewing. Once the grant ended, the request ID is spent.
 func TestOneLiveHolderPerRequestID(t *testing.T) {
@@ -48,18 +48,18 @@ func TestOneLiveHolderPerRequestID(t *testing.T) {
 	}
 	second := lock.NewClient(as(t, "one-a"), lock.WithNamespace(ns))
 	h, err := second.Acquire(t.Context(), res, lock.WithRequestID(rid), lock.WithTTL(30*time.Second))
-	if h != nil || !errors.Is(err, fencing.ErrSessionMismatch) || fencing.ReasonOf(err) != fencing.ReasonSessionMismatch {
-		t.Fatalf("second Acquire with the same request ID: %v, %v; want no handle and SESSION_MISMATCH", h, err)
+	if h != nil || !errors.Is(err, fencing.ErrDriverMismatch) || fencing.ReasonOf(err) != fencing.ReasonDriverMismatch {
+		t.Fatalf("second Acquire with the same request ID: %v, %v; want no handle and DRIVER_MISMATCH", h, err)
 	}
 	if !strings.Contains(err.Error(), "another process") {
 		t.Errorf("the refusal does not say why: %v", err)
 	}
-	if _, err := second.Renew(t.Context(), first.Grant(), first.UID()); !errors.Is(err, fencing.ErrSessionMismatch) {
-		t.Fatalf("second process renewing the first one's grant: %v, want SESSION_MISMATCH", err)
+	if _, err := second.Renew(t.Context(), first.Grant(), first.UID()); !errors.Is(err, fencing.ErrDriverMismatch) {
+		t.Fatalf("second process renewing the first one's grant: %v, want DRIVER_MISMATCH", err)
 	}
 	// TryAcquire is refused the same way.
-	if _, err := second.TryAcquire(t.Context(), res, lock.WithRequestID(rid)); !errors.Is(err, fencing.ErrSessionMismatch) {
-		t.Fatalf("second TryAcquire: %v, want SESSION_MISMATCH", err)
+	if _, err := second.TryAcquire(t.Context(), res, lock.WithRequestID(rid)); !errors.Is(err, fencing.ErrDriverMismatch) {
+		t.Fatalf("second TryAcquire: %v, want DRIVER_MISMATCH", err)
 	}
 	g := grantOf(t, first.Grant())
 	if err := first.Check(); err != nil || g.Status.Phase != lockingv1alpha1.PhaseHeld || g.Spec.Renewals != 0 || g.Spec.Release {
@@ -74,7 +74,7 @@ func TestOneLiveHolderPerRequestID(t *testing.T) {
 
 // A handle's renewals and releases carry its session as a precondition: a
 // session token written onto the grant by another driver makes the handle
-// stop (ErrLost, SESSION_MISMATCH) instead of renewing alongside it.
+// stop (ErrLost, DRIVER_MISMATCH) instead of renewing alongside it.
 func TestSecondDriverStopsTheHandle(t *testing.T) {
 	ns := namespace(t)
 	hclk := newHandleClock()
@@ -83,17 +83,17 @@ func TestSecondDriverStopsTheHandle(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	patchAnnotation(t, h.Grant(), lockingv1alpha1.SessionAnnotation, "another-session-token-0123456789")
+	patchAnnotation(t, h.Grant(), lockingv1alpha1.DriverAnnotation, "another-session-token-0123456789")
 	hclk.Step(11 * time.Second) // the renew is due
 	eventually(t, "the handle stops", func() bool { return closed(h.Done()) })
-	if err := h.Err(); !errors.Is(err, lock.ErrLost) || !errors.Is(err, fencing.ErrSessionMismatch) {
-		t.Fatalf("Err = %v, want ErrLost and SESSION_MISMATCH", err)
+	if err := h.Err(); !errors.Is(err, lock.ErrLost) || !errors.Is(err, fencing.ErrDriverMismatch) {
+		t.Fatalf("Err = %v, want ErrLost and DRIVER_MISMATCH", err)
 	}
 	if g := grantOf(t, h.Grant()); g.Spec.Renewals != 0 {
 		t.Fatalf("the handle renewed a grant another session drives: renewals %d", g.Spec.Renewals)
 	}
-	if err := h.Release(t.Context()); !errors.Is(err, fencing.ErrSessionMismatch) {
-		t.Fatalf("Release: %v, want SESSION_MISMATCH", err)
+	if err := h.Release(t.Context()); !errors.Is(err, fencing.ErrDriverMismatch) {
+		t.Fatalf("Release: %v, want DRIVER_MISMATCH", err)
 	}
 }
 

@@ -331,8 +331,8 @@ func TestC10AmbiguousRenew(t *testing.T) {
 				t.Fatalf("Remaining = %s, want %s (from the first attempt's send time)", a.Remaining(), want)
 			}
 			_, err = lock.NewClient(as(t, "c10-b"), lock.WithNamespace(ns)).Renew(t.Context(), a.Grant(), a.UID())
-			if !errors.Is(err, fencing.ErrSessionMismatch) {
-				t.Fatalf("renew of a handle's grant from elsewhere: %v, want SESSION_MISMATCH", err)
+			if !errors.Is(err, fencing.ErrDriverMismatch) {
+				t.Fatalf("renew of a handle's grant from elsewhere: %v, want DRIVER_MISMATCH", err)
 			}
 			if err := lock.NewClient(as(t, "c10-b"), lock.WithNamespace(ns)).Release(t.Context(), a.Grant(), a.UID()); !errors.Is(err, fencing.ErrNotOwner) {
 				t.Fatalf("release by another identity: %v; want NOT_OWNER", err)
@@ -384,11 +384,11 @@ func TestLostAcquireResponse(t *testing.T) {
 	}
 	// Another process with the same request ID is not a second holder.
 	_, err = lock.NewClient(as(t, "lost-a"), lock.WithNamespace(ns)).Acquire(t.Context(), res, lock.WithRequestID(rid))
-	if !errors.Is(err, fencing.ErrSessionMismatch) || fencing.ReasonOf(err) != fencing.ReasonSessionMismatch {
-		t.Fatalf("a second process with the same request ID: %v, want SESSION_MISMATCH", err)
+	if !errors.Is(err, fencing.ErrDriverMismatch) || fencing.ReasonOf(err) != fencing.ReasonDriverMismatch {
+		t.Fatalf("a second process with the same request ID: %v, want DRIVER_MISMATCH", err)
 	}
 	// One that proves it is the same attempt (its session) resumes it.
-	again, err := lock.NewClient(as(t, "lost-a"), lock.WithNamespace(ns)).Acquire(t.Context(), res, lock.WithRequestID(rid), lock.WithSession(h.Session()))
+	again, err := lock.NewClient(as(t, "lost-a"), lock.WithNamespace(ns)).Acquire(t.Context(), res, lock.WithRequestID(rid), lock.WithDriverToken(h.DriverToken()))
 	if err != nil {
 		t.Fatal(err)
 	}
