@@ -32,7 +32,7 @@ type faulty struct {
 	// refuseRenews, refuseReleases: answer renews (releases) with this
 	// error, unsent, as admission or RBAC would.
 	refuseRenews, refuseReleases error
-	// afterCreate runs after a create landed, before its reply returns.
+	// afterCreate runs after a LockGrant create landed, before its reply returns.
 	afterCreate func()
 }
 
@@ -40,12 +40,13 @@ var errLostReply = apierrors.NewTimeoutError("the reply was lost (test)", 0)
 
 func (f *faulty) Create(ctx context.Context, obj client.Object, opts ...client.CreateOption) error {
 	err := f.WithWatch.Create(ctx, obj, opts...)
-	if err == nil && f.afterCreate != nil {
+	_, grant := obj.(*lockingv1alpha1.LockGrant)
+	if err == nil && grant && f.afterCreate != nil {
 		f.afterCreate()
 	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	if _, grant := obj.(*lockingv1alpha1.LockGrant); err == nil && grant && f.loseCreateReplies > 0 {
+	if err == nil && grant && f.loseCreateReplies > 0 {
 		f.loseCreateReplies--
 		return errLostReply
 	}

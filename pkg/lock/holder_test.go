@@ -42,11 +42,11 @@ func admissionRefusal(r fencing.Reason, name string) error {
 func TestOneLiveHolderPerRequestID(t *testing.T) {
 	ns := namespace(t)
 	const res, rid = "b10/r2", "nightly-job"
-	first, err := lock.NewClient(as(t, "one-a"), lock.WithNamespace(ns)).Acquire(t.Context(), res, lock.WithRequestID(rid), lock.WithTTL(30*time.Second))
+	first, err := newTestClient(t, as(t, "one-a"), lock.WithNamespace(ns)).Acquire(t.Context(), res, lock.WithRequestID(rid), lock.WithTTL(30*time.Second))
 	if err != nil {
 		t.Fatal(err)
 	}
-	second := lock.NewClient(as(t, "one-a"), lock.WithNamespace(ns))
+	second := newTestClient(t, as(t, "one-a"), lock.WithNamespace(ns))
 	h, err := second.Acquire(t.Context(), res, lock.WithRequestID(rid), lock.WithTTL(30*time.Second))
 	if h != nil || !errors.Is(err, fencing.ErrDriverMismatch) || fencing.ReasonOf(err) != fencing.ReasonDriverMismatch {
 		t.Fatalf("second Acquire with the same request ID: %v, %v; want no handle and DRIVER_MISMATCH", h, err)
@@ -79,7 +79,7 @@ func TestSecondDriverStopsTheHandle(t *testing.T) {
 	ns := namespace(t)
 	hclk := newHandleClock()
 	c := as(t, "drv-a")
-	h, err := lock.NewClient(c, lock.WithNamespace(ns), lock.WithClock(hclk)).Acquire(t.Context(), "b10/drv", lock.WithTTL(30*time.Second))
+	h, err := newTestClient(t, c, lock.WithNamespace(ns), lock.WithClock(hclk)).Acquire(t.Context(), "b10/drv", lock.WithTTL(30*time.Second))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -108,7 +108,7 @@ func TestRenewRefusalsEndTheHandle(t *testing.T) {
 			ns := namespace(t)
 			hclk := newHandleClock()
 			fa := &faulty{WithWatch: as(t, "ref-a")}
-			h, err := lock.NewClient(fa, lock.WithNamespace(ns), lock.WithClock(hclk)).Acquire(t.Context(), "b10/refused", lock.WithTTL(30*time.Second))
+			h, err := newTestClient(t, fa, lock.WithNamespace(ns), lock.WithClock(hclk)).Acquire(t.Context(), "b10/refused", lock.WithTTL(30*time.Second))
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -135,7 +135,7 @@ func TestReleaseRefusalsMatch(t *testing.T) {
 	ns := namespace(t)
 	for _, r := range []fencing.Reason{fencing.ReasonExpired, fencing.ReasonNotOwner, fencing.ReasonRevoked, fencing.ReasonAlreadyEnded} {
 		fa := &faulty{WithWatch: as(t, "relref-a")}
-		h, err := lock.NewClient(fa, lock.WithNamespace(ns)).Acquire(t.Context(), "b10/rel-"+strings.ToLower(strings.ReplaceAll(string(r), "_", "-")))
+		h, err := newTestClient(t, fa, lock.WithNamespace(ns)).Acquire(t.Context(), "b10/rel-"+strings.ToLower(strings.ReplaceAll(string(r), "_", "-")))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -150,7 +150,7 @@ func TestReleaseRefusalsMatch(t *testing.T) {
 	}
 
 	fa := &faulty{WithWatch: as(t, "relref-a")}
-	h, err := lock.NewClient(fa, lock.WithNamespace(ns)).Acquire(t.Context(), "b10/rel-rbac")
+	h, err := newTestClient(t, fa, lock.WithNamespace(ns)).Acquire(t.Context(), "b10/rel-rbac")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -170,7 +170,7 @@ func TestReleaseRefusalsMatch(t *testing.T) {
 // UNKNOWN_GRANT; both need the exact acquisition (its UID).
 func TestRenewReleaseNonexistent(t *testing.T) {
 	ns := namespace(t)
-	locks := lock.NewClient(as(t, "none-a"), lock.WithNamespace(ns))
+	locks := newTestClient(t, as(t, "none-a"), lock.WithNamespace(ns))
 	key := types.NamespacedName{Namespace: ns, Name: "nonexistent"}
 	_, rerr := locks.Renew(t.Context(), key, "0d4f0a8e-0000-4000-8000-000000000000")
 	lerr := locks.Release(t.Context(), key, "0d4f0a8e-0000-4000-8000-000000000000")
@@ -201,7 +201,7 @@ func TestAcquireOfAGrantThatExpiredMeanwhile(t *testing.T) {
 		wake(t, key)
 		waitPhase(t, key, lockingv1alpha1.PhaseExpired)
 	}
-	h, err := lock.NewClient(fa, lock.WithNamespace(ns)).Acquire(t.Context(), "b10/exp", lock.WithRequestID(rid), lock.WithTTL(2*time.Second))
+	h, err := newTestClient(t, fa, lock.WithNamespace(ns)).Acquire(t.Context(), "b10/exp", lock.WithRequestID(rid), lock.WithTTL(2*time.Second))
 	if h != nil || !errors.Is(err, fencing.ErrExpired) || errors.Is(err, lock.ErrLost) || strings.Contains(err.Error(), "ownership lost") {
 		t.Fatalf("Acquire = %v, %v; want EXPIRED without 'ownership lost'", h, err)
 	}
@@ -213,7 +213,7 @@ func TestCreateRefusalMatches(t *testing.T) {
 	fa := &faulty{WithWatch: as(t, "create-a")}
 	// An identity that is not a GuardPolicy's holder is refused NOT_OWNER;
 	// reproduce the refusal the webhook sends for it.
-	_, err := lock.NewClient(&refusingCreates{faulty: fa, err: admissionRefusal(fencing.ReasonNotOwner, "x")}, lock.WithNamespace(ns)).
+	_, err := newTestClient(t, &refusingCreates{faulty: fa, err: admissionRefusal(fencing.ReasonNotOwner, "x")}, lock.WithNamespace(ns)).
 		Acquire(t.Context(), "b10/create")
 	if !errors.Is(err, fencing.ErrNotOwner) || fencing.ReasonOf(err) != fencing.ReasonNotOwner {
 		t.Fatalf("Acquire refused at create: %v, want NOT_OWNER", err)
@@ -227,7 +227,7 @@ func TestWithLogger(t *testing.T) {
 	var mu = make(chan struct{}, 1)
 	mu <- struct{}{}
 	l := funcLogger(func(msg string) { <-mu; lines = append(lines, msg); mu <- struct{}{} })
-	h, err := lock.NewClient(as(t, "log-a"), lock.WithNamespace(ns), lock.WithLogger(l)).Acquire(t.Context(), "b10/log")
+	h, err := newTestClient(t, as(t, "log-a"), lock.WithNamespace(ns), lock.WithLogger(l)).Acquire(t.Context(), "b10/log")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -281,7 +281,7 @@ func TestConfigureTransport(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	h, err := lock.NewClient(c, lock.WithNamespace(ns)).Acquire(t.Context(), "b10/transport")
+	h, err := newTestClient(t, c, lock.WithNamespace(ns)).Acquire(t.Context(), "b10/transport")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -320,7 +320,7 @@ func TestPartitionHealSettlesQuickly(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	h, err := lock.NewClient(c, lock.WithNamespace(ns)).Acquire(t.Context(), "b10/heal", lock.WithTTL(4*time.Second))
+	h, err := newTestClient(t, c, lock.WithNamespace(ns)).Acquire(t.Context(), "b10/heal", lock.WithTTL(4*time.Second))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -23,7 +23,7 @@ func TestAcquireUnderTheClientsSession(t *testing.T) {
 	if err := env.GrantUsersSessions(t.Context(), ns); err != nil {
 		t.Fatal(err)
 	}
-	locks := lock.NewClient(as(t, "sess-a"), lock.WithNamespace(ns))
+	locks := newTestClient(t, as(t, "sess-a"), lock.WithNamespace(ns))
 	h, err := locks.Acquire(t.Context(), "ledger/sessions")
 	if err != nil {
 		t.Fatal(err)
@@ -126,7 +126,7 @@ func TestSessionEndsAtItsLocalDeadline(t *testing.T) {
 // as before sessions existed.
 func TestAcquireWithoutLeaseRightsHasNoSession(t *testing.T) {
 	ns := namespace(t)
-	h, err := lock.NewClient(as(t, "sess-none"), lock.WithNamespace(ns)).Acquire(t.Context(), "ledger/no-session")
+	h, err := newTestClient(t, as(t, "sess-none"), lock.WithNamespace(ns)).Acquire(t.Context(), "ledger/no-session")
 	if err != nil {
 		t.Fatal(err)
 	}
