@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"runtime"
 	"strconv"
@@ -11,6 +12,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	lockingv1alpha1 "github.com/lockwarden/lockwarden/api/v1alpha1"
@@ -114,6 +116,35 @@ func (w *worker) increment(ctx context.Context, l *lease) bool {
 		w.rec.emit(withKind(write, EventInfo))
 	}
 	return l.valid()
+}
+
+// stray sends, once l has ended, what a replica that lost its lease still
+// sends to the resource's guarded object: a merge patch of data only (it
+// inherits whatever the stored object carries) or a delete without a
+// precondition. Neither asserts a claim of its own, so admission must refuse
+// both; the checker counts any that took effect.
+func (w *worker) stray(ctx context.Context, l *lease) {
+	cm := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: w.o.namespace, Name: objectName(l.resource)}}
+	e := Event{Op: OpStray, ID: w.nextID("s"), Resource: l.resource, Object: cm.Name, Grant: l.key.Name, UID: string(l.uid), Fence: l.m.Fence()}
+	rctx, cancel := w.requestCtx(ctx)
+	defer cancel()
+	var err error
+	if w.rnd.Float64() < 0.5 {
+		e.Detail = "merge-patch"
+		w.rec.emit(withKind(e, EventInvoke))
+		patch := fmt.Sprintf(`{"data":{%q:"-1",%q:%q}}`, countKey, writeKey, e.ID)
+		err = w.c.Patch(rctx, cm, client.RawPatch(types.MergePatchType, []byte(patch)))
+	} else {
+		e.Detail = "delete"
+		w.rec.emit(withKind(e, EventInvoke))
+		err = w.c.Delete(rctx, cm)
+	}
+	outcome, reason := classify(err)
+	e.Reason = reason
+	if outcome == EventInfo {
+		e.Detail += ": " + err.Error()
+	}
+	w.rec.emit(withKind(e, outcome))
 }
 
 // stamp writes the new count and the write's ID into cm, and the grant, its

@@ -32,6 +32,9 @@ const (
 	maxThink          = 400 * time.Millisecond
 	maxCompute        = 150 * time.Millisecond
 	abandonRate       = 0.1
+	// strayRate is how often a worker, once its grant has ended, sends a
+	// request that asserts nothing (stray).
+	strayRate = 0.3
 	// unknownPatience is how long a worker in OWNERSHIP_UNKNOWN keeps
 	// reading its grant before it gives the grant up with a release.
 	unknownPatience = 2 * time.Second
@@ -175,6 +178,9 @@ func (w *worker) hold(ctx context.Context, l *lease) {
 	}
 	l.release(after)
 	l.keep(after, settleTimeout, func() bool { return l.m.State().Final() })
+	if ctx.Err() == nil && l.m.State().Final() && w.rnd.Float64() < strayRate {
+		w.stray(ctx, l)
+	}
 }
 
 // between returns a random duration in [lo, hi).
