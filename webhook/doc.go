@@ -10,13 +10,17 @@
 //     resource still has grants.
 //   - guard: the guarded-write webhooks, the enforcement point for
 //     Kubernetes objects labeled locking.lockwarden.io/guarded=true or
-//     covered by a GuardPolicy (Enforce: validating; Shadow: mutating,
-//     record-only).
+//     covered by a GuardPolicy: a mutating webhook checks and consumes the
+//     claim of every create and update, a validating one checks deletes,
+//     and one without objectSelector refuses scale, eviction and binding
+//     requests on guarded objects (Shadow policies: record-only).
 package webhook
 
 import (
 	"context"
+	"fmt"
 
+	"k8s.io/client-go/metadata"
 	"k8s.io/utils/clock"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
@@ -34,7 +38,9 @@ const (
 	MutateLockGrantPath      = "/mutate-locking-lockwarden-io-v1alpha1-lockgrant"
 	ValidateLockGrantPath    = "/validate-locking-lockwarden-io-v1alpha1-lockgrant"
 	ValidateFenceCounterPath = "/validate-locking-lockwarden-io-v1alpha1-fencecounter"
-	GuardPath                = "/validate-guarded"
+	GuardMutatePath          = "/mutate-guarded"
+	GuardDeletePath          = "/validate-guarded"
+	GuardSubresourcePath     = "/validate-guarded-subresource"
 	ValidateGuardPolicyPath  = "/validate-locking-lockwarden-io-v1alpha1-guardpolicy"
 	ValidateFenceIssuerPath  = "/validate-locking-lockwarden-io-v1alpha1-fenceissuer"
 )
@@ -46,6 +52,10 @@ const (
 // the clock admission judges leases by; it must be the controller's clock.
 // bundle returns the issuer's trust bundle.
 func Setup(mgr ctrl.Manager, clk clock.PassiveClock, bundle func(context.Context) (*fencing.TrustBundle, error)) error {
+	meta, err := metadata.NewForConfig(mgr.GetConfig())
+	if err != nil {
+		return fmt.Errorf("metadata client: %w", err)
+	}
 	reader := mgr.GetAPIReader()
 	srv := mgr.GetWebhookServer()
 	srv.Register(MutateLockGrantPath, lockgrant.NewDefaulter(mgr.GetScheme(), clk))
@@ -56,7 +66,10 @@ func Setup(mgr ctrl.Manager, clk clock.PassiveClock, bundle func(context.Context
 
 	checker := &guard.Checker{Reader: reader, Clock: clk, Bundle: bundle}
 	recorder := mgr.GetEventRecorder("lockwarden-guard")
-	srv.Register(GuardPath, &admission.Webhook{Handler: &guard.LabelHandler{Checker: checker}})
+	label := &admission.Webhook{Handler: &guard.LabelHandler{Checker: checker}}
+	srv.Register(GuardMutatePath, label)
+	srv.Register(GuardDeletePath, label)
+	srv.Register(GuardSubresourcePath, &admission.Webhook{Handler: &guard.SubresourceHandler{Metadata: meta, Policies: mgr.GetClient()}})
 	srv.Register(guard.EnforcePathPrefix, &admission.Webhook{
 		Handler:         &guard.PolicyHandler{Checker: checker, Policies: mgr.GetClient(), Recorder: recorder},
 		WithContextFunc: guard.WithPath,

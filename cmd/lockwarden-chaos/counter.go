@@ -56,7 +56,7 @@ func (w *worker) increment(ctx context.Context, l *lease) bool {
 	case err == nil:
 		read.Count, _ = strconv.ParseInt(cm.Data[countKey], 10, 64)
 		read.RV = cm.ResourceVersion
-		read.Fence, _ = fencing.ParseFence(cm.Annotations[lockingv1alpha1.FenceAnnotation])
+		read.Fence, _ = fencing.ParseFence(cm.Annotations[lockingv1alpha1.AcceptedFenceAnnotation])
 		read.WriteID = cm.Data[writeKey]
 		w.rec.emit(withKind(read, EventOK))
 	case apierrors.IsNotFound(err):

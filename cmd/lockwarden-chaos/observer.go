@@ -163,11 +163,11 @@ func (o *observer) grant(obj runtime.Object) {
 // versionEvent describes a version of a guarded ConfigMap for the history.
 func versionEvent(cm *corev1.ConfigMap, op string) Event {
 	count, _ := strconv.ParseInt(cm.Data[countKey], 10, 64)
-	fence, _ := fencing.ParseFence(cm.Annotations[lockingv1alpha1.FenceAnnotation])
+	fence, _ := fencing.ParseFence(cm.Annotations[lockingv1alpha1.AcceptedFenceAnnotation])
 	return Event{
 		Kind: EventNote, Op: op, Object: cm.Name, RV: cm.ResourceVersion,
 		Resource: cm.Annotations[lockingv1alpha1.ResourceAnnotation],
-		Grant:    cm.Annotations[lockingv1alpha1.GrantAnnotation], Fence: fence,
+		Grant:    grantName(cm.Annotations[lockingv1alpha1.AcceptedGrantAnnotation]), Fence: fence,
 		Count: count, WriteID: cm.Data[writeKey],
 	}
 }
@@ -252,4 +252,13 @@ func (o *observer) currentLeader() (string, <-chan struct{}) {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	return o.leader, o.leaderChanged
+}
+
+// grantName is the NAME of an accepted-grant record "NAMESPACE/NAME".
+func grantName(record string) string {
+	_, name, found := strings.Cut(record, "/")
+	if !found {
+		return record
+	}
+	return name
 }

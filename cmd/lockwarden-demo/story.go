@@ -168,7 +168,7 @@ func verdict(out outcome, cm *corev1.ConfigMap) error {
 	if got := cm.Data["result"]; got != resultB {
 		return fmt.Errorf("the ConfigMap holds %q, want B's %q", got, resultB)
 	}
-	if got, want := cm.Annotations[lockingv1alpha1.FenceAnnotation], fencing.FormatFence(out.bFence); got != want {
+	if got, want := cm.Annotations[lockingv1alpha1.AcceptedFenceAnnotation], fencing.FormatFence(out.bFence); got != want {
 		return fmt.Errorf("the ConfigMap's fence annotation is %q, want B's fence %s", got, want)
 	}
 	return nil

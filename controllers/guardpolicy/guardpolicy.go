@@ -36,7 +36,9 @@ import (
 	"github.com/lockwarden/lockwarden/webhook/guard"
 )
 
-// Names of the webhook configurations this controller owns.
+// Names of the webhook configurations this controller owns. Enforce
+// policies have a mutating webhook (creates and updates) and a validating
+// one (deletes), both in configurations named EnforceConfigName.
 const (
 	EnforceConfigName = "lockwarden-guardpolicies"
 	ShadowConfigName  = "lockwarden-guardpolicies-shadow"
@@ -76,7 +78,7 @@ func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
 		Named("guardpolicy").
 		Watches(&lockingv1alpha1.GuardPolicy{}, toAll, builder.WithPredicates(predicate.GenerationChangedPredicate{})).
 		Watches(&admissionregistrationv1.ValidatingWebhookConfiguration{}, toAll, builder.WithPredicates(named(r.TemplateConfig, EnforceConfigName))).
-		Watches(&admissionregistrationv1.MutatingWebhookConfiguration{}, toAll, builder.WithPredicates(named(ShadowConfigName))).
+		Watches(&admissionregistrationv1.MutatingWebhookConfiguration{}, toAll, builder.WithPredicates(named(EnforceConfigName, ShadowConfigName))).
 		Complete(r)
 }
 
@@ -92,7 +94,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, _ reconcile.Request) (reconc
 		return reconcile.Result{}, err
 	}
 	var enforce []admissionregistrationv1.ValidatingWebhook
-	var shadow []admissionregistrationv1.MutatingWebhook
+	var shadow, enforceWrites []admissionregistrationv1.MutatingWebhook
 	invalid := map[string]error{}
 	for i := range list.Items {
 		p := &list.Items[i]
@@ -103,15 +105,20 @@ func (r *Reconciler) Reconcile(ctx context.Context, _ reconcile.Request) (reconc
 			continue
 		}
 		if p.Spec.Mode == lockingv1alpha1.ModeEnforce {
-			enforce = append(enforce, validating(p, withPath(template, guard.EnforcePathPrefix+p.Name)))
+			cc := withPath(template, guard.EnforcePathPrefix+p.Name)
+			enforce = append(enforce, validating(p, cc))
+			enforceWrites = append(enforceWrites, mutating(p, cc, admissionregistrationv1.Fail, writeOps...))
 		} else {
-			shadow = append(shadow, mutating(p, withPath(template, guard.ShadowPathPrefix+p.Name)))
+			shadow = append(shadow, mutating(p, withPath(template, guard.ShadowPathPrefix+p.Name), admissionregistrationv1.Ignore, append(writeOps, admissionregistrationv1.Delete)...))
 		}
 	}
 	if err := r.writeValidating(ctx, enforce); err != nil {
 		return reconcile.Result{}, err
 	}
-	if err := r.writeMutating(ctx, shadow); err != nil {
+	if err := r.writeMutating(ctx, EnforceConfigName, enforceWrites); err != nil {
+		return reconcile.Result{}, err
+	}
+	if err := r.writeMutating(ctx, ShadowConfigName, shadow); err != nil {
 		return reconcile.Result{}, err
 	}
 	for i := range list.Items {
@@ -161,13 +168,20 @@ func withPath(c admissionregistrationv1.WebhookClientConfig, path string) admiss
 	return out
 }
 
-func rules(p *lockingv1alpha1.GuardPolicy) []admissionregistrationv1.RuleWithOperations {
+// writeOps are the operations the mutating webhooks check and consume
+// claims on; deletes are judged by the validating one.
+var writeOps = []admissionregistrationv1.OperationType{admissionregistrationv1.Create, admissionregistrationv1.Update}
+
+// rules selects the policy's resources and every subresource of them (status
+// writes carry the object, so they are checked like the object; scale,
+// eviction and binding are left to the static subresource webhook) for ops.
+func rules(p *lockingv1alpha1.GuardPolicy, ops ...admissionregistrationv1.OperationType) []admissionregistrationv1.RuleWithOperations {
 	var out []admissionregistrationv1.RuleWithOperations
 	for _, r := range p.Spec.Resources {
 		out = append(out, admissionregistrationv1.RuleWithOperations{
-			Operations: []admissionregistrationv1.OperationType{admissionregistrationv1.Create, admissionregistrationv1.Update, admissionregistrationv1.Delete},
+			Operations: slices.Clone(ops),
 			Rule: admissionregistrationv1.Rule{
-				APIGroups: []string{r.APIGroup}, APIVersions: []string{"*"}, Resources: []string{r.Resource},
+				APIGroups: []string{r.APIGroup}, APIVersions: []string{"*"}, Resources: []string{r.Resource, r.Resource + "/*"},
 				Scope: ptr.To(admissionregistrationv1.AllScopes),
 			},
 		})
@@ -197,7 +211,7 @@ func webhookName(p *lockingv1alpha1.GuardPolicy) string {
 
 func validating(p *lockingv1alpha1.GuardPolicy, cc admissionregistrationv1.WebhookClientConfig) admissionregistrationv1.ValidatingWebhook {
 	return admissionregistrationv1.ValidatingWebhook{
-		Name: webhookName(p), ClientConfig: cc, Rules: rules(p),
+		Name: webhookName(p), ClientConfig: cc, Rules: rules(p, admissionregistrationv1.Delete),
 		FailurePolicy:           ptr.To(admissionregistrationv1.Fail),
 		MatchPolicy:             ptr.To(admissionregistrationv1.Equivalent),
 		NamespaceSelector:       namespaceSelector(p),
@@ -208,12 +222,13 @@ func validating(p *lockingv1alpha1.GuardPolicy, cc admissionregistrationv1.Webho
 	}
 }
 
-func mutating(p *lockingv1alpha1.GuardPolicy, cc admissionregistrationv1.WebhookClientConfig) admissionregistrationv1.MutatingWebhook {
+// mutating is a policy's webhook for the operations ops: Enforce fails closed
+// (failure Fail); Shadow must never block a write, not even when the manager
+// is down (Ignore). Never reinvoked: a claim is consumed once.
+func mutating(p *lockingv1alpha1.GuardPolicy, cc admissionregistrationv1.WebhookClientConfig, failure admissionregistrationv1.FailurePolicyType, ops ...admissionregistrationv1.OperationType) admissionregistrationv1.MutatingWebhook {
 	return admissionregistrationv1.MutatingWebhook{
-		Name: webhookName(p), ClientConfig: cc, Rules: rules(p),
-		// Shadow mode must never block a write, not even when the
-		// manager is down.
-		FailurePolicy:           ptr.To(admissionregistrationv1.Ignore),
+		Name: webhookName(p), ClientConfig: cc, Rules: rules(p, ops...),
+		FailurePolicy:           ptr.To(failure),
 		MatchPolicy:             ptr.To(admissionregistrationv1.Equivalent),
 		NamespaceSelector:       namespaceSelector(p),
 		ObjectSelector:          objectSelector(p),
@@ -241,11 +256,11 @@ func (r *Reconciler) writeValidating(ctx context.Context, hooks []admissionregis
 	return r.Client.Update(ctx, cfg)
 }
 
-func (r *Reconciler) writeMutating(ctx context.Context, hooks []admissionregistrationv1.MutatingWebhook) error {
+func (r *Reconciler) writeMutating(ctx context.Context, name string, hooks []admissionregistrationv1.MutatingWebhook) error {
 	cfg := &admissionregistrationv1.MutatingWebhookConfiguration{}
-	err := r.APIReader.Get(ctx, types.NamespacedName{Name: ShadowConfigName}, cfg)
+	err := r.APIReader.Get(ctx, types.NamespacedName{Name: name}, cfg)
 	if apierrors.IsNotFound(err) {
-		cfg = &admissionregistrationv1.MutatingWebhookConfiguration{ObjectMeta: metav1.ObjectMeta{Name: ShadowConfigName}, Webhooks: hooks}
+		cfg = &admissionregistrationv1.MutatingWebhookConfiguration{ObjectMeta: metav1.ObjectMeta{Name: name}, Webhooks: hooks}
 		return r.Client.Create(ctx, cfg)
 	}
 	if err != nil {

@@ -3,7 +3,7 @@
 // Kubernetes API server, then settles the batch in a PostgreSQL database as
 // a fenced multi-segment operation through pkg/store/postgres.
 //
-//	settlement --kubeconfig ~/.kube/config --namespace billing \
+//	settlement --kubeconfig ~/.kube/config --cluster prod-eu1 --namespace billing \
 //	    --dsn 'postgres://settlement@127.0.0.1:5432/billing?sslmode=disable' \
 //	    --batch 2026-07-19 --invoices 12 --segment-size 4
 //
@@ -13,7 +13,14 @@
 //     batch's operation root (spec.operationRoot), and watches it until the
 //     controller reports it Held; reads its fence token.
 //  2. Applies the schema (pkg/store/postgres.Migrate and its own
-//     settlement_invoices table).
+//     settlement_invoices table). The store keys its records by --cluster
+//     (the lockwarden installation that issues the fences), --namespace and
+//     the resource ID, and the invoices are keyed by namespace: the same
+//     batch settled in two namespaces against one database is two
+//     independent settlements. A database written before
+//     records were keyed this way is refused until the run is started
+//     with --adopt-legacy-records, which assigns those records to this
+//     cluster and namespace.
 //  3. Cuts the batch into segments of --segment-size invoices. The
 //     operation root is the SHA-256 of the whole batch, so a rerun of the
 //     same batch (after a crash, or by another worker) continues the same

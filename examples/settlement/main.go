@@ -25,7 +25,9 @@ import (
 // config is the worker's flags.
 type config struct {
 	kubeconfig  string
+	cluster     string
 	namespace   string
+	adoptLegacy bool
 	dsn         string
 	batch       string
 	invoices    int
@@ -37,7 +39,9 @@ type config struct {
 func main() {
 	var c config
 	flag.StringVar(&c.kubeconfig, "kubeconfig", "", "Kubeconfig of the worker's identity; empty: $KUBECONFIG, ~/.kube/config or in-cluster.")
-	flag.StringVar(&c.namespace, "namespace", "default", "Namespace of the LockGrant.")
+	flag.StringVar(&c.cluster, "cluster", os.Getenv("LOCKWARDEN_CLUSTER"), "Name of the lockwarden installation that issues the fences (default $LOCKWARDEN_CLUSTER): the same for every worker of it, different for installations sharing the database, and never changed once records exist.")
+	flag.StringVar(&c.namespace, "namespace", "default", "Namespace of the LockGrant; its fences and the store's records are per namespace.")
+	flag.BoolVar(&c.adoptLegacy, "adopt-legacy-records", false, "Records in the database written before the store keyed them by cluster and namespace belong to --cluster and --namespace: assign them there while migrating.")
 	flag.StringVar(&c.dsn, "dsn", os.Getenv("DATABASE_URL"), "PostgreSQL URL, e.g. postgres://user@host:5432/db?sslmode=disable (default $DATABASE_URL).")
 	flag.StringVar(&c.batch, "batch", time.Now().UTC().Format("2006-01-02"), "The invoice batch to settle; the locked resource is invoice-batch/BATCH.")
 	flag.IntVar(&c.invoices, "invoices", 12, "Number of invoices in the batch.")
@@ -74,6 +78,9 @@ func (c config) runWith(ctx context.Context, rc *rest.Config, out io.Writer) err
 	if c.dsn == "" {
 		return errors.New("--dsn (or $DATABASE_URL) is required")
 	}
+	if c.cluster == "" {
+		return errors.New("--cluster (or $LOCKWARDEN_CLUSTER) is required: the store keeps fences per cluster")
+	}
 	b, err := newBatch(c.batch, c.invoices, c.segmentSize)
 	if err != nil {
 		return err
@@ -87,7 +94,7 @@ func (c config) runWith(ctx context.Context, rc *rest.Config, out io.Writer) err
 		return err
 	}
 	defer db.Close()
-	if err := migrate(ctx, db); err != nil {
+	if err := migrate(ctx, db, postgres.Scope{Cluster: c.cluster, Namespace: c.namespace}, c.adoptLegacy); err != nil {
 		return err
 	}
 
@@ -97,7 +104,7 @@ func (c config) runWith(ctx context.Context, rc *rest.Config, out io.Writer) err
 	}
 	fmt.Fprintf(out, "held %s/%s on %s: fence %d, owner %s\n", g.Namespace, g.Name, b.resource, g.Status.FenceToken, g.Spec.Owner)
 	store := postgres.New(db, grantRegistry{reader: kube, grant: client.ObjectKeyFromObject(g)},
-		postgres.WithRegressionHook(reportRegression(kube, g, out)))
+		postgres.WithCluster(c.cluster), postgres.WithRegressionHook(reportRegression(kube, g, out)))
 	settleErr := settle(ctx, store, holderOf(g), b, out)
 	// Release even when settling stopped: a refused worker must not keep
 	// the lease until it expires.

@@ -24,19 +24,25 @@ type grantRegistry struct {
 
 var _ postgres.Registry = grantRegistry{}
 
-// GrantFacts implements postgres.Registry.
-func (r grantRegistry) GrantFacts(ctx context.Context, resource, grantUID string) (*fencing.Grant, *fencing.Counter, error) {
+// GrantFacts implements postgres.Registry: the worker's grant when it is
+// the one asked for and lives in the asked namespace, and the FenceCounter
+// of the resource in that namespace.
+func (r grantRegistry) GrantFacts(ctx context.Context, k postgres.Key, grantUID string) (*fencing.Grant, *fencing.Counter, error) {
 	g := &lockingv1alpha1.LockGrant{}
-	switch err := r.reader.Get(ctx, r.grant, g); {
-	case apierrors.IsNotFound(err):
-		g = nil
-	case err != nil:
-		return nil, nil, fmt.Errorf("reading LockGrant %s: %w", r.grant, err)
-	case string(g.UID) != grantUID:
-		g = nil // another acquisition under the same name
+	if k.Namespace != r.grant.Namespace {
+		g = nil // only grants of the segment's own namespace count
+	} else {
+		switch err := r.reader.Get(ctx, r.grant, g); {
+		case apierrors.IsNotFound(err):
+			g = nil
+		case err != nil:
+			return nil, nil, fmt.Errorf("reading LockGrant %s: %w", r.grant, err)
+		case string(g.UID) != grantUID:
+			g = nil // another acquisition under the same name
+		}
 	}
 	c := &lockingv1alpha1.FenceCounter{}
-	key := types.NamespacedName{Namespace: r.grant.Namespace, Name: lockingv1alpha1.FenceCounterName(resource)}
+	key := types.NamespacedName{Namespace: k.Namespace, Name: lockingv1alpha1.FenceCounterName(k.Resource)}
 	switch err := r.reader.Get(ctx, key, c); {
 	case apierrors.IsNotFound(err):
 		c = nil

@@ -12,6 +12,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/watch"
+	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 
@@ -31,31 +32,7 @@ import (
 // test exercises the worker's Kubernetes code path on its own.
 func TestWorkerEndToEnd(t *testing.T) {
 	dsn := pgtest.Database(t)
-	root, _ := filepath.Abs("../..")
-	assets := os.Getenv("KUBEBUILDER_ASSETS")
-	if assets == "" {
-		assets = filepath.Join(root, "bin")
-	}
-	if _, err := os.Stat(filepath.Join(assets, "kube-apiserver")); err != nil {
-		if os.Getenv("CI") != "" {
-			t.Fatalf("no kube-apiserver in %s: %v", assets, err)
-		}
-		t.Skipf("no kube-apiserver in %s (run `make tools`): %v", assets, err)
-	}
-	env := &envtest.Environment{
-		BinaryAssetsDirectory: assets,
-		CRDDirectoryPaths:     []string{filepath.Join(root, "config", "crd", "bases")},
-		ErrorIfCRDPathMissing: true,
-	}
-	cfg, err := env.Start()
-	if err != nil {
-		t.Fatalf("starting envtest: %v", err)
-	}
-	t.Cleanup(func() { _ = env.Stop() })
-	admin, err := client.NewWithWatch(cfg, client.Options{Scheme: scheme()})
-	if err != nil {
-		t.Fatal(err)
-	}
+	cfg, admin := startKube(t)
 	ctx, cancel := context.WithTimeout(t.Context(), 90*time.Second)
 	defer cancel()
 	if err := admin.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "billing"}}); err != nil {
@@ -63,7 +40,7 @@ func TestWorkerEndToEnd(t *testing.T) {
 	}
 	go standIn(ctx, t, admin, "billing")
 
-	c := config{namespace: "billing", dsn: dsn, batch: "2026-07-19", invoices: 7, segmentSize: 3, ttlSeconds: 60}
+	c := config{cluster: testCluster, namespace: "billing", dsn: dsn, batch: "2026-07-19", invoices: 7, segmentSize: 3, ttlSeconds: 60}
 	var out bytes.Buffer
 	if err := c.runWith(ctx, cfg, &out); err != nil {
 		t.Fatalf("first run: %v\n%s", err, out.String())
@@ -105,6 +82,103 @@ func TestWorkerEndToEnd(t *testing.T) {
 			t.Fatalf("grant %s: release %v, operation root %q; want released and bound to %s", g.Name, g.Spec.Release, g.Spec.OperationRoot, b.root)
 		}
 	}
+}
+
+// The worker run with --namespace default (twice: fences 1 and 2), then
+// with --namespace billing (fence 1 from billing's own counter), against
+// one database. Both namespaces settle the whole batch; billing's fence 1
+// is not taken for a regression of default's fence 2: no alarm row, no
+// fence-regression report on the grant.
+func TestWorkerInTwoNamespacesOnOneDatabase(t *testing.T) {
+	dsn := pgtest.Database(t)
+	cfg, admin := startKube(t)
+	ctx, cancel := context.WithTimeout(t.Context(), 90*time.Second)
+	defer cancel()
+	if err := admin.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "billing"}}); err != nil {
+		t.Fatal(err)
+	}
+	go standIn(ctx, t, admin, "default")
+	go standIn(ctx, t, admin, "billing")
+
+	run := func(ns string, want ...string) {
+		t.Helper()
+		c := config{cluster: testCluster, namespace: ns, dsn: dsn, batch: "2026-07-19", invoices: 7, segmentSize: 3, ttlSeconds: 60}
+		var out bytes.Buffer
+		if err := c.runWith(ctx, cfg, &out); err != nil {
+			t.Fatalf("run in %s: %v\n%s", ns, err, out.String())
+		}
+		for _, line := range want {
+			if !strings.Contains(out.String(), line) {
+				t.Fatalf("run in %s: the report lacks %q:\n%s", ns, line, out.String())
+			}
+		}
+	}
+	run("default", "held default/", "fence 1", "segment 3/3 settled")
+	run("default", "fence 2", "segment 3/3 already settled under fence 1")
+	run("billing", "held billing/", "fence 1", "segment 1/3 settled: 3 invoices", "segment 3/3 settled: 1 invoices", "batch 2026-07-19 settled")
+
+	db, err := postgres.Open(dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	var alarms int
+	if err := db.QueryRowContext(ctx, `SELECT count(*) FROM lockwarden_fence_alarms`).Scan(&alarms); err != nil || alarms != 0 {
+		t.Fatalf("%d fence regression alarms, %v; want none", alarms, err)
+	}
+	for ns, want := range map[string]int64{"default": 2, "billing": 1} {
+		var n int
+		if err := db.QueryRowContext(ctx, `SELECT count(*) FROM settlement_invoices WHERE namespace = $1`, ns).Scan(&n); err != nil || n != 7 {
+			t.Fatalf("namespace %s: %d invoices settled, %v; want 7", ns, n, err)
+		}
+		store := postgres.New(db, nil, postgres.WithCluster(testCluster))
+		l, err := store.Ledger(ctx, postgres.Key{Namespace: ns, Resource: "invoice-batch/2026-07-19"})
+		if err != nil || l.Fence != want || l.LastSeq != 3 {
+			t.Fatalf("namespace %s: ledger %+v, %v; want fence %d at segment 3", ns, l, err, want)
+		}
+		grants := &lockingv1alpha1.LockGrantList{}
+		if err := admin.List(ctx, grants, client.InNamespace(ns)); err != nil {
+			t.Fatal(err)
+		}
+		for _, g := range grants.Items {
+			if v, ok := g.Annotations[lockingv1alpha1.FenceRegressionAnnotation]; ok {
+				t.Fatalf("grant %s/%s was reported as a fence regression: %s", ns, g.Name, v)
+			}
+		}
+	}
+}
+
+// startKube starts a kube-apiserver and etcd with lockwarden's CRDs and
+// returns the admin's config and client. It skips without the binaries,
+// except in CI.
+func startKube(t *testing.T) (*rest.Config, client.WithWatch) {
+	t.Helper()
+	root, _ := filepath.Abs("../..")
+	assets := os.Getenv("KUBEBUILDER_ASSETS")
+	if assets == "" {
+		assets = filepath.Join(root, "bin")
+	}
+	if _, err := os.Stat(filepath.Join(assets, "kube-apiserver")); err != nil {
+		if os.Getenv("CI") != "" {
+			t.Fatalf("no kube-apiserver in %s: %v", assets, err)
+		}
+		t.Skipf("no kube-apiserver in %s (run `make tools`): %v", assets, err)
+	}
+	env := &envtest.Environment{
+		BinaryAssetsDirectory: assets,
+		CRDDirectoryPaths:     []string{filepath.Join(root, "config", "crd", "bases")},
+		ErrorIfCRDPathMissing: true,
+	}
+	cfg, err := env.Start()
+	if err != nil {
+		t.Fatalf("starting envtest: %v", err)
+	}
+	t.Cleanup(func() { _ = env.Stop() })
+	admin, err := client.NewWithWatch(cfg, client.Options{Scheme: scheme()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return cfg, admin
 }
 
 // standIn grants every LockGrant of ns as the controller would, one at a

@@ -13,21 +13,37 @@ import (
 	"github.com/lockwarden/lockwarden/pkg/fencing"
 )
 
-// Stamp prepares obj for a guarded write under this lock: it labels it
-// locking.lockwarden.io/guarded=true and sets the annotations
-// locking.lockwarden.io/resource (the lock's resource),
+// Stamp prepares obj for one guarded write under this lock: it labels it
+// locking.lockwarden.io/guarded=true and sets the annotation
+// locking.lockwarden.io/resource (the lock's resource) and the write's claim:
 // locking.lockwarden.io/grant ("NAMESPACE/NAME" of the grant),
 // locking.lockwarden.io/fence (the fence, in decimal) and
 // locking.lockwarden.io/proof (the signed grant record, when the registry
-// publishes one; a proof left by an earlier writer is removed). Send the write right
-// after; the guarded-write admission webhook accepts it only while this
-// grant is the resource's current, unexpired holder and no newer fence has
-// been accepted by the object (Kleppmann's fencing token, 2016).
+// publishes one). Send the write right after. The guarded-write admission
+// webhook accepts it only while this grant is the resource's current,
+// unexpired holder and no newer fence has been accepted by the object
+// (Kleppmann's fencing token, 2016), and consumes the claim: it removes it
+// from the object in the same write and records what it accepted in the
+// locking.lockwarden.io/accepted-* annotations. So stamp every write anew,
+// including each retry after a conflict: a write that does not carry its own
+// claim is refused, even when sent by the holder's own identity.
 //
 // It returns Check's error, changing nothing, when the holder may not start
 // an effect, and an error wrapping fencing.ErrBindingMismatch when obj is
 // already guarded by another resource.
 func (h *Handle) Stamp(obj metav1.Object) error {
+	return h.stamp(obj, "")
+}
+
+// StampDelete stamps obj like Stamp for the write that prepares its delete
+// (the claim's intent is "delete"). Send that write, then delete the object
+// with the resourceVersion the write returned as a precondition; Delete does
+// both.
+func (h *Handle) StampDelete(obj metav1.Object) error {
+	return h.stamp(obj, fencing.IntentDelete)
+}
+
+func (h *Handle) stamp(obj metav1.Object, intent string) error {
 	if err := h.Check(); err != nil {
 		return err
 	}
@@ -52,8 +68,32 @@ func (h *Handle) Stamp(obj metav1.Object) error {
 	} else {
 		delete(ann, lockingv1alpha1.ProofAnnotation)
 	}
+	if intent != "" {
+		ann[lockingv1alpha1.IntentAnnotation] = intent
+	} else {
+		delete(ann, lockingv1alpha1.IntentAnnotation)
+	}
 	obj.SetLabels(labels)
 	obj.SetAnnotations(ann)
+	return nil
+}
+
+// Delete deletes a guarded object under this lock: it stamps obj with
+// StampDelete, updates it (obj must be the object as last read: the update
+// carries its resourceVersion), and deletes it with the resourceVersion the
+// update made as precondition, so that no other write can slip in between.
+// A refusal of either step is returned wrapping the API server's error.
+func (h *Handle) Delete(ctx context.Context, c client.Client, obj client.Object) error {
+	if err := h.StampDelete(obj); err != nil {
+		return err
+	}
+	if err := c.Update(ctx, obj); err != nil {
+		return fmt.Errorf("lock: preparing the delete of %s: %w", client.ObjectKeyFromObject(obj), err)
+	}
+	rv := obj.GetResourceVersion()
+	if err := c.Delete(ctx, obj, client.Preconditions{ResourceVersion: &rv}); err != nil {
+		return fmt.Errorf("lock: deleting %s: %w", client.ObjectKeyFromObject(obj), err)
+	}
 	return nil
 }
 
@@ -87,10 +127,14 @@ func (h *Handle) ReportFenceRegression(ctx context.Context, detail string) error
 // every segment and retry of the operation, and the segment's sequence
 // number. The store accepts a larger fence only at sequence 1 of the
 // operation and an equal fence only at the next sequence of the same root.
+// Fences increase per namespace and resource ID (and per cluster), so a
+// store keys its records by Grant.Namespace and Resource together (in
+// pkg/store/postgres: Segment.Namespace and Segment.Resource).
 type Segment struct {
-	// Resource is the resource ID of the lock.
+	// Resource is the resource ID of the lock, scoped to Grant.Namespace.
 	Resource string
-	// Grant is the LockGrant's namespace and name.
+	// Grant is the LockGrant's namespace and name. Its namespace is the
+	// namespace the resource ID and the fence belong to.
 	Grant types.NamespacedName
 	// GrantUID is the LockGrant's UID (the record's leaseID).
 	GrantUID types.UID

@@ -30,6 +30,9 @@ import (
 	"github.com/lockwarden/lockwarden/pkg/store/postgres"
 )
 
+// batchKey is the batch's resource in the store.
+var batchKey = postgres.Key{Namespace: billing, Resource: batchID}
+
 const (
 	// billing is the namespace of C04's grants and objects.
 	billing = "billing"
@@ -37,6 +40,9 @@ const (
 	// the one PostgreSQL protects.
 	batch   = "2026-07-19"
 	batchID = "invoice-batch/" + batch
+	// cluster names this control plane's fences in PostgreSQL: the test's
+	// store and the worker (--cluster) share the records.
+	cluster = "restore-test"
 	// heldID is a resource whose grant is Held across the snapshot.
 	heldID = "invoice-batch/held-across-restore"
 	// Guarded ConfigMaps of the two resources.
@@ -168,7 +174,7 @@ func TestC04RestoreFromOldSnapshot(t *testing.T) {
 
 	// The store's alarm: two rows, the metric, the hook. Its highest fence
 	// is still 4.
-	alarms, err := pg.store.Alarms(ctx, batchID)
+	alarms, err := pg.store.Alarms(ctx, batchKey)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -318,7 +324,7 @@ func newLedgerStore(t *testing.T, dsn string, w *actor) *ledgerStore {
 	if err != nil {
 		t.Fatal(err)
 	}
-	s.store = postgres.New(db, kubeRegistry{c: admin, ns: billing}, postgres.WithMetrics(metrics), postgres.WithRegressionHook(s.onRegression))
+	s.store = postgres.New(db, kubeRegistry{c: admin}, postgres.WithCluster(cluster), postgres.WithMetrics(metrics), postgres.WithRegressionHook(s.onRegression))
 	return s
 }
 
@@ -367,7 +373,7 @@ func (s *ledgerStore) grantAndWrite(t *testing.T, fence int64) *lockingv1alpha1.
 }
 
 func (s *ledgerStore) segment(g *lockingv1alpha1.LockGrant, root string, seq int64) postgres.Segment {
-	return postgres.Segment{Resource: batchID, Caller: g.Spec.Owner, Fence: g.Status.FenceToken, GrantUID: string(g.UID),
+	return postgres.Segment{Namespace: billing, Resource: batchID, Caller: g.Spec.Owner, Fence: g.Status.FenceToken, GrantUID: string(g.UID),
 		Root: root, Seq: seq, Payload: fmt.Appendf(nil, "%s/%d", root, seq)}
 }
 
@@ -387,7 +393,7 @@ func (s *ledgerStore) apply(ctx context.Context, seg postgres.Segment) (postgres
 
 func (s *ledgerStore) ledger(t *testing.T) fencing.Ledger {
 	t.Helper()
-	l, err := s.store.Ledger(t.Context(), batchID)
+	l, err := s.store.Ledger(t.Context(), batchKey)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -465,19 +471,18 @@ func (s *ledgerStore) wantSettled(t *testing.T, want map[int64]int) {
 // kubeRegistry answers the store's registry reads with direct reads from
 // the API server (never a cache), as examples/settlement does.
 type kubeRegistry struct {
-	c  client.Reader
-	ns string
+	c client.Reader
 }
 
 var _ postgres.Registry = kubeRegistry{}
 
-func (r kubeRegistry) GrantFacts(ctx context.Context, resource, grantUID string) (*fencing.Grant, *fencing.Counter, error) {
-	g, err := grantByUID(ctx, r.c, r.ns, grantUID)
+func (r kubeRegistry) GrantFacts(ctx context.Context, k postgres.Key, grantUID string) (*fencing.Grant, *fencing.Counter, error) {
+	g, err := grantByUID(ctx, r.c, k.Namespace, grantUID)
 	if err != nil && !apierrors.IsNotFound(err) {
 		return nil, nil, err
 	}
 	c := &lockingv1alpha1.FenceCounter{}
-	switch err := r.c.Get(ctx, client.ObjectKey{Namespace: r.ns, Name: lockingv1alpha1.FenceCounterName(resource)}, c); {
+	switch err := r.c.Get(ctx, client.ObjectKey{Namespace: k.Namespace, Name: lockingv1alpha1.FenceCounterName(k.Resource)}, c); {
 	case apierrors.IsNotFound(err):
 		c = nil
 	case err != nil:
@@ -506,7 +511,7 @@ func runWorker(t *testing.T, w *actor, dsn string) (string, error) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(t.Context(), 90*time.Second)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, workerBin, "--kubeconfig", w.kubeconfig, "--namespace", billing, "--dsn", dsn,
+	cmd := exec.CommandContext(ctx, workerBin, "--kubeconfig", w.kubeconfig, "--cluster", cluster, "--namespace", billing, "--dsn", dsn,
 		"--batch", batch, "--invoices", "4", "--segment-size", "2", "--ttl", "60", "--timeout", "60s")
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	cmd.WaitDelay = 10 * time.Second

@@ -1,25 +1,35 @@
 // Package guard holds the guarded-write admission webhooks: the enforcement
 // point of the fencing rules for Kubernetes objects. An object is guarded
 // when it carries the label locking.lockwarden.io/guarded=true, or when a
-// GuardPolicy covers it; it can then be created, updated or deleted only by
-// the owner of the resource's current grant, carrying that grant's fence
-// (and, under a policy, its signed proof).
+// GuardPolicy covers it.
 //
-// The webhooks gather the facts (the object's recorded fence, the grant and
-// the resource's FenceCounter, both read directly from the API server, the
-// trust bundle, the policy) and call pkg/fencing. They have no side effects
-// on stored state: an accepted write records its own fence in the object's
-// locking.lockwarden.io/fence annotation, so the check and the record are
-// one atomic write. If the write then fails on a resourceVersion conflict,
-// nothing was recorded, and the retry is checked again against the fresh
-// object.
+// A write to a guarded object is authorized only by the claim it sets itself
+// (grant, fence, and the proof under a policy); see fencing.CheckGuardedRequest
+// and docs/guarded-writes.md. The webhooks gather the facts (the request's
+// claim, the stored object's claim and record, the grant and the resource's
+// FenceCounter read directly from the API server, the trust bundle, the
+// policy) and call pkg/fencing:
+//
+//   - a mutating webhook checks every create and update, and on acceptance
+//     removes the claim from the object and records what it accepted in the
+//     locking.lockwarden.io/accepted-* annotations, in the same write, so the
+//     check and the record are one atomic write and a claim never outlives
+//     the write that made it;
+//   - a validating webhook checks deletes (a pre-delete write with intent
+//     "delete", then a delete with that version as precondition);
+//   - a validating webhook without objectSelector refuses the subresource
+//     requests whose body cannot carry a claim (scale, eviction, binding) on
+//     guarded objects, looking the object itself up.
+//
+// They have no side effects on stored state: if a write fails after
+// admission (a resourceVersion conflict), nothing was recorded, and the
+// retry is checked again against the fresh object.
 package guard
 
 import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"strings"
 
 	admissionv1 "k8s.io/api/admission/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -78,62 +88,93 @@ func decode(req admission.Request) (write, error) {
 	return w, err
 }
 
-// carrier is the object whose annotations carry the write's grant, fence and
-// proof: the new object, or, for a delete, the stored one (write your grant
-// onto the object, then delete it with a resourceVersion precondition).
-func (w write) carrier() *object {
-	if w.req.Operation == admissionv1.Delete {
-		return w.old
+// claimOf is the claim an object carries; zero for nil.
+func claimOf(o *object) fencing.Claim {
+	if o == nil {
+		return fencing.Claim{}
 	}
-	return w.new
+	a := o.Annotations
+	return fencing.Claim{
+		Grant: a[lockingv1alpha1.GrantAnnotation], Fence: a[lockingv1alpha1.FenceAnnotation],
+		Proof: a[lockingv1alpha1.ProofAnnotation], Intent: a[lockingv1alpha1.IntentAnnotation],
+	}
 }
 
-// check decides on a write to an object guarded by resource. With a policy,
-// the write must carry a proof issued under it; without one, a proof is
-// checked when present.
-func (c *Checker) check(ctx context.Context, w write, resource string, pol *lockingv1alpha1.GuardPolicy) error {
-	if w.req.Operation == admissionv1.Delete && c.namespaceTerminating(ctx, w.req.Namespace) {
-		return nil // the namespace is going away with everything in it
+// recordOf is the record an object carries; zero for nil.
+func recordOf(o *object) fencing.Accepted {
+	if o == nil {
+		return fencing.Accepted{}
 	}
-	carrier := w.carrier()
-	fence, err := fencing.ParseFence(carrier.Annotations[lockingv1alpha1.FenceAnnotation])
-	if err != nil {
-		return err
+	a := o.Annotations
+	return fencing.AcceptedOf(a[lockingv1alpha1.AcceptedGrantAnnotation], a[lockingv1alpha1.AcceptedFenceAnnotation], a[lockingv1alpha1.AcceptedIntentAnnotation])
+}
+
+// guarding is how the object of a request is guarded: by what resource, and
+// whether the stored object was guarded (only then is its record the
+// guard's own), and under which policy.
+type guarding struct {
+	resource      string
+	storedGuarded bool
+	policy        *lockingv1alpha1.GuardPolicy
+}
+
+// gather reads everything a decision on w needs into a GuardedRequest.
+func (c *Checker) gather(ctx context.Context, w write, g guarding) (fencing.GuardedRequest, error) {
+	r := fencing.GuardedRequest{
+		Operation: fencing.Operation(w.req.Operation), Subresource: w.req.SubResource,
+		Resource: g.resource, ObjectNamespace: w.req.Namespace, Caller: w.req.UserInfo.Username,
+		Claim: claimOf(w.new), StoredClaim: claimOf(w.old),
+		StoredGuarded: g.storedGuarded, Record: recordOf(w.old),
+		Now: c.Clock.Now(),
 	}
-	grantKey, err := grantRef(carrier.Annotations[lockingv1alpha1.GrantAnnotation], w.req.Namespace)
-	if err != nil {
-		return err
-	}
-	proof := fencing.Proof(carrier.Annotations[lockingv1alpha1.ProofAnnotation])
-	if pol != nil && proof == "" {
-		return &fencing.Error{Reason: fencing.ReasonNoFence, Detail: fmt.Sprintf(
-			"objects under GuardPolicy %q need the grant's proof in annotation %s", pol.Name, lockingv1alpha1.ProofAnnotation)}
-	}
-	var recorded int64
 	if w.old != nil {
-		// A value this webhook accepted before; unreadable means none.
-		recorded, _ = fencing.ParseFence(w.old.Annotations[lockingv1alpha1.FenceAnnotation])
+		r.StoredVersion = w.old.ResourceVersion
 	}
-	fw := fencing.Write{
-		Resource: resource, Caller: w.req.UserInfo.Username, Fence: fence, Recorded: recorded, Now: c.Clock.Now(),
+	if w.req.Operation == admissionv1.Delete {
+		r.Claim = fencing.Claim{}
+		r.Precondition = preconditionOf(w.req)
+		r.NamespaceTerminating = c.namespaceTerminating(ctx, w.req.Namespace)
 	}
-	if fw.Grant, fw.Counter, err = c.registry(ctx, grantKey, resource); err != nil {
-		return err
+	if g.policy != nil {
+		r.RequireProof, r.Policy, r.PolicyGeneration = true, g.policy.Name, g.policy.Generation
 	}
-	if proof == "" {
-		return fencing.CheckWrite(fw)
+	if ns, name, ok := r.Target(); ok {
+		var err error
+		if r.Grant, r.Counter, err = c.registry(ctx, types.NamespacedName{Namespace: ns, Name: name}, g.resource); err != nil {
+			return r, err
+		}
 	}
-	bundle, err := c.Bundle(ctx)
+	if r.Claim.Proof != "" {
+		bundle, err := c.Bundle(ctx)
+		if err != nil {
+			return r, fmt.Errorf("reading the trust bundle: %w", err)
+		}
+		r.Bundle = bundle
+	}
+	return r, nil
+}
+
+// preconditionOf is the resourceVersion precondition of a delete, from the
+// request's own options; "" when none.
+func preconditionOf(req admission.Request) string {
+	if len(req.Options.Raw) == 0 {
+		return ""
+	}
+	var opts metav1.DeleteOptions
+	if err := json.Unmarshal(req.Options.Raw, &opts); err != nil || opts.Preconditions == nil || opts.Preconditions.ResourceVersion == nil {
+		return ""
+	}
+	return *opts.Preconditions.ResourceVersion
+}
+
+// decide gathers and decides; on an accepted create or update it returns the
+// record to write.
+func (c *Checker) decide(ctx context.Context, w write, g guarding) (fencing.Accepted, error) {
+	r, err := c.gather(ctx, w, g)
 	if err != nil {
-		return fmt.Errorf("reading the trust bundle: %w", err)
+		return fencing.Accepted{}, err
 	}
-	pw := fencing.ProvenWrite{
-		Proof: proof, Bundle: bundle, GrantNamespace: grantKey.Namespace, GrantName: grantKey.Name, Write: fw,
-	}
-	if pol != nil {
-		pw.Policy, pw.PolicyGeneration = pol.Name, pol.Generation
-	}
-	return fencing.CheckProvenWrite(pw)
+	return fencing.CheckGuardedRequest(r)
 }
 
 // registry reads the grant and the resource's counter directly from the API
@@ -170,64 +211,85 @@ func (c *Checker) namespaceTerminating(ctx context.Context, name string) bool {
 	return ns.DeletionTimestamp != nil
 }
 
-// grantRef parses "NAME" or "NAMESPACE/NAME". Resource IDs are scoped to a
-// namespace, so a namespaced object takes grants of its own namespace only;
-// a cluster-scoped object must name the grant's namespace.
-func grantRef(s, objNamespace string) (types.NamespacedName, error) {
-	ns, name, found := strings.Cut(s, "/")
-	if !found {
-		ns, name = objNamespace, s
+// consume is the accepted create or update with its claim removed and rec
+// recorded, as a JSON patch response; it also clears a Shadow policy's
+// denial note, which an accepted write makes stale.
+func consume(req admission.Request, rec fencing.Accepted) admission.Response {
+	var obj map[string]any
+	if err := json.Unmarshal(req.Object.Raw, &obj); err != nil {
+		return admission.Errored(400, fmt.Errorf("decoding object: %w", err))
 	}
-	if name == "" || ns == "" || strings.Contains(name, "/") {
-		return types.NamespacedName{}, &fencing.Error{Reason: fencing.ReasonNoFence,
-			Detail: fmt.Sprintf("the write must name its grant in annotation %s as NAME or NAMESPACE/NAME, got %q", lockingv1alpha1.GrantAnnotation, s)}
+	meta, _ := obj["metadata"].(map[string]any)
+	if meta == nil {
+		meta = map[string]any{}
+		obj["metadata"] = meta
 	}
-	if objNamespace != "" && ns != objNamespace {
-		return types.NamespacedName{}, &fencing.Error{Reason: fencing.ReasonBindingMismatch,
-			Detail: fmt.Sprintf("the grant %s/%s is in another namespace; resource IDs are scoped to a namespace, so an object in %q takes grants of %q only", ns, name, objNamespace, objNamespace)}
+	ann, _ := meta["annotations"].(map[string]any)
+	if ann == nil {
+		ann = map[string]any{}
 	}
-	return types.NamespacedName{Namespace: ns, Name: name}, nil
+	for _, k := range []string{
+		lockingv1alpha1.GrantAnnotation, lockingv1alpha1.FenceAnnotation, lockingv1alpha1.ProofAnnotation,
+		lockingv1alpha1.IntentAnnotation, lockingv1alpha1.ShadowDenialAnnotation,
+	} {
+		delete(ann, k)
+	}
+	ann[lockingv1alpha1.AcceptedGrantAnnotation] = rec.Grant
+	ann[lockingv1alpha1.AcceptedFenceAnnotation] = fencing.FormatFence(rec.Fence)
+	if rec.Intent != "" {
+		ann[lockingv1alpha1.AcceptedIntentAnnotation] = rec.Intent
+	} else {
+		delete(ann, lockingv1alpha1.AcceptedIntentAnnotation)
+	}
+	meta["annotations"] = ann
+	out, err := json.Marshal(obj)
+	if err != nil {
+		return admission.Errored(500, err)
+	}
+	return admission.PatchResponseFromRaw(req.Object.Raw, out)
 }
 
-// labelResource is the resource of an object guarded by label: what it was
-// guarded by, else what it will be. Changing it while guarded is refused.
-func labelResource(w write) (string, error) {
+// labelGuarding is how an object guarded by label is guarded: by the
+// resource it was guarded by, else the one it will be. Changing it while
+// guarded is refused.
+func labelGuarding(w write) (guarding, error) {
 	oldGuarded, newGuarded := labeled(w.old), labeled(w.new)
 	var resource string
 	switch {
 	case oldGuarded:
 		resource = w.old.Annotations[lockingv1alpha1.ResourceAnnotation]
 		if newGuarded && w.new.Annotations[lockingv1alpha1.ResourceAnnotation] != resource {
-			return "", &fencing.Error{Reason: fencing.ReasonBindingMismatch, Detail: "annotation " + lockingv1alpha1.ResourceAnnotation + " cannot change while the object is guarded"}
+			return guarding{}, &fencing.Error{Reason: fencing.ReasonBindingMismatch, Detail: "annotation " + lockingv1alpha1.ResourceAnnotation + " cannot change while the object is guarded"}
 		}
 	default:
 		resource = w.new.Annotations[lockingv1alpha1.ResourceAnnotation]
 	}
 	if !lockingv1alpha1.ValidResourceID(resource) {
-		return "", &fencing.Error{Reason: fencing.ReasonNoResource, Detail: fmt.Sprintf("guarded objects need annotation %s with a valid resource ID, got %q", lockingv1alpha1.ResourceAnnotation, resource)}
+		return guarding{}, &fencing.Error{Reason: fencing.ReasonNoResource, Detail: fmt.Sprintf("guarded objects need annotation %s with a valid resource ID, got %q", lockingv1alpha1.ResourceAnnotation, resource)}
 	}
-	return resource, nil
+	return guarding{resource: resource, storedGuarded: oldGuarded}, nil
 }
 
 func labeled(o *object) bool {
 	return o != nil && o.Labels[lockingv1alpha1.GuardedLabel] == "true"
 }
 
-// policyResource is the resource of an object under a policy, from the
-// stored object when there is one; a write that would change it is refused.
-func policyResource(w write, pol *lockingv1alpha1.GuardPolicy) (string, error) {
+// policyGuarding is how an object under a policy is guarded: by the resource
+// ID of the stored object when there is one; a write that would change it is
+// refused.
+func policyGuarding(w write, pol *lockingv1alpha1.GuardPolicy, storedCovered bool) (guarding, error) {
 	id := func(o *object) string { return policy.ResourceID(pol, o.Namespace, o.Name, o.Annotations) }
 	var resource string
 	if w.old != nil {
 		resource = id(w.old)
 		if w.new != nil && resource != "" && id(w.new) != resource {
-			return "", &fencing.Error{Reason: fencing.ReasonBindingMismatch, Detail: "the write would change the object's resource ID"}
+			return guarding{}, &fencing.Error{Reason: fencing.ReasonBindingMismatch, Detail: "the write would change the object's resource ID"}
 		}
 	} else {
 		resource = id(w.new)
 	}
 	if resource == "" {
-		return "", &fencing.Error{Reason: fencing.ReasonNoResource, Detail: fmt.Sprintf("GuardPolicy %q maps the object to no valid resource ID", pol.Name)}
+		return guarding{}, &fencing.Error{Reason: fencing.ReasonNoResource, Detail: fmt.Sprintf("GuardPolicy %q maps the object to no valid resource ID", pol.Name)}
 	}
-	return resource, nil
+	return guarding{resource: resource, storedGuarded: storedCovered, policy: pol}, nil
 }

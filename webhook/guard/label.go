@@ -2,40 +2,68 @@ package guard
 
 import (
 	"context"
+	"fmt"
 	"net/http"
 
+	admissionv1 "k8s.io/api/admission/v1"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
 
+	lockingv1alpha1 "github.com/lockwarden/lockwarden/api/v1alpha1"
 	"github.com/lockwarden/lockwarden/internal/denial"
-
 	"github.com/lockwarden/lockwarden/pkg/fencing"
 )
 
-// LabelHandler is the validating webhook for objects labeled
-// locking.lockwarden.io/guarded=true (selected by an objectSelector).
+// LabelHandler is the webhook for objects labeled
+// locking.lockwarden.io/guarded (selected by an objectSelector on the label's
+// presence). It serves two configurations: the mutating one for creates and
+// updates (of the object and of subresources whose body is the object, such
+// as status), which checks and consumes the claim, and the validating one for
+// deletes. A label value other than "true" guards nothing, and the write is
+// admitted with a warning that says so.
 type LabelHandler struct{ *Checker }
 
 var _ admission.Handler = &LabelHandler{}
 
 // Handle implements admission.Handler.
 func (h *LabelHandler) Handle(ctx context.Context, req admission.Request) admission.Response {
+	if opaque(req.SubResource) {
+		return admission.Allowed("") // SubresourceHandler's
+	}
 	w, err := decode(req)
 	if err != nil {
 		return admission.Errored(http.StatusBadRequest, err)
 	}
 	if !labeled(w.old) && !labeled(w.new) {
+		if v, ok := w.new.labelValue(); ok {
+			return admission.Allowed("").WithWarnings(fmt.Sprintf(
+				"label %s=%q does not guard this object: only the value \"true\" does", lockingv1alpha1.GuardedLabel, v))
+		}
 		return admission.Allowed("")
 	}
+	var rec fencing.Accepted
 	decision := func() error {
-		resource, err := labelResource(w)
+		g, err := labelGuarding(w)
 		if err != nil {
 			return err
 		}
-		return h.check(ctx, w, resource, nil)
+		rec, err = h.decide(ctx, w, g)
+		return err
 	}()
 	observe("label", req, decision)
-	return respond(req, decision)
+	if decision != nil || req.Operation == admissionv1.Delete {
+		return respond(req, decision)
+	}
+	return consume(req, rec)
+}
+
+// labelValue is the guard label's value on o, if it has one.
+func (o *object) labelValue() (string, bool) {
+	if o == nil {
+		return "", false
+	}
+	v, ok := o.Labels[lockingv1alpha1.GuardedLabel]
+	return v, ok
 }
 
 // respond turns a decision into an admission response: allowed, denied with

@@ -6,6 +6,7 @@ import (
 	"strings"
 
 	"gomodules.xyz/jsonpatch/v2"
+	admissionv1 "k8s.io/api/admission/v1"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/tools/events"
@@ -23,8 +24,11 @@ const (
 	ShadowPathPrefix  = "/guardpolicy/shadow/"
 )
 
-// PolicyHandler serves the webhooks the GuardPolicy controller installs:
-// a validating one per Enforce policy, a mutating one per Shadow policy.
+// PolicyHandler serves the webhooks the GuardPolicy controller installs per
+// policy: for Enforce, a mutating one for creates and updates (check and
+// consume the claim, as LabelHandler) and a validating one for deletes; for
+// Shadow, a mutating one that admits everything, records what it accepted the
+// same way, and notes each write Enforce would deny.
 type PolicyHandler struct {
 	*Checker
 	// Policies reads GuardPolicies (a cache is fine: the policy's
@@ -33,7 +37,7 @@ type PolicyHandler struct {
 	Policies client.Reader
 	// Recorder emits an Event for each write Shadow mode would deny.
 	Recorder events.EventRecorder
-	// Shadow selects the mutating, record-only behaviour.
+	// Shadow selects the record-only behaviour.
 	Shadow bool
 }
 
@@ -53,78 +57,81 @@ func (h *PolicyHandler) Handle(ctx context.Context, req admission.Request) admis
 		}
 		return admission.Errored(http.StatusInternalServerError, err)
 	}
+	if opaque(req.SubResource) {
+		return admission.Allowed("") // SubresourceHandler's
+	}
 	w, err := decode(req)
 	if err != nil {
 		return admission.Errored(http.StatusBadRequest, err)
 	}
-	covered := false
-	for _, o := range []*object{w.old, w.new} {
+	covers := func(o *object) (bool, error) {
 		if o == nil {
-			continue
+			return false, nil
 		}
-		ok, err := policy.Covers(pol, req.Resource.Group, req.Resource.Resource, req.Namespace, o.Labels)
-		if err != nil {
-			return admission.Errored(http.StatusInternalServerError, err)
-		}
-		covered = covered || ok
+		return policy.Covers(pol, req.Resource.Group, req.Resource.Resource, req.Namespace, o.Labels)
 	}
-	if !covered || req.SubResource != "" {
+	oldCovered, err := covers(w.old)
+	if err != nil {
+		return admission.Errored(http.StatusInternalServerError, err)
+	}
+	newCovered, err := covers(w.new)
+	if err != nil {
+		return admission.Errored(http.StatusInternalServerError, err)
+	}
+	if !oldCovered && !newCovered {
 		return admission.Allowed("")
 	}
+	var rec fencing.Accepted
 	decision := func() error {
-		resource, err := policyResource(w, pol)
+		g, err := policyGuarding(w, pol, oldCovered || labeled(w.old))
 		if err != nil {
 			return err
 		}
-		return h.check(ctx, w, resource, pol)
+		rec, err = h.decide(ctx, w, g)
+		return err
 	}()
 	mode := "enforce"
 	if h.Shadow {
 		mode = "shadow"
 	}
 	observe(mode, req, decision)
-	if !h.Shadow {
+	switch {
+	case h.Shadow && decision != nil:
+		return h.shadow(req, w, pol, decision)
+	case decision != nil || req.Operation == admissionv1.Delete:
 		return respond(req, decision)
 	}
-	return h.shadow(req, w, pol, decision)
+	return consume(req, rec)
 }
 
-// shadow admits the write, and when Enforce would have denied it, says so
-// in an Event, a metric and the object's shadow-denial annotation.
+// shadow admits a write Enforce would deny, and says so in an Event, a
+// metric and the object's shadow-denial annotation.
 func (h *PolicyHandler) shadow(req admission.Request, w write, pol *lockingv1alpha1.GuardPolicy, decision error) admission.Response {
 	reason := fencing.ReasonOf(decision)
-	if decision != nil && reason == "" {
+	if reason == "" {
 		return admission.Allowed("shadow mode: the check could not run: " + decision.Error())
 	}
-	if reason != "" {
-		shadowDenials.WithLabelValues(pol.Name, string(reason)).Inc()
-		if h.Recorder != nil && (req.DryRun == nil || !*req.DryRun) {
-			regarding := &corev1.ObjectReference{
-				APIVersion: req.Kind.Group + "/" + req.Kind.Version, Kind: req.Kind.Kind,
-				Namespace: req.Namespace, Name: req.Name,
-			}
-			if req.Kind.Group == "" {
-				regarding.APIVersion = req.Kind.Version
-			}
-			h.Recorder.Eventf(regarding, nil, corev1.EventTypeWarning, "ShadowDenied", string(req.Operation),
-				"GuardPolicy %s (Shadow) would deny this %s: %s", pol.Name, strings.ToLower(string(req.Operation)), decision.Error())
+	shadowDenials.WithLabelValues(pol.Name, string(reason)).Inc()
+	if h.Recorder != nil && (req.DryRun == nil || !*req.DryRun) {
+		regarding := &corev1.ObjectReference{
+			APIVersion: req.Kind.Group + "/" + req.Kind.Version, Kind: req.Kind.Kind,
+			Namespace: req.Namespace, Name: req.Name,
 		}
+		if req.Kind.Group == "" {
+			regarding.APIVersion = req.Kind.Version
+		}
+		h.Recorder.Eventf(regarding, nil, corev1.EventTypeWarning, "ShadowDenied", string(req.Operation),
+			"GuardPolicy %s (Shadow) would deny this %s: %s", pol.Name, strings.ToLower(string(req.Operation)), decision.Error())
 	}
-	if w.new == nil {
+	if w.new == nil || req.SubResource != "" {
 		return admission.Allowed("")
 	}
 	const key = lockingv1alpha1.ShadowDenialAnnotation
-	path := "/metadata/annotations/" + strings.NewReplacer("~", "~0", "/", "~1").Replace(key)
-	_, present := w.new.Annotations[key]
-	switch {
-	case reason != "" && w.new.Annotations == nil:
+	if w.new.Annotations == nil {
 		return admission.Patched("", jsonpatch.NewOperation("add", "/metadata/annotations", map[string]string{key: decision.Error()}))
-	case reason != "":
-		return admission.Patched("", jsonpatch.NewOperation("add", path, decision.Error()))
-	case present:
-		return admission.Patched("", jsonpatch.NewOperation("remove", path, nil))
 	}
-	return admission.Allowed("")
+	path := "/metadata/annotations/" + strings.NewReplacer("~", "~0", "/", "~1").Replace(key)
+	return admission.Patched("", jsonpatch.NewOperation("add", path, decision.Error()))
 }
 
 type pathKey struct{}

@@ -6,6 +6,7 @@ package lockgrant
 import (
 	"context"
 	"fmt"
+	"maps"
 	"strings"
 	"time"
 
@@ -89,6 +90,12 @@ type Validator struct {
 // own grants with the ordinary delete verb.
 const ForceReleaseVerb = "force-release"
 
+// AdministerVerb is the RBAC verb on lockgrants that lets an identity change
+// the labels or annotations of a grant it does not own (for example clear a
+// fence-regression report). Without it, only the owner may: a
+// fence-regression report raises an alarm in the owner's name.
+const AdministerVerb = "administer"
+
 var _ admission.Validator[*lockingv1alpha1.LockGrant] = &Validator{}
 
 // NewValidator returns the validating webhook of LockGrants.
@@ -163,9 +170,21 @@ func (v *Validator) ValidateUpdate(ctx context.Context, oldG, newG *lockingv1alp
 	renew := newG.Spec.Renewals > oldG.Spec.Renewals
 	release := newG.Spec.Release
 	specChanged := renew || newG.Spec.Release != oldG.Spec.Release
+	if user != g.Owner && metadataChanged(oldG, newG) {
+		// Labels and annotations (a fence-regression report above all) of a
+		// grant speak for its owner: others need the administer verb.
+		allowed, err := v.authorized(ctx, newG, AdministerVerb)
+		if err != nil {
+			return nil, err
+		}
+		if !allowed {
+			return nil, deny(newG.Name, &fencing.Error{Reason: fencing.ReasonNotOwner, Detail: fmt.Sprintf(
+				"%q is not the owner of this grant; changing its labels or annotations needs the %q verb on lockgrants", user, AdministerVerb)})
+		}
+	}
 	switch {
 	case !specChanged && user != g.Owner:
-		return nil, nil // metadata of someone else's grant: RBAC decides.
+		return nil, nil // metadata of someone else's grant: authorized above.
 	case !specChanged && !oldG.Status.Phase.Final():
 		return nil, nil
 	case renew:
@@ -193,6 +212,26 @@ func (v *Validator) ValidateDelete(ctx context.Context, g *lockingv1alpha1.LockG
 	if err := v.Reader.Get(ctx, types.NamespacedName{Name: g.Namespace}, ns); err == nil && ns.DeletionTimestamp != nil {
 		return nil, nil
 	}
+	allowed, err := v.authorized(ctx, g, ForceReleaseVerb)
+	if err != nil {
+		return nil, err
+	}
+	if !allowed {
+		return nil, deny(g.Name, &fencing.Error{Reason: fencing.ReasonNotOwner, Detail: fmt.Sprintf(
+			"%q is not the owner of this %s grant; deleting it is a forced release, which needs the %q verb on lockgrants",
+			req.UserInfo.Username, g.Status.Phase, ForceReleaseVerb)})
+	}
+	logf.FromContext(ctx).Info("Forced release", "grant", klog.KObj(g), "by", req.UserInfo.Username, "owner", g.Spec.Owner, "fence", g.Status.FenceToken)
+	return admission.Warnings{fmt.Sprintf("forced release of %s's grant (fence %d)", g.Spec.Owner, g.Status.FenceToken)}, nil
+}
+
+// authorized asks the API server (a SubjectAccessReview) whether the
+// requester may use verb on grant g.
+func (v *Validator) authorized(ctx context.Context, g *lockingv1alpha1.LockGrant, verb string) (bool, error) {
+	req, err := admission.RequestFromContext(ctx)
+	if err != nil {
+		return false, err
+	}
 	extra := map[string]authorizationv1.ExtraValue{}
 	for k, vals := range req.UserInfo.Extra {
 		extra[k] = authorizationv1.ExtraValue(vals)
@@ -200,20 +239,20 @@ func (v *Validator) ValidateDelete(ctx context.Context, g *lockingv1alpha1.LockG
 	sar := &authorizationv1.SubjectAccessReview{Spec: authorizationv1.SubjectAccessReviewSpec{
 		User: req.UserInfo.Username, UID: req.UserInfo.UID, Groups: req.UserInfo.Groups, Extra: extra,
 		ResourceAttributes: &authorizationv1.ResourceAttributes{
-			Namespace: g.Namespace, Verb: ForceReleaseVerb, Group: lockingv1alpha1.GroupVersion.Group,
+			Namespace: g.Namespace, Verb: verb, Group: lockingv1alpha1.GroupVersion.Group,
 			Resource: "lockgrants", Name: g.Name,
 		},
 	}}
 	if err := v.Authorizer.Create(ctx, sar); err != nil {
-		return nil, fmt.Errorf("checking the force-release permission: %w", err)
+		return false, fmt.Errorf("checking the %s permission: %w", verb, err)
 	}
-	if !sar.Status.Allowed {
-		return nil, deny(g.Name, &fencing.Error{Reason: fencing.ReasonNotOwner, Detail: fmt.Sprintf(
-			"%q is not the owner of this %s grant; deleting it is a forced release, which needs the %q verb on lockgrants",
-			req.UserInfo.Username, g.Status.Phase, ForceReleaseVerb)})
-	}
-	logf.FromContext(ctx).Info("Forced release", "grant", klog.KObj(g), "by", req.UserInfo.Username, "owner", g.Spec.Owner, "fence", g.Status.FenceToken)
-	return admission.Warnings{fmt.Sprintf("forced release of %s's grant (fence %d)", g.Spec.Owner, g.Status.FenceToken)}, nil
+	return sar.Status.Allowed, nil
+}
+
+// metadataChanged reports whether an update changes a grant's labels or
+// annotations.
+func metadataChanged(oldG, newG *lockingv1alpha1.LockGrant) bool {
+	return !maps.Equal(oldG.Labels, newG.Labels) || !maps.Equal(oldG.Annotations, newG.Annotations)
 }
 
 func requester(ctx context.Context) (string, error) {

@@ -18,14 +18,14 @@ import (
 func TestC11RetryWhileOriginalRuns(t *testing.T) {
 	e := newEnv(t)
 	e.reg.at(0)
-	w1 := e.reg.acquire(resource, "w1", 10)
+	w1 := e.reg.acquire(key, "w1", 10)
 	r1 := e.mustApply(segment(w1, "P", 1, "invoices 1-10"))
 
 	// W1 freezes; its grant expires; W2 gets fence 2 for the same operation.
 	e.reg.at(10)
 	e.reg.end(w1.UID, fencing.StateExpired)
 	e.reg.at(11)
-	w2 := e.reg.acquire(resource, "w2", 10)
+	w2 := e.reg.acquire(key, "w2", 10)
 
 	res, err := e.apply(segment(w2, "P", 1, "invoices 1-10"))
 	if err != nil || res.Applied || res.Receipt != r1 {
@@ -43,7 +43,7 @@ func TestC11RetryWhileOriginalRuns(t *testing.T) {
 	if !r.Quarantined || r.Ledger.Fence != 2 {
 		t.Fatalf("conflict refusal = %+v; want quarantined with the ledger at fence 2", r)
 	}
-	q, err := e.store.Quarantine(t.Context(), resource)
+	q, err := e.store.Quarantine(t.Context(), key)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -52,14 +52,14 @@ func TestC11RetryWhileOriginalRuns(t *testing.T) {
 	}
 	// The same conflicting payload again is counted, not stored twice.
 	e.wantRefused(segment(w2, "P", 2, "invoices 11-20, amended"), fencing.ReasonSegmentConflict)
-	if q, _ := e.store.Quarantine(t.Context(), resource); len(q) != 1 || q[0].Attempts != 2 {
+	if q, _ := e.store.Quarantine(t.Context(), key); len(q) != 1 || q[0].Attempts != 2 {
 		t.Fatalf("quarantine after a second conflict = %+v; want one row, 2 attempts", q)
 	}
 
 	e.mustApply(segment(w2, "P", 3, "invoices 21-30"))
 	e.mustApply(segment(w2, "P", 4, "invoices 31-40"))
 
-	payloads, counts := e.effects(resource)
+	payloads, counts := e.effects(key)
 	want := map[string]string{"P/1": "invoices 1-10", "P/2": "invoices 11-20", "P/3": "invoices 21-30", "P/4": "invoices 31-40"}
 	if !maps.Equal(payloads, want) {
 		t.Fatalf("effects = %v, want %v", payloads, want)
@@ -69,7 +69,7 @@ func TestC11RetryWhileOriginalRuns(t *testing.T) {
 			t.Fatalf("segment %s took effect %d times", k, n)
 		}
 	}
-	receipts, err := e.store.Receipts(t.Context(), resource, "P")
+	receipts, err := e.store.Receipts(t.Context(), key, "P")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -84,18 +84,18 @@ func TestC11RetryWhileOriginalRuns(t *testing.T) {
 func TestC05FastReleaseDuringMultiSegmentOperation(t *testing.T) {
 	e := newEnv(t)
 	e.reg.at(0)
-	a := e.reg.acquire(resource, "a", 15)
+	a := e.reg.acquire(key, "a", 15)
 	e.mustApply(segment(a, "X", 1, "x1"))
 	e.reg.at(6)
 	e.reg.end(a.UID, fencing.StateReleased)
 	e.reg.at(6.1)
-	b := e.reg.acquire(resource, "b", 15)
+	b := e.reg.acquire(key, "b", 15)
 	e.mustApply(segment(b, "Y", 1, "y1"))
 	e.reg.at(6.5)
 	e.wantRefused(segment(a, "X", 2, "x2"), fencing.ReasonStaleOwner)
 
 	// B reconciles X: segment 1 took effect, segment 2 never will.
-	receipts, err := e.store.Receipts(t.Context(), resource, "X")
+	receipts, err := e.store.Receipts(t.Context(), key, "X")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -103,12 +103,12 @@ func TestC05FastReleaseDuringMultiSegmentOperation(t *testing.T) {
 		t.Fatalf("receipts of X = %+v; want segment 1 only", receipts)
 	}
 	for seq, want := range map[int64]fencing.MutationState{1: fencing.MutationApplied, 2: fencing.MutationAbsent} {
-		got, err := e.store.Lookup(t.Context(), resource, "X", seq, a.Fence)
+		got, err := e.store.Lookup(t.Context(), key, "X", seq, a.Fence)
 		if err != nil || got.State != want {
 			t.Fatalf("Lookup(X, %d) = %+v, %v; want %v", seq, got, err, want)
 		}
 	}
-	if _, counts := e.effects(resource); len(counts) != 2 || counts["X/1"] != 1 || counts["Y/1"] != 1 {
+	if _, counts := e.effects(key); len(counts) != 2 || counts["X/1"] != 1 || counts["Y/1"] != 1 {
 		t.Fatalf("effects = %v; want X/1 and Y/1 once each", counts)
 	}
 }
@@ -133,20 +133,20 @@ func TestC04RegistryRestoredFromOldSnapshot(t *testing.T) {
 		hooked = append(hooked, r.Segment)
 	}))
 
-	g1 := e.reg.acquire(resource, "a", 10)
+	g1 := e.reg.acquire(key, "a", 10)
 	e.mustApply(segment(g1, "op-1", 1, "1"))
-	g2 := e.reg.acquire(resource, "b", 10)
+	g2 := e.reg.acquire(key, "b", 10)
 	e.mustApply(segment(g2, "op-2", 1, "2"))
 	counters, grants := e.reg.snapshot() // fence 2, g2 Held
-	g3 := e.reg.acquire(resource, "c", 10)
+	g3 := e.reg.acquire(key, "c", 10)
 	e.mustApply(segment(g3, "op-3", 1, "3"))
-	before := e.ledger(resource)
+	before := e.ledger(key)
 	e.reg.restore(counters, grants)
 
 	// The grant held at the snapshot is current again in the registry.
 	e.wantRefused(segment(g2, "op-2", 2, "2b"), fencing.ReasonFenceRegression)
 	// The next grant gets fence 3 again, from another grant.
-	g3again := e.reg.acquire(resource, "d", 10)
+	g3again := e.reg.acquire(key, "d", 10)
 	if g3again.Fence != g3.Fence {
 		t.Fatalf("restored registry issued fence %d, want %d again", g3again.Fence, g3.Fence)
 	}
@@ -154,12 +154,12 @@ func TestC04RegistryRestoredFromOldSnapshot(t *testing.T) {
 	if !errors.Is(r, fencing.ErrFenceRegression) || r.Ledger != before {
 		t.Fatalf("refusal = %+v; want FENCE_REGRESSION with the ledger %+v", r, before)
 	}
-	if got := e.ledger(resource); got != before {
+	if got := e.ledger(key); got != before {
 		t.Fatalf("ledger after regressions = %+v; want it unchanged %+v", got, before)
 	}
 
 	// The alarm: recorded, counted, handed to the hook.
-	alarms, err := e.store.Alarms(t.Context(), resource)
+	alarms, err := e.store.Alarms(t.Context(), key)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -186,15 +186,15 @@ func TestC04RegistryRestoredFromOldSnapshot(t *testing.T) {
 			t.Fatalf("%s succeeded; want it refused", stmt)
 		}
 	}
-	if got := e.ledger(resource); got != before {
+	if got := e.ledger(key); got != before {
 		t.Fatalf("ledger = %+v; want %+v", got, before)
 	}
 
 	// Recovery: the operator bumps the issuer epoch.
 	e.reg.bumpEpoch()
-	g4 := e.reg.acquire(resource, "e", 10)
+	g4 := e.reg.acquire(key, "e", 10)
 	e.mustApply(segment(g4, "op-5", 1, "5"))
-	if got := e.ledger(resource); got.Fence != 1<<fencing.EpochBits|1 {
+	if got := e.ledger(key); got.Fence != 1<<fencing.EpochBits|1 {
 		t.Fatalf("ledger after the epoch bump = %+v; want fence %d", got, int64(1<<fencing.EpochBits|1))
 	}
 	if n := counterValue(t, reg, "lockwarden_store_segments_total"); n != 6 {

@@ -14,11 +14,25 @@
 // the recorded fence is never lowered; triggers refuse any UPDATE that
 // lowers it and any DELETE or TRUNCATE of the fence and receipt tables.
 //
+// # Scope
+//
+// Fences increase per cluster, namespace and resource ID: a FenceCounter
+// lives in its grants' namespace, and two lockwarden installations issue
+// fences independently. Every record (fence row, receipt, quarantined
+// payload, alarm) is therefore keyed by the issuing cluster (WithCluster),
+// the segment's namespace (Segment.Namespace) and the resource ID, and the
+// Registry is asked for the grant and counter of that namespace. The same
+// resource ID in two namespaces or two clusters has two independent
+// ledgers. A store without a cluster, or a segment without a namespace,
+// is refused NO_RESOURCE. Schema version 1 keyed records by resource ID
+// alone; migrating such a database needs the scope its records belong to
+// (AdoptLegacyRecords), and Migrate refuses, changing nothing, without it.
+//
 // # Concurrency
 //
 // Apply takes a row lock (SELECT ... FOR UPDATE) on the resource's row in
-// lockwarden_fences, at READ COMMITTED. Every segment of one resource
-// queues on that row, and the second writer reads the first one's
+// lockwarden_fences, at READ COMMITTED. Every segment of one resource (in
+// one scope) queues on that row, and the second writer reads the first one's
 // committed ledger once the lock is granted, so the decision always sees
 // the latest fence. This was chosen over SERIALIZABLE because the whole
 // decision depends on one row per resource: a row lock serializes exactly

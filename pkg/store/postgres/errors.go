@@ -12,8 +12,9 @@ import (
 type Refusal struct {
 	// Err is the reason and a sentence for the user.
 	Err *fencing.Error
-	// Resource, Caller and Segment describe the refused write; Segment
-	// carries the payload's digest, not the payload.
+	// Scope, Resource, Caller and Segment describe the refused write;
+	// Segment carries the payload's digest, not the payload.
+	Scope    Scope
 	Resource string
 	Caller   string
 	Segment  fencing.Segment
@@ -25,10 +26,11 @@ type Refusal struct {
 	Quarantined bool
 }
 
-// Error returns "postgres: resource R refused segment N of ROOT under fence
-// F: REASON: detail".
+// Error returns `postgres: resource "R" in namespace "N" of cluster "C"
+// refused segment S of ROOT under fence F: REASON: detail`.
 func (r *Refusal) Error() string {
-	return fmt.Sprintf("postgres: resource %q refused segment %d of %s under fence %d: %v", r.Resource, r.Segment.Seq, r.Segment.Root, r.Segment.Fence, r.Err)
+	return fmt.Sprintf("postgres: %s refused segment %d of %s under fence %d: %v",
+		ref{Scope: r.Scope, resource: r.Resource}, r.Segment.Seq, r.Segment.Root, r.Segment.Fence, r.Err)
 }
 
 // Unwrap returns Err.

@@ -24,49 +24,63 @@ type Lookup struct {
 }
 
 // Lookup answers MUTATION_UNKNOWN: did segment seq of operation root reach
-// resource, after an attempt under attemptFence whose outcome the caller
-// does not know? It waits for any write to the resource in flight (it takes
-// the fence row FOR SHARE), then reads the receipt and classifies it with
-// fencing.ResolveMutation. When the database cannot answer, it returns
-// State Unknown and an error matching fencing.ErrMutationUnknown.
-func (s *Store) Lookup(ctx context.Context, resource, root string, seq, attemptFence int64) (Lookup, error) {
+// the resource key (in the store's cluster), after an attempt under
+// attemptFence whose outcome the caller does not know? It waits for any
+// write to the resource in flight (it takes the fence row FOR SHARE), then
+// reads the receipt and classifies it with fencing.ResolveMutation. When
+// the database cannot answer, it returns State Unknown and an error
+// matching fencing.ErrMutationUnknown. A key without namespace or resource,
+// or a store without WithCluster, is refused NO_RESOURCE (State Unknown).
+func (s *Store) Lookup(ctx context.Context, key Key, root string, seq, attemptFence int64) (Lookup, error) {
+	at, bad := s.ref(key)
+	if bad != nil {
+		return Lookup{}, bad
+	}
 	tx, err := s.db.BeginTx(ctx, &sql.TxOptions{Isolation: sql.LevelReadCommitted})
 	if err != nil {
 		return Lookup{}, fmt.Errorf("%w: %w", fencing.ErrMutationUnknown, err)
 	}
 	defer func() { _ = tx.Rollback() }()
-	l, err := readLedger(ctx, tx, resource, "FOR SHARE")
+	l, err := readLedger(ctx, tx, at, "FOR SHARE")
 	if err != nil {
 		return Lookup{}, fmt.Errorf("%w: %w", fencing.ErrMutationUnknown, err)
 	}
-	r, err := readReceipt(ctx, tx, resource, root, seq)
+	r, err := readReceipt(ctx, tx, at, root, seq)
 	if err != nil {
 		return Lookup{Ledger: l}, fmt.Errorf("%w: %w", fencing.ErrMutationUnknown, err)
 	}
 	return Lookup{State: fencing.ResolveMutation(l, r, attemptFence), Receipt: r, Ledger: l}, nil
 }
 
-// Ledger returns the resource's current record; the zero Ledger when it
-// has accepted nothing.
-func (s *Store) Ledger(ctx context.Context, resource string) (fencing.Ledger, error) {
+// Ledger returns the current record of the resource key in the store's
+// cluster; the zero Ledger when it has accepted nothing.
+func (s *Store) Ledger(ctx context.Context, key Key) (fencing.Ledger, error) {
+	at, bad := s.ref(key)
+	if bad != nil {
+		return fencing.Ledger{}, bad
+	}
 	tx, err := s.db.BeginTx(ctx, &sql.TxOptions{ReadOnly: true})
 	if err != nil {
 		return fencing.Ledger{}, err
 	}
 	defer func() { _ = tx.Rollback() }()
-	return readLedger(ctx, tx, resource, "")
+	return readLedger(ctx, tx, at, "")
 }
 
-// Receipts returns the receipts of operation root on resource, by
+// Receipts returns the receipts of operation root on the resource key, by
 // sequence: which segments of the operation took effect, for example to
 // reconcile an operation its owner left half-done.
-func (s *Store) Receipts(ctx context.Context, resource, root string) ([]fencing.Receipt, error) {
+func (s *Store) Receipts(ctx context.Context, key Key, root string) ([]fencing.Receipt, error) {
+	at, bad := s.ref(key)
+	if bad != nil {
+		return nil, bad
+	}
 	var out []fencing.Receipt
 	err := s.query(ctx, func(tx *sql.Tx) (*sql.Rows, error) {
 		return tx.QueryContext(ctx, `SELECT receipt_id::text, fence, grant_uid, seq, digest, accepted_at FROM lockwarden_receipts
-			WHERE resource = $1 AND root = $2 ORDER BY seq`, resource, root)
+			WHERE cluster = $1 AND namespace = $2 AND resource = $3 AND root = $4 ORDER BY seq`, at.args(root)...)
 	}, func(rows *sql.Rows) error {
-		r := fencing.Receipt{Resource: resource, Root: root}
+		r := fencing.Receipt{Resource: key.Resource, Root: root}
 		if err := rows.Scan(&r.ID, &r.Fence, &r.GrantUID, &r.Seq, &r.Digest, &r.AcceptedAt); err != nil {
 			return err
 		}
@@ -80,6 +94,8 @@ func (s *Store) Receipts(ctx context.Context, resource, root string) ([]fencing.
 // Quarantined is a payload refused as SEGMENT_CONFLICT, kept for
 // inspection. It was never applied.
 type Quarantined struct {
+	// Scope and Resource name the resource that refused the payload.
+	Scope    Scope
 	Resource string
 	Root     string
 	Seq      int64
@@ -95,14 +111,20 @@ type Quarantined struct {
 	FirstReceivedAt, LastReceivedAt time.Time
 }
 
-// Quarantine returns the quarantined payloads of resource, oldest first.
-func (s *Store) Quarantine(ctx context.Context, resource string) ([]Quarantined, error) {
+// Quarantine returns the quarantined payloads of the resource key, oldest
+// first.
+func (s *Store) Quarantine(ctx context.Context, key Key) ([]Quarantined, error) {
+	at, bad := s.ref(key)
+	if bad != nil {
+		return nil, bad
+	}
 	var out []Quarantined
 	err := s.query(ctx, func(tx *sql.Tx) (*sql.Rows, error) {
 		return tx.QueryContext(ctx, `SELECT root, seq, digest, payload, fence, grant_uid, caller, conflicts_with::text,
-			attempts, first_received_at, last_received_at FROM lockwarden_quarantine WHERE resource = $1 ORDER BY id`, resource)
+			attempts, first_received_at, last_received_at FROM lockwarden_quarantine
+			WHERE cluster = $1 AND namespace = $2 AND resource = $3 ORDER BY id`, at.args()...)
 	}, func(rows *sql.Rows) error {
-		q := Quarantined{Resource: resource}
+		q := Quarantined{Scope: at.Scope, Resource: key.Resource}
 		if err := rows.Scan(&q.Root, &q.Seq, &q.Digest, &q.Payload, &q.Fence, &q.GrantUID, &q.Caller, &q.ConflictsWith,
 			&q.Attempts, &q.FirstReceivedAt, &q.LastReceivedAt); err != nil {
 			return err
@@ -118,6 +140,8 @@ func (s *Store) Quarantine(ctx context.Context, resource string) ([]Quarantined,
 // the resource had already seen from another grant or operation, or one
 // below it while the registry named that grant as the holder.
 type Alarm struct {
+	// Scope and Resource name the resource that refused the fence.
+	Scope    Scope
 	Resource string
 	Fence    int64
 	GrantUID string
@@ -131,15 +155,20 @@ type Alarm struct {
 	FirstRaisedAt, LastRaisedAt time.Time
 }
 
-// Alarms returns the fence regressions recorded for resource, oldest
-// first.
-func (s *Store) Alarms(ctx context.Context, resource string) ([]Alarm, error) {
+// Alarms returns the fence regressions recorded for the resource key,
+// oldest first.
+func (s *Store) Alarms(ctx context.Context, key Key) ([]Alarm, error) {
+	at, bad := s.ref(key)
+	if bad != nil {
+		return nil, bad
+	}
 	var out []Alarm
 	err := s.query(ctx, func(tx *sql.Tx) (*sql.Rows, error) {
 		return tx.QueryContext(ctx, `SELECT fence, grant_uid, root, caller, highest_fence, highest_grant_uid, highest_root, detail,
-			attempts, first_raised_at, last_raised_at FROM lockwarden_fence_alarms WHERE resource = $1 ORDER BY id`, resource)
+			attempts, first_raised_at, last_raised_at FROM lockwarden_fence_alarms
+			WHERE cluster = $1 AND namespace = $2 AND resource = $3 ORDER BY id`, at.args()...)
 	}, func(rows *sql.Rows) error {
-		a := Alarm{Resource: resource}
+		a := Alarm{Scope: at.Scope, Resource: key.Resource}
 		if err := rows.Scan(&a.Fence, &a.GrantUID, &a.Root, &a.Caller, &a.Highest.Fence, &a.Highest.GrantUID, &a.Highest.Root, &a.Detail,
 			&a.Attempts, &a.FirstRaisedAt, &a.LastRaisedAt); err != nil {
 			return err

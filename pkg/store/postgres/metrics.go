@@ -14,7 +14,7 @@ type Metrics struct {
 // NewMetrics registers the store's counters on reg:
 //
 //	lockwarden_store_segments_total{result}            result: applied, duplicate, or a refusal's reason code
-//	lockwarden_store_fence_regressions_total{resource}  FENCE_REGRESSION refusals, the alarm to page on
+//	lockwarden_store_fence_regressions_total{cluster,namespace,resource}  FENCE_REGRESSION refusals, the alarm to page on
 //
 // It returns the registration error (e.g. prometheus.AlreadyRegisteredError
 // when called twice on one registry).
@@ -27,7 +27,7 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 		regressions: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "lockwarden_store_fence_regressions_total",
 			Help: "Segments refused with FENCE_REGRESSION: the lock registry issued a fence the resource had already seen (restored from an old snapshot?).",
-		}, []string{"resource"}),
+		}, []string{"cluster", "namespace", "resource"}),
 	}
 	for _, c := range []prometheus.Collector{m.segments, m.regressions} {
 		if err := reg.Register(c); err != nil {
@@ -43,8 +43,8 @@ func (m *Metrics) observe(result string) {
 	}
 }
 
-func (m *Metrics) regression(resource string) {
+func (m *Metrics) regression(at ref) {
 	if m != nil {
-		m.regressions.WithLabelValues(resource).Inc()
+		m.regressions.WithLabelValues(at.Cluster, at.Namespace, at.resource).Inc()
 	}
 }

@@ -4,11 +4,16 @@ import (
 	"context"
 	"database/sql"
 	"embed"
+	"errors"
 	"fmt"
 	"io/fs"
 	"sort"
 	"strconv"
 	"strings"
+
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/lockwarden/lockwarden/pkg/fencing"
 )
 
 // migrations holds the schema, one file per version: NNNN_name.sql, applied
@@ -20,6 +25,42 @@ var migrations embed.FS
 // migrateLockKey is the advisory lock that serializes concurrent Migrate
 // calls (several workers starting at once).
 const migrateLockKey = 0x6c6f636b77617264 // "lockward"
+
+// unscopedRecords is the SQLSTATE migration 0002 raises when the tables
+// hold records and no legacy scope was declared.
+const unscopedRecords = "LWS01"
+
+// The settings migration 0002 reads the legacy scope from.
+const (
+	legacyClusterSetting   = "lockwarden.legacy_cluster"
+	legacyNamespaceSetting = "lockwarden.legacy_namespace"
+)
+
+// MigrateOption configures Migrate.
+type MigrateOption func(*migrateConfig)
+
+type migrateConfig struct {
+	legacy Scope
+}
+
+// AdoptLegacyRecords declares the scope of records written before schema
+// version 2, which keyed fences by resource ID alone: migration 0002
+// assigns every existing row of the four lockwarden tables to this cluster
+// and namespace. Declare it only when every such record was written by
+// workers of this one cluster and namespace. Without it, Migrate refuses
+// to migrate tables that hold records (NO_RESOURCE) and changes nothing:
+// a wrong guess could hide receipts, so that a segment takes effect twice,
+// or fence history, so that a reissued fence is not noticed. It has no
+// effect on an empty database or an already migrated one.
+//
+// With your own migration tooling, run migration 0002 in a transaction
+// that first sets the same values:
+//
+//	SET LOCAL lockwarden.legacy_cluster = 'prod-eu1';
+//	SET LOCAL lockwarden.legacy_namespace = 'billing';
+func AdoptLegacyRecords(scope Scope) MigrateOption {
+	return func(c *migrateConfig) { c.legacy = scope }
+}
 
 // Migration is one schema version shipped with the store.
 type Migration struct {
@@ -62,20 +103,35 @@ func Migrations() ([]Migration, error) {
 // several processes at once (they queue on an advisory lock) and does
 // nothing when the schema is current. The tables are created in the first
 // schema of the connection's search_path.
-func Migrate(ctx context.Context, db DB) error {
+//
+// Schema version 2 keys every record by cluster, namespace and resource ID.
+// Migrating a version 1 database that holds records needs
+// AdoptLegacyRecords; without it Migrate returns an error matching
+// fencing.ErrNoResource, and the schema stays at version 1, which the store
+// cannot use: workers refuse to start until an operator declares the
+// scope.
+func Migrate(ctx context.Context, db DB, opts ...MigrateOption) error {
+	var c migrateConfig
+	for _, o := range opts {
+		o(&c)
+	}
 	all, err := Migrations()
 	if err != nil {
 		return err
 	}
 	for _, m := range all {
-		if err := apply(ctx, db, m); err != nil {
+		if err := apply(ctx, db, m, c); err != nil {
+			var pgErr *pgconn.PgError
+			if errors.As(err, &pgErr) && pgErr.Code == unscopedRecords {
+				err = &fencing.Error{Reason: fencing.ReasonNoResource, Detail: strings.TrimPrefix(pgErr.Message, string(fencing.ReasonNoResource)+": ")}
+			}
 			return fmt.Errorf("postgres: migration %s: %w", m.Name, err)
 		}
 	}
 	return nil
 }
 
-func apply(ctx context.Context, db DB, m Migration) error {
+func apply(ctx context.Context, db DB, m Migration, c migrateConfig) error {
 	tx, err := db.BeginTx(ctx, nil)
 	if err != nil {
 		return err
@@ -97,6 +153,11 @@ func apply(ctx context.Context, db DB, m Migration) error {
 	}
 	if done {
 		return nil
+	}
+	// Transaction-local: the legacy scope never outlives this migration.
+	if _, err := tx.ExecContext(ctx, `SELECT set_config($1, $2, true), set_config($3, $4, true)`,
+		legacyClusterSetting, c.legacy.Cluster, legacyNamespaceSetting, c.legacy.Namespace); err != nil {
+		return err
 	}
 	if _, err := tx.ExecContext(ctx, m.SQL); err != nil {
 		return err

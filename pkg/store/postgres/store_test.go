@@ -49,7 +49,7 @@ func TestMigrateConcurrentlyAndAgain(t *testing.T) {
 // second effect.
 func TestResendReturnsTheOriginalReceipt(t *testing.T) {
 	e := newEnv(t)
-	g := e.reg.acquire(resource, "a", 10)
+	g := e.reg.acquire(key, "a", 10)
 	e.reg.at(1)
 	first := e.mustApply(segment(g, "P", 1, "p1"))
 	if first.ID == "" || first.Fence != g.Fence || first.GrantUID != g.UID || first.Digest != fencing.PayloadDigest([]byte("p1")) || !first.AcceptedAt.Equal(e.reg.clk.Now()) {
@@ -60,10 +60,10 @@ func TestResendReturnsTheOriginalReceipt(t *testing.T) {
 	if err != nil || res.Applied || res.Receipt != first {
 		t.Fatalf("resend = %+v, %v; want the original receipt %+v", res, err, first)
 	}
-	if _, counts := e.effects(resource); counts["P/1"] != 1 {
+	if _, counts := e.effects(key); counts["P/1"] != 1 {
 		t.Fatalf("effects = %v; want P/1 once", counts)
 	}
-	if l := e.ledger(resource); l != (fencing.Ledger{Fence: g.Fence, GrantUID: g.UID, Root: "P", LastSeq: 1}) {
+	if l := e.ledger(key); l != (fencing.Ledger{Fence: g.Fence, GrantUID: g.UID, Root: "P", LastSeq: 1}) {
 		t.Fatalf("ledger = %+v", l)
 	}
 }
@@ -72,10 +72,10 @@ func TestResendReturnsTheOriginalReceipt(t *testing.T) {
 // the segment can be sent again.
 func TestFailedMutationRecordsNothing(t *testing.T) {
 	e := newEnv(t)
-	g := e.reg.acquire(resource, "a", 10)
+	g := e.reg.acquire(key, "a", 10)
 	boom := errors.New("boom")
 	_, err := e.store.Apply(t.Context(), segment(g, "P", 1, "p1"), func(ctx context.Context, tx *sql.Tx) error {
-		if _, err := tx.ExecContext(ctx, `INSERT INTO effects VALUES ('x', 'x', 1, 1, '')`); err != nil {
+		if _, err := tx.ExecContext(ctx, `INSERT INTO effects VALUES ('x', 'x', 'x', 1, 1, '')`); err != nil {
 			return err
 		}
 		return boom
@@ -83,10 +83,10 @@ func TestFailedMutationRecordsNothing(t *testing.T) {
 	if !errors.Is(err, boom) {
 		t.Fatalf("Apply() error = %v; want the mutation's error", err)
 	}
-	if l := e.ledger(resource); l != (fencing.Ledger{}) {
+	if l := e.ledger(key); l != (fencing.Ledger{}) {
 		t.Fatalf("ledger after a failed mutation = %+v; want none", l)
 	}
-	if _, counts := e.effects("x"); len(counts) != 0 {
+	if _, counts := e.effects(postgres.Key{Namespace: "x", Resource: "x"}); len(counts) != 0 {
 		t.Fatalf("the failed mutation's own change survived: %v", counts)
 	}
 	e.mustApply(segment(g, "P", 1, "p1"))
@@ -96,14 +96,14 @@ func TestFailedMutationRecordsNothing(t *testing.T) {
 func TestRegistryErrorAppliesNothing(t *testing.T) {
 	e := newEnv(t)
 	down := errors.New("registry down")
-	s := postgres.New(e.db, postgres.RegistryFunc(func(context.Context, string, string) (*fencing.Grant, *fencing.Counter, error) {
+	s := postgres.New(e.db, postgres.RegistryFunc(func(context.Context, postgres.Key, string) (*fencing.Grant, *fencing.Counter, error) {
 		return nil, nil, down
-	}))
-	g := e.reg.acquire(resource, "a", 10)
+	}), postgres.WithCluster(cluster))
+	g := e.reg.acquire(key, "a", 10)
 	if _, err := s.Apply(t.Context(), segment(g, "P", 1, "p1"), effect(segment(g, "P", 1, "p1"))); !errors.Is(err, down) || fencing.ReasonOf(err) != "" {
 		t.Fatalf("Apply() error = %v; want the registry's error, not a refusal", err)
 	}
-	if _, counts := e.effects(resource); len(counts) != 0 {
+	if _, counts := e.effects(key); len(counts) != 0 {
 		t.Fatalf("effects = %v; want none", counts)
 	}
 }
@@ -123,7 +123,7 @@ func TestParallelWriters(t *testing.T) {
 	out := make(chan outcome, writers*segments*2)
 	var wg sync.WaitGroup
 	for w := range writers {
-		g := e.reg.acquire(resource, fmt.Sprintf("w%d", w), 60)
+		g := e.reg.acquire(key, fmt.Sprintf("w%d", w), 60)
 		// The next grant is issued once this writer's first segment is
 		// decided, while the rest of its operation races the successor.
 		started := make(chan struct{})
@@ -217,7 +217,7 @@ func TestParallelWriters(t *testing.T) {
 	if err := rows.Err(); err != nil {
 		t.Fatal(err)
 	}
-	_, counts := e.effects(resource)
+	_, counts := e.effects(key)
 	if n != len(applied) || len(counts) != len(applied) {
 		t.Fatalf("%d receipts, %d segments with effects, %d applied results; want equal", n, len(counts), len(applied))
 	}
@@ -226,7 +226,7 @@ func TestParallelWriters(t *testing.T) {
 			t.Fatalf("segment %s took effect %d times", k, c)
 		}
 	}
-	if l := e.ledger(resource); l.Fence != last {
+	if l := e.ledger(key); l.Fence != last {
 		t.Fatalf("ledger fence %d; want the last accepted %d", l.Fence, last)
 	}
 	// The last grant was never superseded: it wrote its whole operation.
@@ -238,13 +238,13 @@ func TestParallelWriters(t *testing.T) {
 // Writers of different resources do not see each other's fences.
 func TestResourcesAreIndependent(t *testing.T) {
 	e := newEnv(t)
-	a := e.reg.acquire("res/a", "a", 10)
-	a2 := e.reg.acquire("res/a", "a", 10)
-	b := e.reg.acquire("res/b", "b", 10)
+	a := e.reg.acquire(postgres.Key{Namespace: namespace, Resource: "res/a"}, "a", 10)
+	a2 := e.reg.acquire(postgres.Key{Namespace: namespace, Resource: "res/a"}, "a", 10)
+	b := e.reg.acquire(postgres.Key{Namespace: namespace, Resource: "res/b"}, "b", 10)
 	e.mustApply(segment(a2, "A", 1, "a"))
 	e.mustApply(segment(b, "B", 1, "b"))
 	e.wantRefused(segment(a, "A0", 1, "a0"), fencing.ReasonStaleOwner)
-	if la, lb := e.ledger("res/a"), e.ledger("res/b"); la.Fence != 2 || lb.Fence != 1 {
+	if la, lb := e.ledger(postgres.Key{Namespace: namespace, Resource: "res/a"}), e.ledger(postgres.Key{Namespace: namespace, Resource: "res/b"}); la.Fence != 2 || lb.Fence != 1 {
 		t.Fatalf("ledgers = %+v, %+v; want fences 2 and 1", la, lb)
 	}
 }
@@ -254,7 +254,7 @@ func TestResourcesAreIndependent(t *testing.T) {
 // accepted once its predecessor is.
 func TestConcurrentSegmentsAcceptedInOrder(t *testing.T) {
 	e := newEnv(t)
-	g := e.reg.acquire(resource, "a", 60)
+	g := e.reg.acquire(key, "a", 60)
 	const segments = 8
 	var wg sync.WaitGroup
 	gaps := make([]int, segments+1)
@@ -276,7 +276,7 @@ func TestConcurrentSegmentsAcceptedInOrder(t *testing.T) {
 		})
 	}
 	wg.Wait()
-	receipts, err := e.store.Receipts(t.Context(), resource, "P")
+	receipts, err := e.store.Receipts(t.Context(), key, "P")
 	if err != nil {
 		t.Fatal(err)
 	}

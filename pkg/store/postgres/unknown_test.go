@@ -114,9 +114,9 @@ func TestMutationUnknownAndLookup(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer lossyDB.Close()
-	lossy := postgres.New(lossyDB, e.reg, postgres.WithClock(e.reg.clk))
+	lossy := postgres.New(lossyDB, e.reg, postgres.WithCluster(cluster), postgres.WithClock(e.reg.clk))
 
-	w1 := e.reg.acquire(resource, "w1", 10)
+	w1 := e.reg.acquire(key, "w1", 10)
 	e.mustApply(segment(w1, "P", 1, "p1"))
 
 	proxy.armed.Store(true)
@@ -126,7 +126,7 @@ func TestMutationUnknownAndLookup(t *testing.T) {
 	if !errors.Is(err, fencing.ErrMutationUnknown) {
 		t.Fatalf("Apply() with a lost commit answer = %v; want MUTATION_UNKNOWN", err)
 	}
-	got, err := e.store.Lookup(t.Context(), resource, "P", 2, w1.Fence)
+	got, err := e.store.Lookup(t.Context(), key, "P", 2, w1.Fence)
 	if err != nil || got.State != fencing.MutationApplied || got.Receipt == nil || got.Receipt.Digest != fencing.PayloadDigest([]byte("p2")) {
 		t.Fatalf("Lookup(P, 2) = %+v, %v; want Applied with the receipt of p2", got, err)
 	}
@@ -138,24 +138,24 @@ func TestMutationUnknownAndLookup(t *testing.T) {
 
 	// Segment 3 never reached the resource. While fence 1 is the highest,
 	// a delayed copy could still land: unknown.
-	got, err = e.store.Lookup(t.Context(), resource, "P", 3, w1.Fence)
+	got, err = e.store.Lookup(t.Context(), key, "P", 3, w1.Fence)
 	if err != nil || got.State != fencing.MutationUnknown {
 		t.Fatalf("Lookup(P, 3) before a newer fence = %+v, %v; want Unknown", got, err)
 	}
 	// The new owner takes the operation over (its resend of segment 1
 	// raises the fence); now fence 1 can never land: absent, redo it.
 	e.reg.end(w1.UID, fencing.StateExpired)
-	w2 := e.reg.acquire(resource, "w2", 10)
+	w2 := e.reg.acquire(key, "w2", 10)
 	if res, err := e.apply(segment(w2, "P", 1, "p1")); err != nil || res.Applied {
 		t.Fatalf("W2's resend of segment 1 = %+v, %v", res, err)
 	}
-	got, err = e.store.Lookup(t.Context(), resource, "P", 3, w1.Fence)
+	got, err = e.store.Lookup(t.Context(), key, "P", 3, w1.Fence)
 	if err != nil || got.State != fencing.MutationAbsent {
 		t.Fatalf("Lookup(P, 3) after fence 2 = %+v, %v; want Absent", got, err)
 	}
 	e.wantRefused(segment(w1, "P", 3, "p3"), fencing.ReasonStaleOwner)
 	e.mustApply(segment(w2, "P", 3, "p3"))
-	if _, counts := e.effects(resource); len(counts) != 3 || counts["P/2"] != 1 {
+	if _, counts := e.effects(key); len(counts) != 3 || counts["P/2"] != 1 {
 		t.Fatalf("effects = %v; want P/1..3 once each", counts)
 	}
 }
