@@ -34,7 +34,7 @@ const (
 	abandonRate       = 0.1
 	// strayRate is how often a worker, once its grant has ended, sends a
 	// request that asserts nothing (stray).
-	strayRate = 0.3
+	strayRate = 0.5
 	// unknownPatience is how long a worker in OWNERSHIP_UNKNOWN keeps
 	// reading its grant before it gives the grant up with a release.
 	unknownPatience = 2 * time.Second
@@ -179,7 +179,11 @@ func (w *worker) hold(ctx context.Context, l *lease) {
 	l.release(after)
 	l.keep(after, settleTimeout, func() bool { return l.m.State().Final() })
 	if ctx.Err() == nil && l.m.State().Final() && w.rnd.Float64() < strayRate {
-		w.stray(ctx, l)
+		// A moment later, when a successor (perhaps the replica that
+		// shares this identity) has likely written the object.
+		if sleep(ctx, w.between(200*time.Millisecond, 1500*time.Millisecond)) == nil {
+			w.stray(ctx, l)
+		}
 	}
 }
 
