@@ -42,6 +42,20 @@ func identityOf(i int) int {
 	return i
 }
 
+// replicaOf is the name of the other worker that runs as worker i's
+// service account, or "".
+func replicaOf(i, workers int) string {
+	switch {
+	case workers < 2:
+		return ""
+	case i == 0:
+		return workerName(1)
+	case i == 1:
+		return workerName(0)
+	}
+	return ""
+}
+
 // setupIdentities creates the namespace, the workers' service accounts,
 // Role and RoleBinding, and one client-certificate identity per worker,
 // authenticated as its service account and reaching the API server at
