@@ -69,6 +69,14 @@ const (
 	// by a client is overwritten.
 	RequestedAtAnnotation = "locking.lockwarden.io/requested-at"
 
+	// SessionAnnotation binds a LockGrant to the holder session that created
+	// it: a random token the holder library (pkg/lock) sets at creation and
+	// tests in every renew and release it sends. A second process that finds
+	// the grant by its request ID cannot drive it (SESSION_MISMATCH). Grants
+	// created without it (kubectl lock acquire, kubectl create) are renewed
+	// by hand with kubectl lock renew.
+	SessionAnnotation = "locking.lockwarden.io/session"
+
 	// RequestIDLabel carries LockGrantSpec.RequestID so that a client whose
 	// create response was lost can find its grant with a label selector:
 	//   kubectl get lockgrants -l locking.lockwarden.io/request-id=ID

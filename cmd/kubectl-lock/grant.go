@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
@@ -98,7 +99,9 @@ func (a *app) acquireCmd() *cobra.Command {
 		Short: "Take the lock on RESOURCE and print the grant and its fence",
 		Long: `Take the lock on RESOURCE, waiting in its queue, and print the grant's name
 and fence. The lock is not renewed after the command exits: renew it with
-'kubectl lock renew GRANT' before the TTL runs out, or use 'kubectl lock run'.`,
+'kubectl lock renew GRANT' before the TTL runs out, or use 'kubectl lock run'.
+Acquiring again with the same --request-id prints the same grant while it
+lasts.`,
 		Example: `  kubectl lock acquire reports/nightly --ttl 60s --wait 10s
   kubectl lock acquire reports/nightly -o json`,
 		Args:              cobra.ExactArgs(1),
@@ -114,7 +117,9 @@ and fence. The lock is not renewed after the command exits: renew it with
 			ctx, cancel := signalContext()
 			defer cancel()
 			p := newProgress(a.streams.ErrOut, c, ns, args[0])
-			h, err := locks.Acquire(ctx, args[0], append(o.lockOptions(), lock.WithProgress(p.update))...)
+			// The grant outlives this command: it is renewed and released
+			// by hand, from any process of the same user.
+			h, err := locks.Acquire(ctx, args[0], append(o.lockOptions(), lock.WithProgress(p.update), lock.WithDetachedGrant())...)
 			if err != nil {
 				p.finish("")
 				return classify(err)
@@ -144,9 +149,10 @@ func (a *app) renewCmd() *cobra.Command {
 		Short: "Renew a grant once: its lease runs for its TTL from now",
 		Long: `Renew the grant GRANT (NAME or NAMESPACE/NAME) once and wait for the
 controller's answer. A grant whose lease already ran out is never renewed
-(exit code 3, EXPIRED): acquire again for a new fence. Do not renew a grant
-that 'kubectl lock run' or a library handle is holding: they renew it
-themselves.`,
+(exit code 3, EXPIRED): acquire again for a new fence. A grant that
+'kubectl lock run' or a library handle holds is renewed by that process
+only (exit code 3, SESSION_MISMATCH). A grant that does not exist is
+UNKNOWN_GRANT (exit code 3), as for release.`,
 		Args:              cobra.ExactArgs(1),
 		ValidArgsFunction: a.completeGrants,
 		RunE: func(cmd *cobra.Command, args []string) error {
@@ -158,7 +164,12 @@ themselves.`,
 			defer cancel()
 			ctx, cancelT := context.WithTimeout(ctx, timeout)
 			defer cancelT()
-			g, err := locks.Renew(ctx, grantKey(args[0], ns), types.UID(uid))
+			key := grantKey(args[0], ns)
+			id, err := a.acquisition(ctx, key, uid)
+			if err != nil {
+				return classify(err)
+			}
+			g, err := locks.Renew(ctx, key, id)
 			if err != nil {
 				return classify(err)
 			}
@@ -178,9 +189,11 @@ func (a *app) releaseCmd() *cobra.Command {
 		Use:   "release GRANT",
 		Short: "Release a grant, or withdraw a waiting request",
 		Long: `Release the grant GRANT (NAME or NAMESPACE/NAME): exactly this acquisition,
-never a later grant. Prints Released, or exits with code 3 and the reason:
-NOT_OWNER (another identity's grant), EXPIRED (the lease had run out) or
-ALREADY_ENDED (released before, timed out, or deleted).`,
+never a later grant. Prints "released", or exits with code 3 and the reason:
+NOT_OWNER (another identity's grant), EXPIRED (the lease had run out),
+ALREADY_ENDED (released before, or timed out), REVOKED, or UNKNOWN_GRANT (no
+such grant, as for renew). Releasing the grant of a running
+'kubectl lock run' stops it: its command is terminated.`,
 		Args:              cobra.ExactArgs(1),
 		ValidArgsFunction: a.completeGrants,
 		RunE: func(cmd *cobra.Command, args []string) error {
@@ -193,12 +206,12 @@ ALREADY_ENDED (released before, timed out, or deleted).`,
 			ctx, cancelT := context.WithTimeout(ctx, timeout)
 			defer cancelT()
 			key := grantKey(args[0], ns)
-			res, err := locks.Release(ctx, key, types.UID(uid))
+			id, err := a.acquisition(ctx, key, uid)
 			if err != nil {
-				return err
+				return classify(err)
 			}
-			if res != lock.Released {
-				return &exitErr{code: exitRefused, err: fmt.Errorf("grant %s: %w", key.Name, &fencing.Error{Reason: res.Reason(), Detail: releaseDetail(res)})}
+			if err := locks.Release(ctx, key, id); err != nil {
+				return classify(err)
 			}
 			fmt.Fprintf(a.streams.Out, "grant %s released\n", key.Name)
 			return nil
@@ -209,16 +222,26 @@ ALREADY_ENDED (released before, timed out, or deleted).`,
 	return cmd
 }
 
-func releaseDetail(r lock.ReleaseResult) string {
-	switch r {
-	case lock.LeaseExpired:
-		return "the lease had already expired"
-	case lock.AlreadyEnded:
-		return "the grant had already ended, or does not exist"
-	case lock.NotOwner:
-		return "the grant belongs to another identity"
+// acquisition returns the UID of the acquisition a command acts on: uid
+// when given, else the grant's that has the name now. A grant that does
+// not exist is an UNKNOWN_GRANT refusal, for renew and release alike.
+func (a *app) acquisition(ctx context.Context, key types.NamespacedName, uid string) (types.UID, error) {
+	if uid != "" {
+		return types.UID(uid), nil
 	}
-	return string(r)
+	c, err := a.client()
+	if err != nil {
+		return "", err
+	}
+	var g lockingv1alpha1.LockGrant
+	if err := c.Get(ctx, key, &g); err != nil {
+		if apierrors.IsNotFound(err) {
+			return "", fmt.Errorf("grant %s: %w", key, &fencing.Error{Reason: fencing.ReasonUnknownGrant,
+				Detail: "no such grant: it ended and was deleted, or never existed"})
+		}
+		return "", err
+	}
+	return g.UID, nil
 }
 
 // progress prints a line on stderr while a request waits in the queue.

@@ -10,23 +10,29 @@
 //	kubectl lock release GRANT
 //	kubectl lock status RESOURCE [-o json|yaml]
 //	kubectl lock list [--resource R] [--phase P] [--owner O] [-A] [-o json|yaml]
-//	kubectl lock run RESOURCE [--ttl 30s] [--wait 0] [--grace 10s] -- COMMAND [ARG...]
+//	kubectl lock run RESOURCE [--ttl 30s] [--wait 0] [--grace 10s] [-- COMMAND [ARG...]]
+//	kubectl lock version
 //	kubectl lock completion bash|zsh|fish|powershell
 //
 // `run` passes the command LOCKWARDEN_FENCE, LOCKWARDEN_GRANT (the grant's
-// name), LOCKWARDEN_NAMESPACE, LOCKWARDEN_RESOURCE, LOCKWARDEN_GRANT_UID and
-// LOCKWARDEN_REQUEST_ID. A guarded write made by the command carries
+// name), LOCKWARDEN_NAMESPACE, LOCKWARDEN_RESOURCE, LOCKWARDEN_GRANT_UID,
+// LOCKWARDEN_REQUEST_ID and LOCKWARDEN_PROOF (the signed grant record);
+// without a command, run holds the lock until interrupted. A guarded write
+// made by the command carries
 // annotations locking.lockwarden.io/grant=$LOCKWARDEN_NAMESPACE/$LOCKWARDEN_GRANT
 // and locking.lockwarden.io/fence=$LOCKWARDEN_FENCE, and must be made as the
-// same Kubernetes user. When ownership becomes unknown or is lost, the
-// command's process group gets SIGTERM, then SIGKILL after --grace; the
-// fence makes any write it still sends useless, since the webhook refuses it.
+// same Kubernetes user. When ownership becomes doubtful or is lost, the
+// command's process group gets SIGTERM, then SIGKILL after --grace, which
+// is bounded so that SIGKILL lands before the lease can expire; the fence
+// makes any write it still sends useless, since the webhook refuses it.
 //
 // Exit codes:
 //
 //	0    success; for run, the command exited 0 while the lock was held
 //	1    kubectl-lock failed (usage, API errors) — every command but run
-//	3    lockwarden refused: NOT_OWNER, EXPIRED, ALREADY_ENDED or NOT_HELD
+//	3    lockwarden refused, with the reason code first in the message
+//	     (NOT_OWNER, EXPIRED, ALREADY_ENDED, NOT_HELD, REVOKED, UNKNOWN_GRANT,
+//	     SESSION_MISMATCH, ...); for run, before the command started
 //	123  run: the lock was lost, or its ownership became unknown, while the
 //	     command ran; the command was terminated
 //	124  acquire, run: not acquired within --wait

@@ -10,6 +10,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/go-logr/logr"
 	"github.com/spf13/cobra"
 	"golang.org/x/term"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -18,6 +19,7 @@ import (
 	"k8s.io/cli-runtime/pkg/genericiooptions"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
 
 	lockingv1alpha1 "github.com/lockwarden/lockwarden/api/v1alpha1"
 	"github.com/lockwarden/lockwarden/pkg/fencing"
@@ -68,6 +70,9 @@ func classify(err error) error {
 
 // execute runs the plugin with args and returns the process exit code.
 func execute(args []string, streams genericiooptions.IOStreams) int {
+	// controller-runtime's client may log through its global logger, which
+	// would complain on stderr, with a stack trace, that none was set.
+	ctrllog.SetLogger(logr.Discard())
 	root := newRootCmd(streams)
 	root.SetArgs(args)
 	cmd, err := root.ExecuteC()
@@ -108,7 +113,9 @@ holder that lost its lease cannot write any more, whatever it believes.
 Exit codes:
   0    success; for run, the command exited 0 while the lock was held
   1    kubectl-lock failed (usage, API errors), every command but run
-  3    lockwarden refused: NOT_OWNER, EXPIRED, ALREADY_ENDED or NOT_HELD
+  3    lockwarden refused, with the reason code first in the message (NOT_OWNER,
+       EXPIRED, ALREADY_ENDED, NOT_HELD, REVOKED, UNKNOWN_GRANT,
+       SESSION_MISMATCH, ...); for run, before the command started
   123  run: the lock was lost or in doubt while the command ran; it was terminated
   124  acquire, run: not acquired within --wait
   125  run: kubectl-lock itself failed
@@ -136,7 +143,7 @@ on $PATH that runs: kubectl-lock __complete "$@"`,
 		Annotations: map[string]string{cobra.CommandDisplayNameAnnotation: "kubectl lock"},
 	}
 	a.flags.AddFlags(root.PersistentFlags())
-	root.AddCommand(a.acquireCmd(), a.renewCmd(), a.releaseCmd(), a.statusCmd(), a.listCmd(), a.runCmd())
+	root.AddCommand(a.acquireCmd(), a.renewCmd(), a.releaseCmd(), a.statusCmd(), a.listCmd(), a.runCmd(), a.versionCmd())
 	return root
 }
 
@@ -145,6 +152,11 @@ func (a *app) client() (client.WithWatch, error) {
 	cfg, err := a.flags.ToRESTConfig()
 	if err != nil {
 		return nil, err
+	}
+	// Dead connections are noticed within about two seconds, so that run
+	// learns its grant's state soon after a partition heals.
+	if hc, err := lock.ConfigureTransport(cfg); err == nil {
+		cfg = hc
 	}
 	s := runtime.NewScheme()
 	if err := clientgoscheme.AddToScheme(s); err != nil {

@@ -14,6 +14,7 @@ import (
 
 	"github.com/lockwarden/lockwarden/pkg/fencing"
 	"github.com/lockwarden/lockwarden/pkg/lock"
+	"github.com/lockwarden/lockwarden/pkg/lock/holder"
 )
 
 // Environment variables `run` passes to the command.
@@ -24,13 +25,18 @@ const (
 	EnvNamespace = "LOCKWARDEN_NAMESPACE"
 	EnvResource  = "LOCKWARDEN_RESOURCE"
 	EnvRequestID = "LOCKWARDEN_REQUEST_ID"
+	// EnvProof is the signed grant record (status.proof), "" when the
+	// registry publishes none: what annotation locking.lockwarden.io/proof
+	// carries on a guarded write, and what a verifier outside the cluster
+	// checks with the trust bundle.
+	EnvProof = "LOCKWARDEN_PROOF"
 )
 
 func (a *app) runCmd() *cobra.Command {
 	var o acquireOptions
 	var grace time.Duration
 	cmd := &cobra.Command{
-		Use:   "run RESOURCE [--ttl 30s] [--wait 0] [--grace 10s] -- COMMAND [ARG...]",
+		Use:   "run RESOURCE [--ttl 30s] [--wait 0] [--grace 10s] [-- COMMAND [ARG...]]",
 		Short: "Run a command while holding the lock on RESOURCE",
 		Long: `Take the lock on RESOURCE (waiting in its queue, with a progress line on
 stderr), run COMMAND while renewing the lease, and release the lock when
@@ -38,16 +44,34 @@ COMMAND exits.
 
 COMMAND gets the lock in its environment: LOCKWARDEN_FENCE, LOCKWARDEN_GRANT
 (the grant's name), LOCKWARDEN_NAMESPACE, LOCKWARDEN_RESOURCE,
-LOCKWARDEN_GRANT_UID and LOCKWARDEN_REQUEST_ID. Writes it makes to guarded
-objects must carry annotations
+LOCKWARDEN_GRANT_UID, LOCKWARDEN_REQUEST_ID and LOCKWARDEN_PROOF (the signed
+grant record). Writes it makes to guarded objects must carry annotations
   locking.lockwarden.io/grant=$LOCKWARDEN_NAMESPACE/$LOCKWARDEN_GRANT
   locking.lockwarden.io/fence=$LOCKWARDEN_FENCE
+  locking.lockwarden.io/proof=$LOCKWARDEN_PROOF  (required under a GuardPolicy)
 and be made as the same Kubernetes user.
 
-The moment ownership becomes unknown (renewals did not get through before
-the local deadline: TTL minus a margin after the last confirmed renew was
-sent) or is lost, COMMAND is sent SIGTERM, then SIGKILL after --grace, and
-kubectl lock exits with code 123. Unless stdin is a terminal, COMMAND runs
+COMMAND is always killed before the controller can expire the lease. The
+moment ownership becomes doubtful (renewals did not get through in time) or
+is lost, COMMAND is sent SIGTERM, then SIGKILL after --grace, and kubectl
+lock exits with code 123. SIGTERM is sent --grace before the local deadline
+(TTL minus a safety margin after the last confirmed renew was sent), so
+SIGKILL lands at that deadline at the latest, while the lease still runs.
+The grace therefore comes out of the lease: it can be at most
+TTL - margin - 2 x TTL/3 (the margin is a tenth of the TTL, at least 1 s,
+at most half of it), e.g. 2.3s for --ttl 10s, 7s for --ttl 30s, 14s for
+--ttl 60s. Without --grace it is 10s or that limit, whichever is smaller; a
+--grace that does not fit is refused (exit code 125): raise --ttl.
+
+Without COMMAND, run holds the lock until it is interrupted (Ctrl-C,
+SIGTERM, SIGHUP), as etcdctl lock does: it prints the grant and its fence
+on stdout, renews the lease, releases it on the signal and exits 0, or
+exits 123 if the lock is lost or in doubt first.
+
+--request-id makes a retried run find its own request; it never lets two
+runs hold one grant. A run that finds the grant of its request ID held or
+awaited by another run is refused with SESSION_MISMATCH (exit code 3), and
+one that finds it ended is refused with the reason it ended. Unless stdin is a terminal, COMMAND runs
 in its own process group, and signals go to the whole group. SIGINT, SIGTERM
 and SIGHUP sent to kubectl lock are passed on to COMMAND.`,
 		Example: `  kubectl lock run db/orders --ttl 30s --wait 5m -- ./migrate.sh
@@ -56,10 +80,21 @@ and SIGHUP sent to kubectl lock are passed on to COMMAND.`,
 		ValidArgsFunction: a.completeResources,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			dash := cmd.ArgsLenAtDash()
-			if dash != 1 || len(args) < 2 {
+			if dash == -1 && len(args) == 1 {
+				// No command: hold the lock until interrupted.
+				args = append(args, "")
+			} else if dash != 1 || len(args) < 2 {
 				return &exitErr{code: exitRunFailed, err: errors.New("usage: kubectl lock run RESOURCE [flags] -- COMMAND [ARG...]")}
 			}
-			code, err := a.run(args[0], args[1:], o, grace)
+			g, err := fitGrace(o.ttl, grace, cmd.Flags().Changed("grace"))
+			if err != nil {
+				return &exitErr{code: exitRunFailed, err: err}
+			}
+			argv := args[1:]
+			if argv[0] == "" {
+				argv = nil
+			}
+			code, err := a.run(args[0], argv, o, g)
 			if err != nil {
 				return &exitErr{code: code, err: err}
 			}
@@ -70,8 +105,37 @@ and SIGHUP sent to kubectl lock are passed on to COMMAND.`,
 		},
 	}
 	o.addFlags(cmd)
-	cmd.Flags().DurationVar(&grace, "grace", 10*time.Second, "How long COMMAND has to exit after SIGTERM before it is killed.")
+	cmd.Flags().DurationVar(&grace, "grace", defaultGrace, "How long COMMAND has to exit after SIGTERM before it is killed; at most TTL - margin - 2 x TTL/3 (default 10s or that limit).")
 	return cmd
+}
+
+// defaultGrace is --grace when it is not set and the lease leaves room.
+const defaultGrace = 10 * time.Second
+
+// maxGrace is the longest grace a lease of ttl leaves: the time from the
+// local deadline to the end of the lease is the safety margin, which absorbs
+// clock-rate differences and is never spent; so SIGTERM goes out grace
+// before the local deadline, and the handle still needs two renew intervals
+// before that to renew at least once and retry once.
+func maxGrace(ttl time.Duration) time.Duration {
+	return max(0, ttl-holder.DefaultMargin(ttl)-2*holder.DefaultRenewInterval(ttl))
+}
+
+// fitGrace returns the grace run uses: grace when it fits the lease,
+// refused (errors.Is lock.ErrInvalidOption) when set explicitly and too
+// long, else capped.
+func fitGrace(ttl, grace time.Duration, explicit bool) (time.Duration, error) {
+	limit := maxGrace(ttl)
+	switch {
+	case grace < 0:
+		return 0, fmt.Errorf("%w: --grace %s is negative", lock.ErrInvalidOption, grace)
+	case grace <= limit:
+		return grace, nil
+	case explicit:
+		return 0, fmt.Errorf("%w: --grace %s does not fit a %s lease: SIGKILL must land before the lease can expire, so the grace is at most %s (TTL - margin - 2 x TTL/3); lower --grace or raise --ttl",
+			lock.ErrInvalidOption, grace, ttl, limit)
+	}
+	return limit, nil
 }
 
 // run holds the lock on resource while argv runs, and returns the exit code.
@@ -100,7 +164,10 @@ func (a *app) run(resource string, argv []string, o acquireOptions, grace time.D
 	}()
 
 	p := newProgress(a.streams.ErrOut, c, ns, resource)
-	h, err := locks.Acquire(ctx, resource, append(o.lockOptions(), lock.WithProgress(p.update))...)
+	// The handle's deadline comes grace early: SIGTERM then, SIGKILL at
+	// the true local deadline, before the lease can expire.
+	margin := holder.DefaultMargin(o.ttl) + grace
+	h, err := locks.Acquire(ctx, resource, append(o.lockOptions(), lock.WithProgress(p.update), lock.WithSafetyMargin(margin))...)
 	close(acquiring)
 	<-watcher
 	if err != nil {
@@ -110,24 +177,34 @@ func (a *app) run(resource string, argv []string, o acquireOptions, grace time.D
 			return exitNotAcquired, err
 		case interrupted != 0:
 			return 128 + int(interrupted), fmt.Errorf("interrupted while waiting; the request was withdrawn: %w", err)
+		case fencing.ReasonOf(err) != "":
+			return exitRefused, err
 		}
 		return exitRunFailed, err
 	}
 	p.finish(fmt.Sprintf("acquired %s: grant %s, fence %d", resource, h.Grant().Name, h.Fence()))
-	release := func() error {
-		rctx, rcancel := context.WithTimeout(context.Background(), 30*time.Second)
+	// release ends the grant. After the lock was lost or became doubtful
+	// it gives up sooner: the lease runs out by itself within the margin.
+	release := func(timeout time.Duration) error {
+		rctx, rcancel := context.WithTimeout(context.Background(), timeout)
 		defer rcancel()
-		res, err := h.Release(rctx)
+		wasLost := !errors.Is(h.Err(), lock.ErrReleased) && h.Err() != nil
+		err := h.Release(rctx)
 		switch {
-		case err != nil:
+		case err == nil:
+			return nil
+		case fencing.ReasonOf(err) == "":
 			return fmt.Errorf("releasing grant %s: %w (its lease will run out)", h.Grant().Name, err)
-		case res != lock.Released && errors.Is(h.Err(), lock.ErrReleased):
-			// The lease ended before the release arrived, unnoticed.
-			return fmt.Errorf("releasing grant %s: %w", h.Grant().Name, &fencing.Error{Reason: res.Reason(), Detail: releaseDetail(res)})
+		case wasLost:
+			return nil // the loss was reported already
 		}
-		return nil
+		// The lease ended before the release arrived, unnoticed.
+		return err
 	}
 
+	if len(argv) == 0 {
+		return a.hold(h, resource, sigs, release)
+	}
 	child := exec.Command(argv[0], argv[1:]...)
 	child.Stdin, child.Stdout, child.Stderr = a.streams.In, a.streams.Out, a.streams.ErrOut
 	child.Env = append(os.Environ(),
@@ -137,13 +214,14 @@ func (a *app) run(resource string, argv []string, o acquireOptions, grace time.D
 		EnvNamespace+"="+h.Grant().Namespace,
 		EnvResource+"="+resource,
 		EnvRequestID+"="+h.RequestID(),
+		EnvProof+"="+h.Proof(),
 	)
 	interactive := isTerminal(a.streams.In)
 	if !interactive {
 		child.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	}
 	if err := child.Start(); err != nil {
-		_ = release()
+		_ = release(releaseTimeout)
 		code := exitCannotExec
 		if errors.Is(err, exec.ErrNotFound) || errors.Is(err, os.ErrNotExist) {
 			code = exitNotFound
@@ -164,7 +242,7 @@ func (a *app) run(resource string, argv []string, o acquireOptions, grace time.D
 		select {
 		case err := <-exited:
 			code := exitCode(child.ProcessState, err)
-			if rerr := release(); rerr != nil {
+			if rerr := release(releaseTimeout); rerr != nil {
 				fmt.Fprintf(a.streams.ErrOut, "kubectl-lock: warning: %v\n", rerr)
 			}
 			return code, nil
@@ -180,7 +258,7 @@ func (a *app) run(resource string, argv []string, o acquireOptions, grace time.D
 				<-exited
 			}
 			t.Stop()
-			if rerr := release(); rerr != nil {
+			if rerr := release(lostReleaseTimeout); rerr != nil {
 				fmt.Fprintf(a.streams.ErrOut, "kubectl-lock: %v\n", rerr)
 			}
 			return exitLockLost, fmt.Errorf("lock on %s lost while the command ran: %w", resource, cause)
@@ -192,6 +270,32 @@ func (a *app) run(resource string, argv []string, o acquireOptions, grace time.D
 		}
 	}
 }
+
+// hold keeps h until a signal (release, exit 0) or until ownership is lost
+// or in doubt (exit 123).
+func (a *app) hold(h *lock.Handle, resource string, sigs <-chan os.Signal, release func(time.Duration) error) (int, error) {
+	fmt.Fprintf(a.streams.Out, "grant %s fence %d\n", h.Grant().Name, h.Fence())
+	select {
+	case <-sigs:
+		if err := release(releaseTimeout); err != nil {
+			return exitRunFailed, err
+		}
+		return exitOK, nil
+	case <-h.Done():
+		cause := h.Err()
+		if rerr := release(lostReleaseTimeout); rerr != nil {
+			fmt.Fprintf(a.streams.ErrOut, "kubectl-lock: %v\n", rerr)
+		}
+		return exitLockLost, fmt.Errorf("lock on %s lost while held: %w", resource, cause)
+	}
+}
+
+// How long run waits for its release: after the command exited, and after
+// the lock was lost or became doubtful (the lease runs out by itself then).
+const (
+	releaseTimeout     = 30 * time.Second
+	lostReleaseTimeout = 5 * time.Second
+)
 
 // exitCode is the shell's view of how a command ended: its exit status, or
 // 128+S when signal S killed it.

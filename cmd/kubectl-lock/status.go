@@ -10,9 +10,12 @@ import (
 	"github.com/spf13/cobra"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/duration"
+	"k8s.io/cli-runtime/pkg/genericclioptions"
 	"k8s.io/cli-runtime/pkg/printers"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -52,17 +55,23 @@ type queuedRequest struct {
 }
 
 func (a *app) statusCmd() *cobra.Command {
-	var output string
+	// A resource's status is not an API object: no -o name.
+	pf := genericclioptions.NewPrintFlags("")
+	pf.NamePrintFlags = nil
 	cmd := &cobra.Command{
 		Use:   "status RESOURCE",
 		Short: "Show who holds RESOURCE, with which fence until when, and who waits",
 		Long: `Show the holder of RESOURCE (grant, owner, fence, expiry by the controller's
 clock), the highest fence ever issued for it, and the queue of waiting
-requests, next first.`,
+requests, next first. -o json|yaml|jsonpath|go-template print it as an
+object of kind ResourceStatus.`,
+		Example: `  kubectl lock status db/orders
+  kubectl lock status db/orders -o jsonpath='{.holder.fence}'`,
 		Args:              cobra.ExactArgs(1),
 		ValidArgsFunction: a.completeResources,
 		RunE: func(cmd *cobra.Command, args []string) error {
-			if err := validOutput(output); err != nil {
+			printer, err := toPrinter(pf)
+			if err != nil {
 				return err
 			}
 			c, err := a.client()
@@ -77,15 +86,39 @@ requests, next first.`,
 			if err != nil {
 				return err
 			}
-			if output != "" {
-				return printObject(a.streams.Out, output, st)
+			if printer != nil {
+				obj, err := statusObject(st)
+				if err != nil {
+					return err
+				}
+				return printer.PrintObj(obj, a.streams.Out)
 			}
 			printStatus(a, st)
 			return nil
 		},
 	}
-	cmd.Flags().StringVarP(&output, "output", "o", "", "Output format: json or yaml.")
+	pf.AddFlags(cmd)
 	return cmd
+}
+
+// toPrinter returns the printer -o asks for, or nil for the table.
+func toPrinter(pf *genericclioptions.PrintFlags) (printers.ResourcePrinter, error) {
+	if *pf.OutputFormat == "" && (pf.TemplatePrinterFlags.TemplateArgument == nil || *pf.TemplatePrinterFlags.TemplateArgument == "") {
+		return nil, nil
+	}
+	return pf.ToPrinter()
+}
+
+// statusObject is st as an object the cli-runtime printers take:
+// apiVersion locking.lockwarden.io/v1alpha1, kind ResourceStatus.
+func statusObject(st *resourceStatus) (runtime.Object, error) {
+	m, err := runtime.DefaultUnstructuredConverter.ToUnstructured(st)
+	if err != nil {
+		return nil, err
+	}
+	u := &unstructured.Unstructured{Object: m}
+	u.SetGroupVersionKind(lockingv1alpha1.GroupVersion.WithKind("ResourceStatus"))
+	return u, nil
 }
 
 func readStatus(ctx context.Context, c client.Client, ns, resource string) (*resourceStatus, error) {
@@ -169,18 +202,22 @@ func relative(t time.Time) string {
 
 func (a *app) listCmd() *cobra.Command {
 	var (
-		resource, phase, owner, selector, output string
-		all                                      bool
+		resource, phase, owner, selector string
+		all                              bool
 	)
+	pf := genericclioptions.NewPrintFlags("")
 	cmd := &cobra.Command{
 		Use:   "list",
 		Short: "List grants, filtered by resource, phase or owner",
 		Example: `  kubectl lock list --phase Held
   kubectl lock list --resource db/orders -A
-  kubectl lock list --owner system:serviceaccount:billing:settlement -o yaml`,
+  kubectl lock list --owner system:serviceaccount:billing:settlement -o yaml
+  kubectl lock list -o name
+  kubectl lock list -o jsonpath='{range .items[*]}{.metadata.name} {.status.fenceToken}{"\n"}{end}'`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
-			if err := validOutput(output); err != nil {
+			printer, err := toPrinter(pf)
+			if err != nil {
 				return err
 			}
 			var opts []client.ListOption
@@ -203,8 +240,18 @@ func (a *app) listCmd() *cobra.Command {
 					list.Items = append(list.Items, g)
 				}
 			}
-			if output != "" {
-				return printObject(a.streams.Out, output, list)
+			if printer != nil {
+				setKind(list)
+				if *pf.OutputFormat == "name" {
+					// One line per grant, as kubectl get -o name.
+					for i := range list.Items {
+						if err := printer.PrintObj(&list.Items[i], a.streams.Out); err != nil {
+							return err
+						}
+					}
+					return nil
+				}
+				return printer.PrintObj(list, a.streams.Out)
 			}
 			printList(a, list.Items, all)
 			return nil
@@ -215,7 +262,7 @@ func (a *app) listCmd() *cobra.Command {
 	cmd.Flags().StringVar(&owner, "owner", "", "Only grants of this owner identity.")
 	cmd.Flags().StringVarP(&selector, "selector", "l", "", "Label selector.")
 	cmd.Flags().BoolVarP(&all, "all-namespaces", "A", false, "List grants of every namespace.")
-	cmd.Flags().StringVarP(&output, "output", "o", "", "Output format: json or yaml (a LockGrantList).")
+	pf.AddFlags(cmd)
 	_ = cmd.RegisterFlagCompletionFunc("phase", cobra.FixedCompletions([]string{"Pending", "Held", "Expired", "Released", "TimedOut"}, cobra.ShellCompDirectiveNoFileComp))
 	return cmd
 }

@@ -4,7 +4,6 @@
 package denial
 
 import (
-	"errors"
 	"net/http"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -42,22 +41,4 @@ func Response(err error, gr schema.GroupResource, name string) admission.Respons
 	st.Message = err.Error()
 	st.Code = http.StatusForbidden
 	return admission.Response{AdmissionResponse: admissionResponse(st)}
-}
-
-// Reason returns the reason code of an API error returned for a request
-// lockwarden's admission refused (403 Forbidden), from its causes, or ""
-// when there is none.
-func Reason(err error) fencing.Reason {
-	var st apierrors.APIStatus
-	if !errors.As(err, &st) || !apierrors.IsForbidden(err) {
-		return ""
-	}
-	if d := st.Status().Details; d != nil {
-		for _, c := range d.Causes {
-			if c.Type != "" {
-				return fencing.Reason(c.Type)
-			}
-		}
-	}
-	return ""
 }

@@ -19,15 +19,17 @@ import (
 // Condition and Event reasons. Reasons of refusals are the fencing package's
 // codes, so that users see the same word everywhere.
 const (
-	ReasonPending    = "Pending"
-	ReasonGranted    = "Granted"
-	ReasonRenewed    = "Renewed"
-	ReasonReleased   = "Released"
-	ReasonCancelled  = "Cancelled"
-	ReasonExpired    = string(fencing.ReasonExpired)
-	ReasonTimedOut   = "TimedOut"
-	ReasonSuperseded = "Superseded"
-	ReasonNotHeld    = string(fencing.ReasonNotHeld)
+	ReasonPending   = "Pending"
+	ReasonGranted   = "Granted"
+	ReasonRenewed   = "Renewed"
+	ReasonReleased  = "Released"
+	ReasonCancelled = "Cancelled"
+	ReasonExpired   = string(fencing.ReasonExpired)
+	// ReasonAlreadyEnded: a renew met the grant's release.
+	ReasonAlreadyEnded = string(fencing.ReasonAlreadyEnded)
+	ReasonTimedOut     = "TimedOut"
+	ReasonSuperseded   = "Superseded"
+	ReasonNotHeld      = string(fencing.ReasonNotHeld)
 	// ReasonRevokedEpoch: the grant's issuer epoch was revoked or superseded.
 	ReasonRevokedEpoch = string(fencing.ReasonRevokedEpoch)
 	// ReasonPolicyDenied: the grant's GuardPolicy no longer allows it.
@@ -316,10 +318,15 @@ func settleHolder(g *lockingv1alpha1.LockGrant, now metav1.MicroTime) ([]Event, 
 	var evs []Event
 	if g.Spec.Renewals > st.ObservedRenewals {
 		st.ObservedRenewals = g.Spec.Renewals
-		if expired || g.Spec.Release {
+		switch {
+		case expired:
 			setCond(g, lockingv1alpha1.ConditionRenewed, metav1.ConditionFalse, ReasonExpired, "Renew arrived after the lease expired; acquire again for a new fence", now)
 			evs = append(evs, Event{Grant: g, Warning: true, Reason: ReasonExpired, Note: "Renew refused: the lease had expired"})
-		} else {
+		case g.Spec.Release:
+			// The renew lost the race to the release: the grant ends
+			// released, and the renew is answered with why.
+			setCond(g, lockingv1alpha1.ConditionRenewed, metav1.ConditionFalse, ReasonAlreadyEnded, "Renew arrived together with the release; the grant is released", now)
+		default:
 			exp := metav1.NewMicroTime(now.Add(ttl(g)))
 			st.ExpiresAt = &exp
 			st.LastRenewTime = &now

@@ -112,6 +112,20 @@ func TestDecideRenew(t *testing.T) {
 	}
 }
 
+// A renew that lost the race to the release is answered ALREADY_ENDED on
+// the Renewed condition, not EXPIRED: the lease had not run out.
+func TestDecideRenewMeetsRelease(t *testing.T) {
+	a := held(grant("a", 0, 5), 1, 5)
+	a.Spec.Renewals, a.Spec.Release = 1, true
+	s := statusOf(Decide(Facts{Now: sec(4), Resource: res, Counter: counter(1, &a), Grants: []lockingv1alpha1.LockGrant{a}}), "a")
+	if s == nil || s.Phase != lockingv1alpha1.PhaseReleased || s.ObservedRenewals != 1 {
+		t.Fatalf("renew with release = %+v, want Released with the renew answered", s)
+	}
+	if c := findCond(s, lockingv1alpha1.ConditionRenewed); c == nil || c.Status != metav1.ConditionFalse || c.Reason != ReasonAlreadyEnded {
+		t.Fatalf("Renewed condition = %+v, want False/ALREADY_ENDED", c)
+	}
+}
+
 func TestDecideTimedOutWaiterIsNeverGranted(t *testing.T) {
 	p1 := held(grant("p1", 0, 20), 1, 20)
 	p2 := grant("p2", 0.1, 5)

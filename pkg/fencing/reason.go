@@ -134,3 +134,31 @@ func ReasonOf(err error) Reason {
 	}
 	return ""
 }
+
+// Holder-side reasons: refusals the holder library and kubectl lock give
+// before or instead of asking the registry.
+const (
+	// ReasonSessionMismatch: the grant is driven by another session. A
+	// request ID makes a retry of one attempt idempotent; it never lets a
+	// second live process drive the same grant. Only the session that
+	// created the grant (or one that proves it is the same attempt) renews
+	// and releases it through a Handle.
+	ReasonSessionMismatch Reason = "SESSION_MISMATCH"
+)
+
+// ErrSessionMismatch is the sentinel of ReasonSessionMismatch.
+var ErrSessionMismatch = errors.New("fencing: grant driven by another session")
+
+func init() { sentinels[ReasonSessionMismatch] = ErrSessionMismatch }
+
+// ParseReason returns s as a Reason when it is one of the codes above, and
+// false otherwise: a decoder of refusals from text accepts only known codes.
+func ParseReason(s string) (Reason, bool) {
+	r := Reason(s)
+	_, ok := sentinels[r]
+	return r, ok
+}
+
+// Sentinel returns the sentinel error of r (ErrExpired for ReasonExpired,
+// ...), or nil for an unknown code.
+func (r Reason) Sentinel() error { return sentinels[r] }

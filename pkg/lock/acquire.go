@@ -2,18 +2,21 @@ package lock
 
 import (
 	"context"
+	"crypto/rand"
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
 	"fmt"
 	"time"
 
+	"github.com/go-logr/logr"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
-	logf "sigs.k8s.io/controller-runtime/pkg/log"
 
 	lockingv1alpha1 "github.com/lockwarden/lockwarden/api/v1alpha1"
+	"github.com/lockwarden/lockwarden/pkg/fencing"
+	"github.com/lockwarden/lockwarden/pkg/fencing/denial"
 	"github.com/lockwarden/lockwarden/pkg/lock/holder"
 )
 
@@ -30,11 +33,20 @@ import (
 // longer than TTL - margin, is confirmed by a renew before Acquire returns,
 // because the holder cannot know when it was granted.
 //
+// The grant is bound to this call's session (WithSession): only this
+// Handle renews and releases it. Another Acquire that finds it by the same
+// request ID while it is Pending or Held is refused (fencing.ErrSessionMismatch)
+// instead of becoming a second holder of one grant.
+//
 // Errors: ErrWaitTimeout when the wait limit passed; ctx's error when ctx
-// ended first (the request is then withdrawn); ErrLost when the grant ended
-// between being granted and being confirmed; ErrWithdrawn;
-// ErrRequestIDConflict; ErrInvalidOption; or the API server's error for a
-// create that was definitely refused (RBAC, an invalid resource ID).
+// ended first (the request is then withdrawn); ErrWithdrawn;
+// ErrRequestIDConflict; ErrInvalidOption; a refusal matching its fencing
+// sentinel when the grant of this request ID is another session's
+// (fencing.ErrSessionMismatch) or ended before this call could confirm it
+// held (fencing.ErrExpired, fencing.ErrAlreadyEnded, fencing.ErrRevoked,
+// fencing.ErrUnknownGrant; never ErrLost: the caller held nothing); or the
+// API server's error for a create that was definitely refused (RBAC, an
+// invalid resource ID; a refusal by admission matches its fencing sentinel).
 func (c *Client) Acquire(ctx context.Context, resource string, opts ...Option) (*Handle, error) {
 	return c.acquire(ctx, resource, false, opts)
 }
@@ -61,6 +73,9 @@ func (c *Client) acquire(ctx context.Context, resource string, try bool, opts []
 	if s.requestID == "" {
 		s.requestID = newRequestID()
 	}
+	if s.session == "" && !s.detached {
+		s.session = newSession()
+	}
 	if s.operationRoot == "" {
 		sum := sha256.Sum256([]byte(s.requestID))
 		s.operationRoot = "sha256:" + hex.EncodeToString(sum[:])
@@ -80,6 +95,9 @@ func (c *Client) acquire(ctx context.Context, resource string, try bool, opts []
 			Policy:               s.policy,
 		},
 	}
+	if s.session != "" {
+		g.Annotations = map[string]string{lockingv1alpha1.SessionAnnotation: s.session}
+	}
 	switch {
 	case try:
 		g.Spec.WaitTimeoutSeconds = tryWaitSeconds
@@ -91,14 +109,19 @@ func (c *Client) acquire(ctx context.Context, resource string, try bool, opts []
 		c:         c,
 		clk:       s.clk,
 		origin:    s.clk.Now(),
-		log:       logf.FromContext(ctx).WithName("lock"),
+		log:       logr.FromContextOrDiscard(ctx).WithName("lock"),
 		key:       types.NamespacedName{Namespace: g.Namespace, Name: g.Name},
 		resource:  resource,
 		requestID: s.requestID,
+		session:   s.session,
+		timeout:   requestTimeoutFor(s.ttl),
 		opRoot:    s.operationRoot,
 		changed:   make(chan struct{}),
 		stop:      make(chan struct{}),
 		stopped:   make(chan struct{}),
+	}
+	if s.logger != nil {
+		h.log = s.logger.WithName("lock")
 	}
 	h.ctx, h.cancel = context.WithCancelCause(context.WithoutCancel(ctx))
 	if err := h.create(ctx, g, s); err != nil {
@@ -147,11 +170,11 @@ func (c *Client) acquire(ctx context.Context, resource string, try bool, opts []
 // create makes the grant, retrying requests whose outcome is unknown under
 // the same name, and adopts the grant it finds when the name exists.
 func (h *Handle) create(ctx context.Context, g *lockingv1alpha1.LockGrant, s *settings) error {
-	backoff := 100 * time.Millisecond
+	b := retryBackoff()
 	for {
 		obj := g.DeepCopy()
 		sentAt := h.mono()
-		cctx, cancel := context.WithTimeout(ctx, requestTimeout)
+		cctx, cancel := context.WithTimeout(ctx, h.timeout)
 		err := h.c.c.Create(cctx, obj)
 		cancel()
 		switch {
@@ -173,21 +196,26 @@ func (h *Handle) create(ctx context.Context, g *lockingv1alpha1.LockGrant, s *se
 				cur.Spec.OperationRoot != g.Spec.OperationRoot || cur.Spec.OperationClass != g.Spec.OperationClass || cur.Spec.Policy != g.Spec.Policy:
 				return fmt.Errorf("%w: grant %s is for resource %q, request %q, operation %q (%s), policy %q", ErrRequestIDConflict,
 					h.key, cur.Spec.Resource, cur.Spec.RequestID, cur.Spec.OperationRoot, cur.Spec.OperationClass, cur.Spec.Policy)
+			case cur.Status.Phase.Final():
+				// The request ID is spent: its acquisition is over.
+				return fmt.Errorf("lock: acquiring %s: grant %s of request ID %q has ended (%s); the request ID is spent, acquire with a new one: %w",
+					g.Spec.Resource, h.key, g.Spec.RequestID, cur.Status.Phase, refusalOf(phaseReason(cur.Status.Phase)))
+			case cur.Annotations[lockingv1alpha1.SessionAnnotation] != s.session:
+				return fmt.Errorf("lock: acquiring %s: %w", g.Spec.Resource, sessionMismatch(cur))
 			default:
-				// Our own earlier attempt, or an earlier process with this
-				// request ID: the same acquisition, of unknown age.
+				// Our own earlier attempt (the same session): the same
+				// acquisition, of unknown age.
 				h.log.V(1).Info("Found the grant of this request ID", "grant", h.key, "uid", cur.UID)
 				return h.adopt(cur, s)
 			}
 		case !retryable(err):
-			return fmt.Errorf("lock: creating grant for %s: %w", g.Spec.Resource, err)
+			return fmt.Errorf("lock: creating grant for %s: %w", g.Spec.Resource, denial.Wrap(err))
 		}
 		h.log.V(1).Info("Create outcome unknown; retrying with the same request ID", "grant", h.key, "error", err.Error())
 		select {
 		case <-ctx.Done():
 			return fmt.Errorf("lock: creating grant for %s, outcome unknown: %w", g.Spec.Resource, errors.Join(context.Cause(ctx), err))
-		case <-time.After(backoff):
-			backoff = min(2*backoff, 2*time.Second)
+		case <-h.clk.After(b.Step()):
 		}
 	}
 }
@@ -214,7 +242,7 @@ func (h *Handle) adopt(g *lockingv1alpha1.LockGrant, s *settings) error {
 func (h *Handle) withdraw(ctx context.Context) {
 	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), requestTimeout)
 	defer cancel()
-	if _, err := h.Release(rctx); err != nil {
+	if err := h.Release(rctx); err != nil && fencing.ReasonOf(err) == "" {
 		h.log.Error(err, "Withdrawing the request failed; its wait limit or lease will end it", "grant", h.key)
 	}
 	h.stopLoop()
@@ -234,5 +262,26 @@ func (h *Handle) acquireError(try bool) error {
 	case holder.ReasonReleased:
 		return ErrWithdrawn
 	}
-	return lost(reason)
+	// The caller never held the lock: not "ownership lost".
+	return fmt.Errorf("lock: acquiring %s: grant %s ended before this call could confirm it held it: %w", h.resource, h.key, refusalOf(reason))
+}
+
+// phaseReason is the holder reason of a final phase.
+func phaseReason(p lockingv1alpha1.LockGrantPhase) string {
+	switch p {
+	case lockingv1alpha1.PhaseExpired:
+		return string(fencing.ReasonExpired)
+	case lockingv1alpha1.PhaseTimedOut:
+		return holder.ReasonTimedOut
+	case lockingv1alpha1.PhaseRevoked:
+		return holder.ReasonRevoked
+	}
+	return holder.ReasonReleased
+}
+
+// newSession returns a random session token: 32 hex digits.
+func newSession() string {
+	b := make([]byte, 16)
+	_, _ = rand.Read(b)
+	return hex.EncodeToString(b)
 }

@@ -7,16 +7,20 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math"
 	"regexp"
+	"strings"
 	"time"
 
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/utils/clock"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	lockingv1alpha1 "github.com/lockwarden/lockwarden/api/v1alpha1"
 	"github.com/lockwarden/lockwarden/pkg/fencing"
+	"github.com/lockwarden/lockwarden/pkg/fencing/denial"
 )
 
 var (
@@ -56,21 +60,55 @@ func newRequestID() string {
 	return "lw-" + hex.EncodeToString(b)
 }
 
-// patchGrant sends a merge patch of spec for exactly the acquisition uid:
-// the UID in the patch is a precondition, so it can never reach a later
-// grant that reuses the name.
-func (c *Client) patchGrant(ctx context.Context, key types.NamespacedName, uid types.UID, spec map[string]any) (*lockingv1alpha1.LockGrant, error) {
-	body, err := json.Marshal(map[string]any{"metadata": map[string]any{"uid": uid}, "spec": spec})
+// target is one acquisition a request acts on: the grant's name, its UID
+// (a precondition: the request never reaches a later grant that reuses the
+// name) and, for a Handle's requests, its session token (a precondition
+// too: another session's requests are refused).
+type target struct {
+	key     types.NamespacedName
+	uid     types.UID
+	session string
+	timeout time.Duration
+}
+
+// patchSpec sets spec.field to value on exactly the acquisition t, with a
+// JSON patch whose test operations are t's UID and session. A failed test
+// is answered from a fresh read: errGone when the name belongs to no grant
+// or another acquisition, a SESSION_MISMATCH refusal when the grant is
+// bound to another session. Refusals by admission come back wrapped so
+// that they match their fencing sentinels.
+func (c *Client) patchSpec(ctx context.Context, t target, field string, value any) (*lockingv1alpha1.LockGrant, error) {
+	ops := []map[string]any{{"op": "test", "path": "/metadata/uid", "value": t.uid}}
+	if t.session != "" {
+		ops = append(ops, map[string]any{"op": "test", "path": "/metadata/annotations/" + strings.ReplaceAll(lockingv1alpha1.SessionAnnotation, "/", "~1"), "value": t.session})
+	}
+	ops = append(ops, map[string]any{"op": "add", "path": "/spec/" + field, "value": value})
+	body, err := json.Marshal(ops)
 	if err != nil {
 		return nil, err
 	}
-	g := &lockingv1alpha1.LockGrant{ObjectMeta: metav1.ObjectMeta{Namespace: key.Namespace, Name: key.Name}}
-	ctx, cancel := context.WithTimeout(ctx, requestTimeout)
-	defer cancel()
-	if err := c.c.Patch(ctx, g, client.RawPatch(types.MergePatchType, body)); err != nil {
+	g := &lockingv1alpha1.LockGrant{ObjectMeta: metav1.ObjectMeta{Namespace: t.key.Namespace, Name: t.key.Name}}
+	rctx, cancel := context.WithTimeout(ctx, t.timeout)
+	err = c.c.Patch(rctx, g, client.RawPatch(types.JSONPatchType, body))
+	cancel()
+	switch {
+	case err == nil:
+		return g, nil
+	case isGone(err):
+		return nil, errGone
+	case testFailed(err):
+		cur, gerr := c.get(ctx, t.key)
+		switch {
+		case gerr != nil:
+			return nil, err // outcome unknown: no fact to decide on
+		case cur == nil || cur.UID != t.uid:
+			return nil, errGone
+		case t.session != "" && cur.Annotations[lockingv1alpha1.SessionAnnotation] != t.session:
+			return nil, sessionMismatch(cur)
+		}
 		return nil, err
 	}
-	return g, nil
+	return nil, denial.Wrap(err)
 }
 
 // get reads a grant; nil, nil when it does not exist.
@@ -87,184 +125,169 @@ func (c *Client) get(ctx context.Context, key types.NamespacedName) (*lockingv1a
 	return g, nil
 }
 
-// preconditionFailed reports whether err is the API server refusing a
-// patch whose metadata.uid differs from the stored object's: the name now
-// belongs to another acquisition.
-func preconditionFailed(err error) bool {
-	return apierrors.IsConflict(err) || apierrors.IsInvalid(err)
+// retryBackoff is the pause between attempts of a request whose outcome is
+// unknown: 100 ms doubling to 2 s, with 20% jitter, on the injected clock.
+func retryBackoff() wait.Backoff {
+	return wait.Backoff{Duration: 100 * time.Millisecond, Factor: 2, Jitter: 0.2, Steps: math.MaxInt32, Cap: 2 * time.Second}
 }
 
-// ReleaseResult is the registry's answer to a release.
-type ReleaseResult string
-
-const (
-	// Released: the release was accepted and the controller ended the grant
-	// (or had not answered yet when the caller's context ended); the
-	// resource passes to the next waiter.
-	Released ReleaseResult = "Released"
-	// LeaseExpired: the lease had already run out (admission said EXPIRED):
-	// whatever was done after the expiry was not protected by this grant.
-	LeaseExpired ReleaseResult = "Expired"
-	// AlreadyEnded: the acquisition had already ended (released before,
-	// timed out in the queue, or deleted), so the release changed nothing.
-	AlreadyEnded ReleaseResult = "AlreadyEnded"
-	// NotOwner: the caller is not the grant's owner; nothing changed.
-	NotOwner ReleaseResult = "NotOwner"
-)
-
-// Reason returns the fencing reason code of a refusal result, "" for Released.
-func (r ReleaseResult) Reason() fencing.Reason {
-	switch r {
-	case LeaseExpired:
-		return fencing.ReasonExpired
-	case AlreadyEnded:
-		return fencing.ReasonAlreadyEnded
-	case NotOwner:
-		return fencing.ReasonNotOwner
-	}
-	return ""
+// gone is the refusal for an acquisition that does not exist (any more).
+func gone(key types.NamespacedName) *fencing.Error {
+	return &fencing.Error{Reason: fencing.ReasonUnknownGrant, Detail: fmt.Sprintf("grant %s does not exist: it ended and was deleted, or never existed", key)}
 }
 
 // Release releases exactly the acquisition uid of grant key (a Pending
 // request is withdrawn, a Held grant released), by setting spec.release with
 // the UID as a precondition, and waits (watching) until the controller has
-// ended the grant, so that once it returns Released the guarded-write
-// webhook refuses writes under the grant. An empty uid means the grant that
-// has this name now (read first). It retries requests whose outcome is unknown until
-// ctx ends, and when a retry is refused it reads the grant to tell whether
-// its own earlier attempt was the one that released it. It returns an error
-// only when no definite answer was obtained.
+// ended the grant, so that once it returns nil the guarded-write webhook
+// refuses writes under the grant. uid is required: read the grant first to
+// release whatever grant has the name now.
 //
-// Field cases C03 and C09: a release aimed at an earlier acquisition can
-// never end a later one; it returns AlreadyEnded or LeaseExpired.
-func (c *Client) Release(ctx context.Context, key types.NamespacedName, uid types.UID) (ReleaseResult, error) {
+// It returns nil when the release was accepted, and otherwise an error
+// that matches the refusal's fencing sentinel with errors.Is (as etcd's
+// concurrency.ErrLockReleased): fencing.ErrExpired (the lease had run out
+// first: whatever was done after the expiry was not protected),
+// fencing.ErrAlreadyEnded (released before, or timed out in the queue),
+// fencing.ErrNotOwner, fencing.ErrRevoked, fencing.ErrUnknownGrant (no such
+// acquisition: deleted, or never made). Requests whose outcome is unknown
+// are retried, with jittered backoff, until ctx ends; when a retry is refused
+// it reads the grant to tell whether its own earlier attempt was the one
+// that released it. An error matching none of the sentinels means no
+// definite answer was obtained (ctx ended, or the API server refused the
+// request itself, e.g. RBAC).
+//
+// A release aimed at an earlier acquisition can never end a later one.
+// Releasing a grant a Handle drives from elsewhere is allowed (it is how a
+// stuck holder is stopped); the Handle then ends with ErrLost.
+func (c *Client) Release(ctx context.Context, key types.NamespacedName, uid types.UID) error {
 	if uid == "" {
-		g, err := c.get(ctx, key)
-		switch {
-		case err != nil:
-			return "", fmt.Errorf("lock: reading grant %s: %w", key, err)
-		case g == nil:
-			return AlreadyEnded, nil
-		}
-		uid = g.UID
+		return fmt.Errorf("%w: Release needs the grant's UID", ErrInvalidOption)
 	}
+	s := c.settings(nil)
+	return c.release(ctx, s.clk, target{key: key, uid: uid, timeout: requestTimeout})
+}
+
+func (c *Client) release(ctx context.Context, clk clock.WithTicker, t target) error {
 	ambiguous := false
+	b := retryBackoff()
 	for {
-		_, err := c.patchGrant(ctx, key, uid, map[string]any{"release": true})
+		_, err := c.patchSpec(ctx, t, "release", true)
 		if err == nil {
-			return c.releaseOutcome(ctx, key, uid), nil
+			return c.releaseOutcome(ctx, t)
+		}
+		if errors.Is(err, errGone) {
+			return fmt.Errorf("lock: releasing grant %s: %w", t.key, gone(t.key))
 		}
 		if r := Refusal(err); r != nil {
 			if ambiguous && (r.Reason == fencing.ReasonAlreadyEnded || r.Reason == fencing.ReasonExpired) {
 				// Our earlier attempt may have been the one that landed.
-				if g, gerr := c.get(ctx, key); gerr == nil && g != nil && g.UID == uid && g.Spec.Release && g.Status.Phase == lockingv1alpha1.PhaseReleased {
-					return Released, nil
+				if g, gerr := c.get(ctx, t.key); gerr == nil && g != nil && g.UID == t.uid && g.Spec.Release && g.Status.Phase == lockingv1alpha1.PhaseReleased {
+					return nil
 				}
 			}
-			switch r.Reason {
-			case fencing.ReasonExpired:
-				return LeaseExpired, nil
-			case fencing.ReasonNotOwner:
-				return NotOwner, nil
-			case fencing.ReasonAlreadyEnded:
-				return AlreadyEnded, nil
-			}
-			return "", fmt.Errorf("lock: releasing grant %s: %w", key, r)
+			return fmt.Errorf("lock: releasing grant %s: %w", t.key, err)
 		}
-		if isGone(err) {
-			return AlreadyEnded, nil
-		}
-		if preconditionFailed(err) {
-			g, gerr := c.get(ctx, key)
-			if gerr == nil && (g == nil || g.UID != uid) {
-				return AlreadyEnded, nil // the name belongs to another acquisition
-			}
+		if !retryable(err) && !testFailed(err) {
+			return fmt.Errorf("lock: releasing grant %s: %w", t.key, err)
 		}
 		ambiguous = true
 		select {
 		case <-ctx.Done():
-			return "", fmt.Errorf("lock: releasing grant %s, outcome unknown: %w", key, errors.Join(ctx.Err(), err))
-		case <-time.After(200 * time.Millisecond):
+			return fmt.Errorf("lock: releasing grant %s, outcome unknown: %w", t.key, errors.Join(ctx.Err(), err))
+		case <-clk.After(b.Step()):
 		}
 	}
 }
 
 // releaseOutcome waits, watching, until the controller has ended the grant
-// whose release the API server accepted: Released, or LeaseExpired when the
+// whose release the API server accepted: nil, or an EXPIRED refusal when the
 // controller found the lease already over. When ctx ends first the answer is
-// Released: an accepted release cannot be undone.
-func (c *Client) releaseOutcome(ctx context.Context, key types.NamespacedName, uid types.UID) ReleaseResult {
-	g, err := WaitForGrant(ctx, c.c, key, func(g *lockingv1alpha1.LockGrant) bool {
-		return g == nil || g.UID != uid || g.Status.Phase.Final()
+// nil: an accepted release cannot be undone.
+func (c *Client) releaseOutcome(ctx context.Context, t target) error {
+	g, err := WaitForGrant(ctx, c.c, t.key, func(g *lockingv1alpha1.LockGrant) bool {
+		return g == nil || g.UID != t.uid || g.Status.Phase.Final()
 	})
-	if err == nil && g != nil && g.UID == uid && g.Status.Phase == lockingv1alpha1.PhaseExpired {
-		return LeaseExpired
+	if err == nil && g != nil && g.UID == t.uid && g.Status.Phase == lockingv1alpha1.PhaseExpired {
+		return fmt.Errorf("lock: releasing grant %s: %w", t.key, &fencing.Error{Reason: fencing.ReasonExpired,
+			Detail: "the lease had expired when the controller processed the release"})
 	}
-	return Released
+	return nil
 }
 
 // Renew renews exactly the acquisition uid of grant key once: it raises
 // spec.renewals by one (UID precondition), then waits, watching the grant,
 // until the controller answered, and returns the grant as the controller
-// left it. An empty uid means the grant that has this name now. Requests
-// whose outcome is unknown are retried with the same renewals value, so a
-// renew is never applied twice (C10).
+// left it. uid is required. Requests whose outcome is unknown are retried
+// with the same renewals value, with jittered backoff, so a renew is never
+// applied twice.
 //
-// Errors: a *fencing.Error (errors.Is with fencing.ErrExpired,
-// fencing.ErrNotOwner, fencing.ErrAlreadyEnded, fencing.ErrNotHeld) when the
-// registry refused the renew or answered that the lease had already expired
-// (C08: a renew never re-acquires); ErrLost when the acquisition no longer
-// exists; ctx's error when no answer came in time.
+// Refusals match their fencing sentinel with errors.Is, as Release's do:
+// fencing.ErrExpired (the lease had run out: a renew never re-acquires),
+// fencing.ErrNotOwner, fencing.ErrAlreadyEnded, fencing.ErrNotHeld (still
+// queued), fencing.ErrRevoked, fencing.ErrUnknownGrant (no such
+// acquisition), fencing.ErrSessionMismatch (a Handle, such as kubectl lock
+// run's, drives this grant and renews it itself). Other errors mean no
+// definite answer came (ctx ended, or the API server refused the request
+// itself).
 //
-// Renew is for grants without a Handle (kubectl lock renew). A Handle renews
-// itself; renewing its grant from elsewhere as well weakens its local
-// deadline (see package holder).
+// Renew is for grants without a Handle (WithDetachedGrant, kubectl lock
+// acquire).
 func (c *Client) Renew(ctx context.Context, key types.NamespacedName, uid types.UID) (*lockingv1alpha1.LockGrant, error) {
+	if uid == "" {
+		return nil, fmt.Errorf("%w: Renew needs the grant's UID", ErrInvalidOption)
+	}
+	clk := c.settings(nil).clk
 	cur, err := c.get(ctx, key)
 	switch {
 	case err != nil:
 		return nil, fmt.Errorf("lock: reading grant %s: %w", key, err)
-	case cur == nil || (uid != "" && cur.UID != uid):
-		return nil, fmt.Errorf("%w: grant %s does not exist any more", ErrLost, key)
+	case cur == nil || cur.UID != uid:
+		return nil, fmt.Errorf("lock: renewing grant %s: %w", key, gone(key))
+	case cur.Annotations[lockingv1alpha1.SessionAnnotation] != "":
+		return nil, fmt.Errorf("lock: renewing grant %s: %w", key, &fencing.Error{Reason: fencing.ReasonSessionMismatch, Detail: fmt.Sprintf(
+			"grant %s is driven by a running holder (kubectl lock run or a library Handle), which renews it itself", key.Name)})
 	}
-	uid = cur.UID
-	target := cur.Spec.Renewals + 1
+	t := target{key: key, uid: uid, timeout: requestTimeout}
+	want := cur.Spec.Renewals + 1
+	b := retryBackoff()
 	for {
-		_, err := c.patchGrant(ctx, key, uid, map[string]any{"renewals": target})
+		_, err := c.patchSpec(ctx, t, "renewals", want)
 		if err == nil {
 			break
 		}
-		if r := Refusal(err); r != nil {
-			return nil, fmt.Errorf("lock: renewing grant %s: %w", key, r)
+		if errors.Is(err, errGone) {
+			return nil, fmt.Errorf("lock: renewing grant %s: %w", key, gone(key))
 		}
-		if isGone(err) {
-			return nil, fmt.Errorf("%w: grant %s does not exist any more", ErrLost, key)
+		if Refusal(err) != nil || (!retryable(err) && !testFailed(err)) {
+			return nil, fmt.Errorf("lock: renewing grant %s: %w", key, err)
 		}
 		g, gerr := c.get(ctx, key)
 		if gerr == nil && (g == nil || g.UID != uid) {
-			return nil, fmt.Errorf("%w: grant %s does not exist any more", ErrLost, key)
+			return nil, fmt.Errorf("lock: renewing grant %s: %w", key, gone(key))
 		}
-		if gerr == nil && g.Spec.Renewals >= target {
+		if gerr == nil && g.Spec.Renewals >= want {
 			break // applied; the reply was lost
 		}
 		select {
 		case <-ctx.Done():
 			return nil, fmt.Errorf("lock: renewing grant %s, outcome unknown: %w", key, errors.Join(ctx.Err(), err))
-		case <-time.After(200 * time.Millisecond):
+		case <-clk.After(b.Step()):
 		}
 	}
 	g, err := WaitForGrant(ctx, c.c, key, func(g *lockingv1alpha1.LockGrant) bool {
-		return g == nil || g.UID != uid || g.Status.ObservedRenewals >= target || g.Status.Phase.Final()
+		return g == nil || g.UID != uid || g.Status.ObservedRenewals >= want || g.Status.Phase.Final()
 	})
 	switch {
 	case err != nil:
 		return nil, err
 	case g == nil || g.UID != uid:
-		return nil, fmt.Errorf("%w: grant %s does not exist any more", ErrLost, key)
+		return nil, fmt.Errorf("lock: renewing grant %s: %w", key, gone(key))
 	case g.Status.Phase == lockingv1alpha1.PhaseHeld:
 		return g, nil
 	case g.Status.Phase == lockingv1alpha1.PhaseExpired:
 		return g, fmt.Errorf("lock: renewing grant %s: %w", key, &fencing.Error{Reason: fencing.ReasonExpired, Detail: "the lease had expired when the controller saw the renew; acquire again for a new fence"})
+	case g.Status.Phase == lockingv1alpha1.PhaseRevoked:
+		return g, fmt.Errorf("lock: renewing grant %s: %w", key, &fencing.Error{Reason: fencing.ReasonRevoked, Detail: "the issuer revoked the grant"})
 	}
 	return g, fmt.Errorf("lock: renewing grant %s: %w", key, &fencing.Error{Reason: fencing.ReasonAlreadyEnded, Detail: "the grant is " + string(g.Status.Phase)})
 }

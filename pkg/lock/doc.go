@@ -6,7 +6,7 @@
 //	locks := lock.NewClient(c, lock.WithNamespace("billing"))
 //	h, err := locks.Acquire(ctx, "invoice-batch/2026-07-19", lock.WithTTL(30*time.Second), lock.WithWait(time.Minute))
 //	if err != nil { ... }
-//	defer h.Release(context.WithoutCancel(ctx))
+//	defer h.Release(context.WithoutCancel(ctx)) // nil, or a refusal: fencing.ErrExpired, ...
 //	work := h.Context()          // cancelled when ownership is unknown or lost
 //	_ = h.Stamp(configMap)       // the fence goes with the write
 //	_ = c.Update(work, configMap) // refused by admission if the fence is stale
@@ -21,11 +21,15 @@
 //
 // # What a Handle guarantees
 //
-//   - One identity per acquisition. A create whose response was lost is
-//     retried under the same request ID and finds the same grant; renewals
-//     and the release carry the grant's UID as a precondition, so they act
-//     on exactly this acquisition and never on a later grant of the same
-//     owner (field cases C03, C09).
+//   - One identity per acquisition, and one live holder per grant. A create
+//     whose response was lost is retried under the same request ID and
+//     finds the same grant. Every grant is bound to the session of the
+//     Acquire that made it (a random token, annotation
+//     locking.lockwarden.io/session); renewals and the release carry the
+//     grant's UID and that token as preconditions (JSON patch tests), so
+//     they act on exactly this acquisition, never on a later grant of the
+//     same owner, and never from a second process that found the grant by
+//     its request ID: that one gets fencing.ErrSessionMismatch, not a lock.
 //   - A local deadline that ends no later than the controller's expiry. It
 //     is the monotonic time at which the create or the last confirmed renew
 //     was sent, plus the TTL, minus a safety margin (default: a tenth of the
@@ -40,8 +44,12 @@
 //     fencing.ErrExpired: a renew after expiry never re-acquires, C08), or
 //     on Release (ErrReleased). The handle then renews no more; it keeps
 //     reading the grant until it is final, which State reports.
-//   - Release returns the registry's answer: Released, LeaseExpired,
-//     AlreadyEnded or NotOwner.
+//   - Every refusal matches its fencing sentinel (errors.Is with
+//     fencing.ErrExpired, fencing.ErrRevoked, ...) and fencing.ReasonOf,
+//     whether Acquire, Release, Renew or Handle.Err returned it; every
+//     refusal of a renew ends the handle.
+//   - Silence: the library logs only to a logger the caller gives it
+//     (WithLogger, or the context's logr logger).
 //
 // # What it does not guarantee
 //

@@ -4,13 +4,13 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
-	"regexp"
-	"strings"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 
-	"github.com/lockwarden/lockwarden/internal/denial"
+	lockingv1alpha1 "github.com/lockwarden/lockwarden/api/v1alpha1"
 	"github.com/lockwarden/lockwarden/pkg/fencing"
+	"github.com/lockwarden/lockwarden/pkg/fencing/denial"
+	"github.com/lockwarden/lockwarden/pkg/lock/holder"
 )
 
 // Sentinel errors, matched with errors.Is. Refusals by the registry are
@@ -26,9 +26,10 @@ var (
 	// that the lease was extended. Stop producing effects; the handle cannot
 	// be used again.
 	ErrOwnershipUnknown = errors.New("lock: ownership unknown")
-	// ErrLost: the registry says the acquisition no longer holds (expired,
-	// deleted, ended by someone else, or refused). The wrapped error, when
-	// there is one, is the *fencing.Error that says why.
+	// ErrLost: the registry says the handle's acquisition no longer holds
+	// (expired, revoked, deleted, ended by someone else, or a renew was
+	// refused). It always wraps the *fencing.Error that says why, so
+	// errors.Is(err, fencing.ErrRevoked) and fencing.ReasonOf work on it.
 	ErrLost = errors.New("lock: ownership lost")
 	// ErrReleased: the handle was released by its owner.
 	ErrReleased = errors.New("lock: released")
@@ -36,55 +37,56 @@ var (
 	// granted, by someone other than this call.
 	ErrWithdrawn = errors.New("lock: request withdrawn before it was granted")
 	// ErrRequestIDConflict: the request ID is already used by a grant for
-	// another resource, or by a different request.
+	// another resource, or by a different request. (A grant for the same
+	// request driven by another session is refused with
+	// fencing.ErrSessionMismatch instead.)
 	ErrRequestIDConflict = errors.New("lock: request ID already used by another request")
 	// ErrInvalidOption: an option is out of range (see each With… function).
 	ErrInvalidOption = errors.New("lock: invalid option")
 )
 
-// refusalRE finds a reason code at the start of a fencing refusal inside an
-// admission denial, e.g. `... is forbidden: EXPIRED: the lease expired at ...`;
-// for denials from servers that do not set details.causes.
-var refusalRE = regexp.MustCompile(`(?:^|[\s:])([A-Z][A-Z_]+[A-Z]): `)
+// Refusal returns the fencing refusal err carries (a *fencing.Error in its
+// chain, or one decoded from a lockwarden admission denial by
+// pkg/fencing/denial), or nil. Every refusal this package returns already
+// matches its fencing sentinel with errors.Is and fencing.ReasonOf; Refusal
+// is for errors of other clients, such as a guarded write's.
+func Refusal(err error) *fencing.Error { return denial.Refusal(err) }
 
-// Refusal returns the fencing refusal carried by an admission denial (a 403
-// whose details.causes[0].type is the reason code, as lockwarden's webhooks
-// write it, with "REASON: detail" in the message), or nil when err is not
-// such a denial.
-func Refusal(err error) *fencing.Error {
-	if err == nil {
-		return nil
+// refusalOf is the refusal behind a holder machine's final reason.
+func refusalOf(reason string) *fencing.Error {
+	switch reason {
+	case holder.ReasonReleased:
+		return &fencing.Error{Reason: fencing.ReasonAlreadyEnded, Detail: "the grant was released"}
+	case holder.ReasonTimedOut:
+		return &fencing.Error{Reason: fencing.ReasonAlreadyEnded, Detail: "the request's wait limit passed before it was granted"}
+	case holder.ReasonDeleted:
+		return &fencing.Error{Reason: fencing.ReasonUnknownGrant, Detail: "the grant was deleted (a forced release), or its name now belongs to another acquisition"}
+	case holder.ReasonRevoked:
+		return &fencing.Error{Reason: fencing.ReasonRevoked, Detail: "the issuer revoked the grant"}
 	}
-	var fe *fencing.Error
-	if errors.As(err, &fe) {
-		return fe
+	if r, ok := fencing.ParseReason(reason); ok {
+		return &fencing.Error{Reason: r, Detail: "the registry refused or ended this acquisition"}
 	}
-	if !apierrors.IsForbidden(err) {
-		return nil
-	}
-	msg := err.Error()
-	if r := denial.Reason(err); r != "" {
-		detail := msg
-		if i := strings.Index(msg, string(r)+": "); i >= 0 {
-			detail = msg[i+len(r)+2:]
-		}
-		return &fencing.Error{Reason: r, Detail: strings.TrimSpace(detail)}
-	}
-	m := refusalRE.FindStringSubmatchIndex(msg)
-	if m == nil {
-		return nil
-	}
-	return &fencing.Error{Reason: fencing.Reason(msg[m[2]:m[3]]), Detail: strings.TrimSpace(msg[m[3]+2:])}
+	return &fencing.Error{Reason: fencing.ReasonUnknownGrant, Detail: "the acquisition ended: " + reason}
 }
 
-// lost wraps the reason a holder ended in ErrLost.
+// lost wraps the reason a holder ended in ErrLost and its refusal.
 func lost(reason string) error {
-	switch fencing.Reason(reason) {
-	case fencing.ReasonExpired, fencing.ReasonNotOwner, fencing.ReasonAlreadyEnded:
-		return fmt.Errorf("%w: %w", ErrLost, &fencing.Error{Reason: fencing.Reason(reason), Detail: "the registry refused or ended this acquisition"})
-	}
-	return fmt.Errorf("%w: %s", ErrLost, reason)
+	return fmt.Errorf("%w: %w", ErrLost, refusalOf(reason))
 }
+
+// sessionMismatch is the refusal of a grant driven by another session.
+func sessionMismatch(g *lockingv1alpha1.LockGrant) *fencing.Error {
+	if g.Annotations[lockingv1alpha1.SessionAnnotation] == "" {
+		return &fencing.Error{Reason: fencing.ReasonSessionMismatch, Detail: fmt.Sprintf(
+			"grant %s (request ID %q) was made by hand, without a session; renew and release it with kubectl lock renew/release", g.Name, g.Spec.RequestID)}
+	}
+	return &fencing.Error{Reason: fencing.ReasonSessionMismatch, Detail: fmt.Sprintf(
+		"grant %s (request ID %q) is driven by another process that acquired it under this request ID; a request ID makes retries of one attempt idempotent, it does not share a lock: wait for that grant to end, or use another request ID", g.Name, g.Spec.RequestID)}
+}
+
+// errGone says the acquisition does not exist any more.
+var errGone = errors.New("lock: the grant does not exist any more")
 
 // retryable reports whether a failed request's outcome is unknown and it may
 // be sent again: transport errors, timeouts, throttling and server errors.
@@ -100,4 +102,11 @@ func retryable(err error) bool {
 		return true
 	}
 	return apierrors.IsTimeout(err) || apierrors.IsServerTimeout(err)
+}
+
+// testFailed reports whether a JSON patch was refused because one of its
+// test operations (the UID or session precondition) failed.
+func testFailed(err error) bool {
+	var st apierrors.APIStatus
+	return errors.As(err, &st) && st.Status().Code == http.StatusUnprocessableEntity
 }

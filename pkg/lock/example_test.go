@@ -62,12 +62,12 @@ func ExampleClient_Acquire() {
 		fmt.Println("working")
 	}
 
-	res, err := h.Release(context.WithoutCancel(ctx))
-	fmt.Println("release:", res, err)
+	err = h.Release(context.WithoutCancel(ctx))
+	fmt.Println("release:", err)
 	// Output:
 	// state: HELD fence: 1
 	// working
-	// release: Released <nil>
+	// release: <nil>
 }
 
 // Stamp puts the grant and fence on a guarded object, so the admission
@@ -98,7 +98,8 @@ func ExampleHandle_Stamp() {
 		fmt.Println("refused:", err)
 		return
 	}
-	fmt.Println("guarded:", cm.Labels[lockingv1alpha1.GuardedLabel], "fence:", cm.Annotations[lockingv1alpha1.FenceAnnotation])
+	// Admission consumed the claim and recorded what it accepted.
+	fmt.Println("guarded:", cm.Labels[lockingv1alpha1.GuardedLabel], "fence:", cm.Annotations[lockingv1alpha1.AcceptedFenceAnnotation])
 	// Output:
 	// guarded: true fence: 1
 }
@@ -119,11 +120,10 @@ func ExampleClient_TryAcquire() {
 	}
 	_, err = locks.TryAcquire(ctx, "example/compaction")
 	fmt.Println("second try busy:", errors.Is(err, lock.ErrBusy))
-	res, _ := first.Release(ctx)
-	fmt.Println(res)
+	fmt.Println("released:", first.Release(ctx) == nil)
 	// Output:
 	// second try busy: true
-	// Released
+	// released: true
 }
 
 // NextSegment numbers the steps of a long operation under one fence, for a
@@ -180,7 +180,7 @@ func ExampleWatchTransitions() {
 		fmt.Println(tr.Grant.Spec.Resource, "->", tr.To, "fence", tr.Grant.Status.FenceToken)
 		switch tr.To {
 		case lockingv1alpha1.PhaseHeld:
-			_, _ = h.Release(ctx) // the next transition: Released
+			_ = h.Release(ctx) // the next transition: Released
 		case lockingv1alpha1.PhaseReleased:
 			return errors.New("done")
 		}

@@ -26,12 +26,20 @@ type faulty struct {
 	conflictRenews int
 	// renewsSent counts renew requests that reached the API server.
 	renewsSent int
+	// refuseRenews, refuseReleases: answer renews (releases) with this
+	// error, unsent, as admission or RBAC would.
+	refuseRenews, refuseReleases error
+	// afterCreate runs after a create landed, before its reply returns.
+	afterCreate func()
 }
 
 var errLostReply = apierrors.NewTimeoutError("the reply was lost (test)", 0)
 
 func (f *faulty) Create(ctx context.Context, obj client.Object, opts ...client.CreateOption) error {
 	err := f.WithWatch.Create(ctx, obj, opts...)
+	if err == nil && f.afterCreate != nil {
+		f.afterCreate()
+	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if err == nil && f.loseCreateReplies > 0 {
@@ -43,8 +51,17 @@ func (f *faulty) Create(ctx context.Context, obj client.Object, opts ...client.C
 
 func (f *faulty) Patch(ctx context.Context, obj client.Object, patch client.Patch, opts ...client.PatchOption) error {
 	data, _ := patch.Data(obj)
-	if !strings.Contains(string(data), `"renewals"`) {
+	f.mu.Lock()
+	refuseRenews, refuseReleases := f.refuseRenews, f.refuseReleases
+	f.mu.Unlock()
+	if refuseReleases != nil && strings.Contains(string(data), `/spec/release"`) {
+		return refuseReleases
+	}
+	if !strings.Contains(string(data), `/spec/renewals`) {
 		return f.WithWatch.Patch(ctx, obj, patch, opts...)
+	}
+	if refuseRenews != nil {
+		return refuseRenews
 	}
 	f.mu.Lock()
 	gate := f.gate

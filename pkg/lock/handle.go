@@ -2,6 +2,7 @@ package lock
 
 import (
 	"context"
+	"errors"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -11,6 +12,7 @@ import (
 	"k8s.io/utils/clock"
 
 	lockingv1alpha1 "github.com/lockwarden/lockwarden/api/v1alpha1"
+	"github.com/lockwarden/lockwarden/pkg/fencing"
 	"github.com/lockwarden/lockwarden/pkg/lock/holder"
 )
 
@@ -32,6 +34,9 @@ type Handle struct {
 	resource  string
 	requestID string
 	opRoot    string
+	session   string
+	// timeout bounds each request (requestTimeoutFor the TTL).
+	timeout time.Duration
 
 	// Set once the grant exists, then constant.
 	uid   types.UID
@@ -102,6 +107,17 @@ func (h *Handle) Resource() string { return h.resource }
 // RequestID returns the request ID the grant is named after.
 func (h *Handle) RequestID() string { return h.requestID }
 
+// Session returns the session token the grant is bound to (annotation
+// locking.lockwarden.io/session), "" for a detached grant. A process that
+// saves it can resume the same attempt after a restart with WithSession
+// and the same request ID; keep it as private as a credential.
+func (h *Handle) Session() string { return h.session }
+
+// target is this acquisition, for requests.
+func (h *Handle) target() target {
+	return target{key: h.key, uid: h.uid, session: h.session, timeout: h.timeout}
+}
+
 // Owner returns the grant's owner identity (spec.owner), the Kubernetes user
 // the client authenticated as.
 func (h *Handle) Owner() string { return h.owner }
@@ -159,8 +175,10 @@ func (h *Handle) Done() <-chan struct{} { return h.ctx.Done() }
 func (h *Handle) Context() context.Context { return h.ctx }
 
 // Err returns nil while Done is open, and afterwards why it closed:
-// ErrOwnershipUnknown, ErrReleased, or an error wrapping ErrLost (and the
-// *fencing.Error of the refusal when there was one).
+// ErrOwnershipUnknown, ErrReleased, or an error wrapping ErrLost and the
+// *fencing.Error that says why (errors.Is with fencing.ErrExpired,
+// fencing.ErrRevoked, fencing.ErrAlreadyEnded, fencing.ErrUnknownGrant,
+// fencing.ErrSessionMismatch, ...; fencing.ReasonOf gives the code).
 func (h *Handle) Err() error {
 	h.mu.Lock()
 	defer h.mu.Unlock()
@@ -341,13 +359,21 @@ func (h *Handle) run(ctx context.Context) {
 		}
 		if sendRenew {
 			go func(target int64) {
-				g, err := h.c.patchGrant(ctx, h.key, h.uid, map[string]any{"renewals": target})
+				g, err := h.c.patchSpec(ctx, h.target(), "renewals", target)
 				renewed <- renewResult{target: target, g: g, err: err}
 			}(target)
 		}
 		if sendRead {
 			go func() {
 				g, err := h.c.get(ctx, h.key)
+				if err == nil && g != nil && g.UID == h.uid && h.session != "" && g.Annotations[lockingv1alpha1.SessionAnnotation] != h.session {
+					// Another session took the grant over: this one stops.
+					select {
+					case renewed <- renewResult{err: sessionMismatch(g)}:
+					case <-ctx.Done():
+					}
+					return
+				}
 				if err == nil {
 					select {
 					case obs <- observation{g: g}:
@@ -389,7 +415,7 @@ func (h *Handle) run(ctx context.Context) {
 				h.log.V(1).Info("Renew refused", "grant", h.key, "reason", string(ref.Reason))
 				h.m.Refused(now, ref.Reason)
 				retryAt, hasRetry = now+holder.Mono(retryWait), true
-			case isGone(r.err):
+			case errors.Is(r.err, errGone):
 				h.m.Observe(now, holder.Facts{Gone: true})
 			default:
 				// Outcome unknown (lost reply, timeout, 409, 5xx): read the
@@ -412,19 +438,22 @@ func (h *Handle) run(ctx context.Context) {
 	}
 }
 
-// Release ends exactly this acquisition (UID precondition) and stops the
-// background renewal. Done is closed (cause ErrReleased, unless it was
-// already closed) before the request is sent: no new effects from the
-// moment Release is called. It returns the registry's answer: Released,
-// LeaseExpired (the lease had run out first), AlreadyEnded (ended before,
-// for example by an earlier Release of this handle) or NotOwner. It returns
-// an error only when no definite answer came before ctx ended; the handle
-// then keeps watching the grant, and Release may be called again.
+// Release ends exactly this acquisition (UID and session preconditions) and
+// stops the background renewal. Done is closed (cause ErrReleased, unless it
+// was already closed) before the request is sent: no new effects from the
+// moment Release is called. It returns nil when the registry accepted the
+// release, and otherwise, as Client.Release, an error matching the
+// refusal's fencing sentinel: fencing.ErrExpired (the lease had run out
+// first), fencing.ErrAlreadyEnded (ended before, for example by an earlier
+// Release of this handle), fencing.ErrRevoked, fencing.ErrNotOwner,
+// fencing.ErrSessionMismatch, fencing.ErrUnknownGrant. An error matching none
+// means no definite answer came before ctx ended; the handle then keeps
+// watching the grant, and Release may be called again.
 //
 // Call it with a context that is not the handle's own (which is already
 // cancelled when ownership was lost), e.g.
 // context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second).
-func (h *Handle) Release(ctx context.Context) (ReleaseResult, error) {
+func (h *Handle) Release(ctx context.Context) error {
 	h.releaseMu.Lock()
 	defer h.releaseMu.Unlock()
 	h.mu.Lock()
@@ -433,22 +462,22 @@ func (h *Handle) Release(ctx context.Context) (ReleaseResult, error) {
 	h.publish()
 	h.mu.Unlock()
 
-	res, err := h.c.Release(ctx, h.key, h.uid)
-	if err != nil {
-		return "", err
+	err := h.c.release(ctx, h.clk, h.target())
+	r := fencing.ReasonOf(err)
+	if err != nil && r == "" {
+		return err
 	}
 	h.mu.Lock()
 	now := h.mono()
-	switch res {
-	case Released:
+	if err == nil {
 		h.m.ReleaseAccepted(now)
-	default:
-		h.m.Refused(now, res.Reason())
+	} else {
+		h.m.Refused(now, r)
 	}
 	h.publish()
 	h.mu.Unlock()
 	h.stopLoop()
-	return res, nil
+	return err
 }
 
 // changes returns the current state, the last grant read, and a channel

@@ -25,12 +25,13 @@ func keyOf(ns, requestID string) types.NamespacedName {
 	return types.NamespacedName{Namespace: ns, Name: lockingv1alpha1.GrantNameForRequest(requestID)}
 }
 
-// release releases h and fails the test unless the answer is want.
-func release(t *testing.T, h *lock.Handle, want lock.ReleaseResult) {
+// release releases h and fails the test unless the answer is want: nil
+// for "", else an error matching want's sentinel.
+func release(t *testing.T, h *lock.Handle, want fencing.Reason) {
 	t.Helper()
-	got, err := h.Release(t.Context())
-	if err != nil || got != want {
-		t.Fatalf("Release of %s = %q, %v; want %q", h.Grant(), got, err, want)
+	err := h.Release(t.Context())
+	if want == "" && err != nil || want != "" && (!errors.Is(err, want.Sentinel()) || fencing.ReasonOf(err) != want) {
+		t.Fatalf("Release of %s = %v; want %q", h.Grant(), err, want)
 	}
 }
 
@@ -94,7 +95,7 @@ func TestAcquireStampRelease(t *testing.T) {
 		return meta.IsStatusConditionTrue(grantOf(t, h.Grant()).Status.Conditions, lockingv1alpha1.ConditionFenceRegression)
 	})
 
-	release(t, h, lock.Released)
+	release(t, h, "")
 	if !closed(h.Done()) || !errors.Is(h.Err(), lock.ErrReleased) || !errors.Is(context.Cause(h.Context()), lock.ErrReleased) {
 		t.Fatalf("after Release: Done closed %v, Err %v", closed(h.Done()), h.Err())
 	}
@@ -111,7 +112,7 @@ func TestAcquireStampRelease(t *testing.T) {
 	if err := c.Update(t.Context(), cm); lock.Refusal(err) == nil {
 		t.Fatalf("a write under the released grant: %v, want a fencing refusal", err)
 	}
-	release(t, h, lock.AlreadyEnded)
+	release(t, h, fencing.ReasonAlreadyEnded)
 }
 
 // C06: the holder's wall clock is 30 s behind the controller's and runs 1.5x
@@ -196,8 +197,8 @@ func TestC06HolderClockSkewAndRate(t *testing.T) {
 	// A learns the truth by reading: its grant expired.
 	fa.open()
 	eventually(t, "A reads that its grant expired", func() bool { return a.State() == holder.Expired })
-	release(t, a, lock.LeaseExpired)
-	release(t, b.h, lock.Released)
+	release(t, a, fencing.ReasonExpired)
+	release(t, b.h, "")
 }
 
 // C08: A's renew is delayed past the lease. The handle stops at its local
@@ -219,7 +220,8 @@ func TestC08RenewAfterExpiry(t *testing.T) {
 			}
 			fa := &faulty{WithWatch: as(t, "c08-a")}
 			locks := lock.NewClient(fa, lock.WithNamespace(ns), lock.WithClock(hclk))
-			a, err := locks.Acquire(t.Context(), res, lock.WithTTL(2*time.Second))
+			// Detached: the late renew below is sent from outside the handle.
+			a, err := locks.Acquire(t.Context(), res, lock.WithTTL(2*time.Second), lock.WithDetachedGrant())
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -268,7 +270,7 @@ func TestC08RenewAfterExpiry(t *testing.T) {
 				if a2.Fence() != 2 {
 					t.Fatalf("re-acquired fence %d, want 2", a2.Fence())
 				}
-				release(t, a2, lock.Released)
+				release(t, a2, "")
 			}
 		})
 	}
@@ -328,15 +330,15 @@ func TestC10AmbiguousRenew(t *testing.T) {
 			if want := 11*time.Second - elapsed; a.Remaining() != want {
 				t.Fatalf("Remaining = %s, want %s (from the first attempt's send time)", a.Remaining(), want)
 			}
-			_, err = lock.NewClient(as(t, "c10-b"), lock.WithNamespace(ns)).Renew(t.Context(), a.Grant(), "")
-			if !errors.Is(err, fencing.ErrNotOwner) {
-				t.Fatalf("renew by another identity: %v, want NOT_OWNER", err)
+			_, err = lock.NewClient(as(t, "c10-b"), lock.WithNamespace(ns)).Renew(t.Context(), a.Grant(), a.UID())
+			if !errors.Is(err, fencing.ErrSessionMismatch) {
+				t.Fatalf("renew of a handle's grant from elsewhere: %v, want SESSION_MISMATCH", err)
 			}
-			if res, err := lock.NewClient(as(t, "c10-b"), lock.WithNamespace(ns)).Release(t.Context(), a.Grant(), ""); res != lock.NotOwner || err != nil {
-				t.Fatalf("release by another identity: %q, %v; want NotOwner", res, err)
+			if err := lock.NewClient(as(t, "c10-b"), lock.WithNamespace(ns)).Release(t.Context(), a.Grant(), a.UID()); !errors.Is(err, fencing.ErrNotOwner) {
+				t.Fatalf("release by another identity: %v; want NOT_OWNER", err)
 			}
 			fa.loseRenewReplies = 0
-			release(t, a, lock.Released)
+			release(t, a, "")
 		})
 	}
 }
@@ -380,8 +382,13 @@ func TestLostAcquireResponse(t *testing.T) {
 	if g := list.Items[0]; g.Spec.Renewals < 1 || g.Status.FenceToken != 1 || h.Fence() != 1 {
 		t.Fatalf("grant renewals %d, fence %d; want confirmed by a renew, fence 1", g.Spec.Renewals, g.Status.FenceToken)
 	}
-	// Another process retrying the same request finds the same acquisition.
-	again, err := lock.NewClient(as(t, "lost-a"), lock.WithNamespace(ns)).Acquire(t.Context(), res, lock.WithRequestID(rid))
+	// Another process with the same request ID is not a second holder.
+	_, err = lock.NewClient(as(t, "lost-a"), lock.WithNamespace(ns)).Acquire(t.Context(), res, lock.WithRequestID(rid))
+	if !errors.Is(err, fencing.ErrSessionMismatch) || fencing.ReasonOf(err) != fencing.ReasonSessionMismatch {
+		t.Fatalf("a second process with the same request ID: %v, want SESSION_MISMATCH", err)
+	}
+	// One that proves it is the same attempt (its session) resumes it.
+	again, err := lock.NewClient(as(t, "lost-a"), lock.WithNamespace(ns)).Acquire(t.Context(), res, lock.WithRequestID(rid), lock.WithSession(h.Session()))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -391,9 +398,9 @@ func TestLostAcquireResponse(t *testing.T) {
 	if _, err := locks.Acquire(t.Context(), "ledger/other", lock.WithRequestID(rid)); !errors.Is(err, lock.ErrRequestIDConflict) {
 		t.Fatalf("the request ID reused for another resource: %v, want ErrRequestIDConflict", err)
 	}
-	release(t, h, lock.Released)
+	release(t, h, "")
 	waitPhase(t, h.Grant(), lockingv1alpha1.PhaseReleased)
-	release(t, again, lock.AlreadyEnded)
+	release(t, again, fencing.ReasonAlreadyEnded)
 }
 
 // C03/C09 from the holder's side: a release of an earlier acquisition
@@ -407,19 +414,19 @@ func TestReleaseOfEarlierAcquisition(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	release(t, h1, lock.Released)
+	release(t, h1, "")
 	h2, err := locks.Acquire(t.Context(), res)
 	if err != nil {
 		t.Fatal(err)
 	}
-	release(t, h1, lock.AlreadyEnded)
+	release(t, h1, fencing.ReasonAlreadyEnded)
 	if g := grantOf(t, h2.Grant()); h2.Check() != nil || g.Status.Phase != lockingv1alpha1.PhaseHeld || g.Spec.Release || h2.Fence() != 2 {
 		t.Fatalf("h2 after h1's second release: Check %v, phase %s, release %v, fence %d", h2.Check(), g.Status.Phase, g.Spec.Release, h2.Fence())
 	}
 
 	// An administrator deletes h1's grant and a new acquisition takes its
 	// name (same request ID): h1's UID cannot reach it.
-	release(t, h2, lock.Released)
+	release(t, h2, "")
 	if err := admin.Delete(t.Context(), &lockingv1alpha1.LockGrant{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: h1.Grant().Name}}); err != nil {
 		t.Fatal(err)
 	}
@@ -435,13 +442,13 @@ func TestReleaseOfEarlierAcquisition(t *testing.T) {
 	if h3.Grant() != h1.Grant() || h3.UID() == h1.UID() || h3.Fence() != 3 {
 		t.Fatalf("h3: %s uid %s fence %d; want h1's name, a new UID, fence 3", h3.Grant(), h3.UID(), h3.Fence())
 	}
-	if r, err := locks.Release(t.Context(), h1.Grant(), h1.UID()); r != lock.AlreadyEnded || err != nil {
-		t.Fatalf("release with h1's UID: %q, %v; want AlreadyEnded", r, err)
+	if err := locks.Release(t.Context(), h1.Grant(), h1.UID()); !errors.Is(err, fencing.ErrUnknownGrant) {
+		t.Fatalf("release with h1's UID: %v; want UNKNOWN_GRANT (no such acquisition)", err)
 	}
 	if h3.Check() != nil || grantOf(t, h3.Grant()).Spec.Release {
 		t.Fatal("the release aimed at h1 released h3")
 	}
-	release(t, h3, lock.Released)
+	release(t, h3, "")
 
 	// C09: a release that arrives after the lease ran out.
 	hclk := clocktesting.NewFakeClock(clk.Now())
@@ -453,7 +460,7 @@ func TestReleaseOfEarlierAcquisition(t *testing.T) {
 	hclk.Step(2 * time.Second)
 	wake(t, h4.Grant())
 	waitPhase(t, h4.Grant(), lockingv1alpha1.PhaseExpired)
-	release(t, h4, lock.LeaseExpired)
+	release(t, h4, fencing.ReasonExpired)
 }
 
 // TryAcquire returns at once: ErrBusy (request withdrawn) while another
@@ -470,7 +477,7 @@ func TestTryAcquire(t *testing.T) {
 		t.Fatalf("TryAcquire of a held resource: %v, want ErrBusy", err)
 	}
 	waitPhase(t, keyOf(ns, "try-b-1"), lockingv1alpha1.PhaseReleased)
-	release(t, a, lock.Released)
+	release(t, a, "")
 	hb, err := b.TryAcquire(t.Context(), res, lock.WithRequestID("try-b-2"))
 	if err != nil {
 		t.Fatal(err)
@@ -478,7 +485,7 @@ func TestTryAcquire(t *testing.T) {
 	if hb.Fence() != 2 {
 		t.Fatalf("fence %d, want 2 (the withdrawn request got none)", hb.Fence())
 	}
-	release(t, hb, lock.Released)
+	release(t, hb, "")
 }
 
 // The wait limit is the registry's: a request past it ends TimedOut and
@@ -525,7 +532,7 @@ func TestAcquireWaitLimitAndCancel(t *testing.T) {
 		t.Fatalf("cancelled Acquire: %v, want context.Canceled", err)
 	}
 	waitPhase(t, keyOf(ns, "wait-b-2"), lockingv1alpha1.PhaseReleased)
-	release(t, a, lock.Released)
+	release(t, a, "")
 }
 
 // A request granted after waiting in the queue longer than TTL - margin (by
@@ -550,7 +557,7 @@ func TestGrantedAfterLongWait(t *testing.T) {
 	}()
 	waitPhase(t, keyOf(ns, "long-b"), lockingv1alpha1.PhasePending)
 	hclk.Step(30 * time.Second) // B waited 30 s by its own clock
-	release(t, a, lock.Released)
+	release(t, a, "")
 	b := <-got
 	if b == nil {
 		t.FailNow()
@@ -558,7 +565,7 @@ func TestGrantedAfterLongWait(t *testing.T) {
 	if g := grantOf(t, b.Grant()); g.Spec.Renewals != 1 || b.Fence() != 2 || b.Remaining() != 9*time.Second {
 		t.Fatalf("B: renewals %d, fence %d, remaining %s; want confirmed by one renew, fence 2, 9s", g.Spec.Renewals, b.Fence(), b.Remaining())
 	}
-	release(t, b, lock.Released)
+	release(t, b, "")
 }
 
 // WatchTransitions reports each grant's phase changes, from the watch.
@@ -575,7 +582,7 @@ func TestWatchTransitions(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	release(t, h, lock.Released)
+	release(t, h, "")
 	if err := admin.Delete(t.Context(), &lockingv1alpha1.LockGrant{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: h.Grant().Name}}); err != nil {
 		t.Fatal(err)
 	}

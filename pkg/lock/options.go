@@ -2,8 +2,10 @@ package lock
 
 import (
 	"fmt"
+	"regexp"
 	"time"
 
+	"github.com/go-logr/logr"
 	"k8s.io/utils/clock"
 
 	lockingv1alpha1 "github.com/lockwarden/lockwarden/api/v1alpha1"
@@ -42,6 +44,9 @@ type settings struct {
 	renewInterval  time.Duration
 	clk            clock.WithTicker
 	progress       func(*lockingv1alpha1.LockGrant)
+	logger         *logr.Logger
+	session        string
+	detached       bool
 	err            error
 }
 
@@ -97,9 +102,16 @@ func WithWait(d time.Duration) Option {
 // WithRequestID sets the request's idempotency key (1 to 63 letters,
 // digits, ".", "_" or "-", starting and ending with a letter or digit). The
 // grant is named after it (api/v1alpha1.GrantNameForRequest), so a create
-// whose response was lost, retried by this or another process with the same
-// ID, finds the same grant and never queues twice. Without it, Acquire
-// generates a random one.
+// whose response was lost, retried with the same ID, finds the same grant
+// and never queues twice. Without it, Acquire generates a random one.
+//
+// A request ID makes a retry of one attempt idempotent; it never lets a
+// second live process hold the same grant. Each Acquire binds the grant to
+// its session (WithSession); another Acquire that finds the grant by its ID
+// while it is Pending or Held gets an error matching
+// fencing.ErrSessionMismatch, and one that finds it ended gets the reason it
+// ended (fencing.ErrExpired, fencing.ErrAlreadyEnded, fencing.ErrRevoked):
+// the ID is spent, use a new one for a new acquisition.
 func WithRequestID(id string) Option {
 	return func(s *settings) {
 		if !requestIDRE.MatchString(id) {
@@ -185,4 +197,45 @@ func WithClock(clk clock.WithTicker) Option {
 // (0 means next). fn runs on the library's goroutine and must return quickly.
 func WithProgress(fn func(*lockingv1alpha1.LockGrant)) Option {
 	return func(s *settings) { s.progress = fn }
+}
+
+var sessionRE = regexp.MustCompile(`^[A-Za-z0-9_-]{16,128}$`)
+
+// WithSession sets the session token the grant is bound to (annotation
+// locking.lockwarden.io/session): 16 to 128 letters, digits, "_" or "-".
+// Only a Handle with this token renews and releases the grant; Acquire with
+// the same request ID and token resumes the same attempt (for example a
+// process that saved Handle.Session before it restarted). Default: a random
+// token for each Acquire, which no other process knows.
+func WithSession(token string) Option {
+	return func(s *settings) {
+		if !sessionRE.MatchString(token) {
+			s.fail("session %q is not 16 to 128 letters, digits, '_' or '-'", token)
+		}
+		s.session, s.detached = token, false
+	}
+}
+
+// WithDetachedGrant makes a grant bound to no session: it outlives the
+// process, any process of its owner may renew it (Client.Renew) and
+// release it, and an Acquire with the same request ID finds it and follows
+// it again. For grants held by hand (kubectl lock acquire). The Handle
+// still renews it while the program runs. Default: bound to the session.
+func WithDetachedGrant() Option {
+	return func(s *settings) { s.session, s.detached = "", true }
+}
+
+// WithLogger sets the logger the library logs to (state changes at V(1),
+// the end of ownership at V(0)). Default: the logger in the context given
+// to Acquire (logr.FromContextOrDiscard), so a program that sets none
+// prints nothing.
+func WithLogger(l logr.Logger) Option {
+	return func(s *settings) { s.logger = &l }
+}
+
+// requestTimeout bounds one API request of a handle with lease ttl: a
+// quarter of the lease, between 1 s and 10 s, so that a request lost in a
+// dead connection is sent again well before the local deadline.
+func requestTimeoutFor(ttl time.Duration) time.Duration {
+	return min(max(ttl/4, time.Second), requestTimeout)
 }

@@ -3,12 +3,14 @@ package lock
 import (
 	"context"
 	"fmt"
+	"math"
 	"time"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/apimachinery/pkg/watch"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/event"
@@ -26,13 +28,19 @@ func listThenWatch(ctx context.Context, c client.WithWatch, opts []client.ListOp
 	onList func([]lockingv1alpha1.LockGrant) (stop bool, err error),
 	onEvent func(watch.EventType, *lockingv1alpha1.LockGrant) (stop bool, err error),
 ) error {
-	backoff := 100 * time.Millisecond
+	// Reconnecting: 100 ms doubling to 1 s, jittered, so that a watch
+	// broken by a partition is back within about a second of the heal.
+	newBackoff := func() wait.Backoff {
+		return wait.Backoff{Duration: 100 * time.Millisecond, Factor: 2, Jitter: 0.2, Steps: math.MaxInt32, Cap: time.Second}
+	}
+	backoff := newBackoff()
 	pause := func() error {
+		t := time.NewTimer(backoff.Step())
+		defer t.Stop()
 		select {
 		case <-ctx.Done():
 			return ctx.Err()
-		case <-time.After(backoff):
-			backoff = min(2*backoff, 5*time.Second)
+		case <-t.C:
 			return nil
 		}
 	}
@@ -74,7 +82,7 @@ func listThenWatch(ctx context.Context, c client.WithWatch, opts []client.ListOp
 		if ctx.Err() != nil {
 			return ctx.Err()
 		}
-		backoff = 100 * time.Millisecond
+		backoff = newBackoff()
 	}
 }
 

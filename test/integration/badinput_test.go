@@ -129,9 +129,10 @@ func TestBadGuardedWrites(t *testing.T) {
 	wantReason(t, "changing the resource", a.c.Update(t.Context(), moved), "BINDING_MISMATCH")
 	unguard := cm.DeepCopy()
 	delete(unguard.Labels, lockingv1alpha1.GuardedLabel)
-	if err := b.c.Update(t.Context(), unguard); reason(err) != "NOT_OWNER" {
-		t.Fatalf("another identity removing the guard label: %v, want NOT_OWNER", err)
-	}
+	wantReason(t, "removing the guard label without a claim", b.c.Update(t.Context(), unguard), "NO_FENCE")
+	unguard.Annotations[lockingv1alpha1.GrantAnnotation] = g.Name
+	unguard.Annotations[lockingv1alpha1.FenceAnnotation] = "1"
+	wantReason(t, "another identity removing the guard label under the holder's claim", b.c.Update(t.Context(), unguard), "NOT_OWNER")
 	bad := &corev1.ConfigMap{}
 	bad.Namespace, bad.Name = ns, "no-resource"
 	bad.Labels = map[string]string{lockingv1alpha1.GuardedLabel: "true"}
@@ -141,9 +142,13 @@ func TestBadGuardedWrites(t *testing.T) {
 		t.Fatalf("object = %q at fence %s after refused writes, want good at 1", data, fence)
 	}
 
-	// Deleting: the stored object's grant must be the caller's current one.
-	wantReason(t, "delete by another identity", b.c.Delete(t.Context(), cm), "NOT_OWNER")
-	if err := a.c.Delete(t.Context(), cm); err != nil {
+	// Deleting: a pre-delete write by the holder, then a delete with its
+	// resourceVersion, by the holder.
+	wantReason(t, "bare delete by another identity", b.c.Delete(t.Context(), cm), "NO_FENCE")
+	wantReason(t, "bare delete by the holder", a.c.Delete(t.Context(), cm), "NO_FENCE")
+	rv := preDelete(t, a, ns, obj, g)
+	wantReason(t, "delete by another identity after the holder's pre-delete write", deleteAt(t, b, ns, obj, rv), "NOT_OWNER")
+	if err := deleteAt(t, a, ns, obj, rv); err != nil {
 		t.Fatalf("delete by the holder: %v", err)
 	}
 }

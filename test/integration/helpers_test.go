@@ -167,6 +167,29 @@ func write(t *testing.T, a *actor, ns, name string, g *lockingv1alpha1.LockGrant
 	}, map[string]string{lockingv1alpha1.GuardedLabel: "true"})
 }
 
+// preDelete makes the holder's write that prepares a delete (intent
+// "delete") and returns the resourceVersion it made.
+func preDelete(t *testing.T, a *actor, ns, name string, g *lockingv1alpha1.LockGrant) string {
+	t.Helper()
+	if err := writeCM(t, a, ns, name, "deleting", map[string]string{
+		lockingv1alpha1.GrantAnnotation: g.Name, lockingv1alpha1.FenceAnnotation: fenceOf(g), lockingv1alpha1.IntentAnnotation: fencing.IntentDelete,
+	}, nil); err != nil {
+		t.Fatalf("pre-delete write: %v", err)
+	}
+	return configMap(t, ns, name).ResourceVersion
+}
+
+// deleteAt deletes ConfigMap name as a with resourceVersion rv as
+// precondition ("" for none).
+func deleteAt(t *testing.T, a *actor, ns, name, rv string) error {
+	t.Helper()
+	cm := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name}}
+	if rv == "" {
+		return a.c.Delete(t.Context(), cm)
+	}
+	return a.c.Delete(t.Context(), cm, client.Preconditions{ResourceVersion: &rv})
+}
+
 // writeCM creates or updates ConfigMap name as a, setting the given
 // annotations and labels (an empty value deletes the key) and data.
 func writeCM(t *testing.T, a *actor, ns, name, data string, annotations, labels map[string]string) error {
@@ -215,7 +238,7 @@ func readCM(t *testing.T, ns, name string) (string, string) {
 	if err := admin.Get(t.Context(), types.NamespacedName{Namespace: ns, Name: name}, cm); err != nil {
 		t.Fatal(err)
 	}
-	return cm.Data["result"], cm.Annotations[lockingv1alpha1.FenceAnnotation]
+	return cm.Data["result"], cm.Annotations[lockingv1alpha1.AcceptedFenceAnnotation]
 }
 
 var reasonRE = regexp.MustCompile(`\b(NO_FENCE|NO_RESOURCE|UNKNOWN_GRANT|BINDING_MISMATCH|NOT_OWNER|STALE_OWNER|EXPIRED|NOT_HELD|ALREADY_ENDED|FENCE_REGRESSION|BAD_SIGNATURE|REVOKED_EPOCH|REVOKED)\b`)

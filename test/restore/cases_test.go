@@ -43,7 +43,7 @@ func TestC05FastReleaseDuringMultiSegmentOperation(t *testing.T) {
 	// grant and fence.
 	cm := x.state(t)
 	if cm == nil || !maps.Equal(cm.Data, map[string]string{"1": "x1"}) ||
-		cm.Annotations[lockingv1alpha1.FenceAnnotation] != fenceOf(ga) || cm.Annotations[lockingv1alpha1.GrantAnnotation] != ga.Name {
+		cm.Annotations[lockingv1alpha1.AcceptedFenceAnnotation] != fenceOf(ga) || cm.Annotations[lockingv1alpha1.AcceptedGrantAnnotation] != ga.Namespace+"/"+ga.Name {
 		t.Fatalf("operation X = %+v; want segment 1 only, under A's grant %s and fence %s", cm, ga.Name, fenceOf(ga))
 	}
 	// B reconciles X: it continues the operation under its own fence.
@@ -53,8 +53,8 @@ func TestC05FastReleaseDuringMultiSegmentOperation(t *testing.T) {
 	if err := x.write(ctx, b, gb, 3, "x3"); err != nil {
 		t.Fatalf("B's segment 3 of X: %v", err)
 	}
-	if cm := x.state(t); !maps.Equal(cm.Data, map[string]string{"1": "x1", "2": "x2", "3": "x3"}) || cm.Annotations[lockingv1alpha1.FenceAnnotation] != fenceOf(gb) {
-		t.Fatalf("operation X after B's reconcile = %v, fence %s; want segments 1..3, fence %s", cm.Data, cm.Annotations[lockingv1alpha1.FenceAnnotation], fenceOf(gb))
+	if cm := x.state(t); !maps.Equal(cm.Data, map[string]string{"1": "x1", "2": "x2", "3": "x3"}) || cm.Annotations[lockingv1alpha1.AcceptedFenceAnnotation] != fenceOf(gb) {
+		t.Fatalf("operation X after B's reconcile = %v, fence %s; want segments 1..3, fence %s", cm.Data, cm.Annotations[lockingv1alpha1.AcceptedFenceAnnotation], fenceOf(gb))
 	}
 	if cm := y.state(t); !maps.Equal(cm.Data, map[string]string{"1": "y1"}) {
 		t.Fatalf("operation Y = %v; want B's segment 1", cm.Data)
@@ -130,7 +130,7 @@ func TestC11RetryWhileOriginalRuns(t *testing.T) {
 	}
 	got := p.state(t)
 	want := map[string]string{"1": "invoices 1-10", "2": "invoices 11-20", "3": "invoices 21-30", "4": "invoices 31-40"}
-	if !maps.Equal(got.Data, want) || got.Annotations[lockingv1alpha1.FenceAnnotation] != fenceOf(g2) {
-		t.Fatalf("operation P = %v under fence %s; want %v under W2's fence %s", got.Data, got.Annotations[lockingv1alpha1.FenceAnnotation], want, fenceOf(g2))
+	if !maps.Equal(got.Data, want) || got.Annotations[lockingv1alpha1.AcceptedFenceAnnotation] != fenceOf(g2) {
+		t.Fatalf("operation P = %v under fence %s; want %v under W2's fence %s", got.Data, got.Annotations[lockingv1alpha1.AcceptedFenceAnnotation], want, fenceOf(g2))
 	}
 }

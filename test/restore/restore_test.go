@@ -130,7 +130,7 @@ func TestC04RestoreFromOldSnapshot(t *testing.T) {
 			t.Fatalf("grant %s of fence %d after the restore: %v; want it gone", g.Name, g.Status.FenceToken, err)
 		}
 	}
-	if cm := configMap(t, billing, batchObject); cm == nil || cm.Annotations[lockingv1alpha1.FenceAnnotation] != "2" || cm.Data["result"] != "written under fence 2" {
+	if cm := configMap(t, billing, batchObject); cm == nil || cm.Annotations[lockingv1alpha1.AcceptedFenceAnnotation] != "2" || cm.Data["result"] != "written under fence 2" {
 		t.Fatalf("restored guarded ConfigMap = %+v; want the write of fence 2", cm)
 	}
 	if g := waitPhase(t, heldGrant, lockingv1alpha1.PhaseHeld); g.UID != heldGrant.UID {

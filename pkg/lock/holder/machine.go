@@ -66,7 +66,8 @@ func (s State) Final() bool { return s == Expired || s == Released }
 
 // Reasons a machine gives for being Expired or Released, beyond the
 // fencing package's refusal codes (fencing.ReasonExpired,
-// fencing.ReasonNotOwner, fencing.ReasonAlreadyEnded).
+// fencing.ReasonNotOwner, fencing.ReasonAlreadyEnded, fencing.ReasonRevoked,
+// fencing.ReasonSessionMismatch, ...).
 const (
 	// ReasonReleased: the registry reports the grant Released.
 	ReasonReleased = "RELEASED"
@@ -347,20 +348,23 @@ func (m *Machine) Observe(now Mono, f Facts) State {
 }
 
 // Refused applies a definite refusal of this holder's renew or release, by
-// its reason code, and returns the new state: EXPIRED and NOT_OWNER end the
-// machine as Expired, ALREADY_ENDED as Released; NOT_HELD (still queued)
-// changes nothing. A refusal is the registry's judgement, not an assumption.
+// its reason code, and returns the new state. ALREADY_ENDED ends the
+// machine as Released; NOT_HELD (still queued) changes nothing; every other
+// refusal (EXPIRED, NOT_OWNER, REVOKED, STALE_OWNER, UNKNOWN_GRANT,
+// SESSION_MISMATCH, ...) ends it as Expired with that reason: the registry
+// will not extend this lease, so the holder fails closed. A refusal is the
+// registry's judgement, not an assumption.
 func (m *Machine) Refused(now Mono, r fencing.Reason) State {
 	if m.state.Final() {
 		return m.state
 	}
 	switch r {
-	case fencing.ReasonExpired, fencing.ReasonNotOwner:
-		m.end(Expired, string(r))
+	case fencing.ReasonNotHeld:
+		m.settle(now)
 	case fencing.ReasonAlreadyEnded:
 		m.end(Released, string(r))
 	default:
-		m.settle(now)
+		m.end(Expired, string(r))
 	}
 	return m.state
 }

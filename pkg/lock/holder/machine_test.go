@@ -233,6 +233,30 @@ func TestMachine(t *testing.T) {
 				{3.5, refused(fencing.ReasonAlreadyEnded), D, 0, no},
 			}
 		}, string(fencing.ReasonAlreadyEnded)},
+		{"renew refused REVOKED: the machine ends instead of staying RENEWING", func(t *testing.T) []step {
+			return []step{
+				{0, created(0), R, 0, nil},
+				{0.1, held(0, 0), H, 0, nil},
+				{3.4, renewSent(t, 1), N, 0, nil},
+				{3.5, refused(fencing.ReasonRevoked), E, 0, no},
+			}
+		}, string(fencing.ReasonRevoked)},
+		{"renew refused SESSION_MISMATCH: a second driver stops", func(t *testing.T) []step {
+			return []step{
+				{0, created(0), R, 0, nil},
+				{0.1, held(0, 0), H, 0, nil},
+				{3.4, renewSent(t, 1), N, 0, nil},
+				{3.5, refused(fencing.ReasonSessionMismatch), E, 0, no},
+			}
+		}, string(fencing.ReasonSessionMismatch)},
+		{"renew refused NOT_HELD changes nothing", func(t *testing.T) []step {
+			return []step{
+				{0, created(0), R, 0, nil},
+				{0.1, held(0, 0), H, 0, nil},
+				{3.4, renewSent(t, 1), N, 0, nil},
+				{3.5, refused(fencing.ReasonNotHeld), N, 0, nil},
+			}
+		}, ""},
 		{"next renew target follows the registry's renewals", func(t *testing.T) []step {
 			return []step{
 				{0, created(0), R, 0, nil},

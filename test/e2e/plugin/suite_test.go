@@ -30,6 +30,8 @@ var (
 	binDir string
 	// kubeconfigs of the users the tests act as, by name.
 	kubeconfigs = map[string]string{}
+	// adminHost is the API server's URL.
+	adminHost string
 )
 
 func TestMain(m *testing.M) { os.Exit(run(m)) }
@@ -61,6 +63,7 @@ func run(m *testing.M) int {
 	defer tenv.Stop()
 	env := tenv.Env
 	admin = tenv.Admin
+	adminHost = tenv.Config.Host
 	if err := tenv.GrantUsersAccess(context.Background()); err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1

@@ -1,0 +1,73 @@
+package denial_test
+
+import (
+	"errors"
+	"fmt"
+	"testing"
+
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+
+	encoder "github.com/lockwarden/lockwarden/internal/denial"
+	"github.com/lockwarden/lockwarden/pkg/fencing"
+	"github.com/lockwarden/lockwarden/pkg/fencing/denial"
+)
+
+var grants = schema.GroupResource{Group: "locking.lockwarden.io", Resource: "lockgrants"}
+
+// allReasons lists every code package fencing defines.
+var allReasons = []fencing.Reason{
+	fencing.ReasonNoFence, fencing.ReasonNoResource, fencing.ReasonUnknownGrant, fencing.ReasonBindingMismatch,
+	fencing.ReasonNotOwner, fencing.ReasonStaleOwner, fencing.ReasonExpired, fencing.ReasonNotHeld,
+	fencing.ReasonAlreadyEnded, fencing.ReasonFenceRegression, fencing.ReasonRevoked, fencing.ReasonBadSignature,
+	fencing.ReasonRevokedEpoch, fencing.ReasonInvalidSegment, fencing.ReasonSequenceGap, fencing.ReasonSegmentConflict,
+	fencing.ReasonMutationUnknown, fencing.ReasonSessionMismatch,
+}
+
+// What the webhooks encode, the decoder reads back: for every reason, from
+// a typed validator's error, from an admission response as the API server
+// returns it (message rewritten), and from the message alone when a proxy
+// dropped the causes. The error then matches the reason's sentinel.
+func TestRoundTrip(t *testing.T) {
+	for _, r := range allReasons {
+		ref := &fencing.Error{Reason: r, Detail: "fence 1 is older than fence 2: see the grant"}
+		typed := encoder.Error(ref, grants, "g1")
+		resp := encoder.Response(ref, grants, "g1")
+		viaServer := &apierrors.StatusError{ErrStatus: *resp.Result}
+		viaServer.ErrStatus.Message = fmt.Sprintf("admission webhook %q denied the request: %s", "guard.locking.lockwarden.io", resp.Result.Message)
+		noCauses := &apierrors.StatusError{ErrStatus: *viaServer.ErrStatus.DeepCopy()}
+		noCauses.ErrStatus.Details = nil
+		for name, err := range map[string]error{"typed": typed, "server": viaServer, "no causes": noCauses, "wrapped": fmt.Errorf("lock: renewing: %w", noCauses)} {
+			t.Run(string(r)+"/"+name, func(t *testing.T) {
+				got := denial.Refusal(err)
+				if got == nil || got.Reason != r || got.Detail != ref.Detail {
+					t.Fatalf("Refusal(%v) = %#v, want %s with detail %q", err, got, r, ref.Detail)
+				}
+				w := denial.Wrap(err)
+				if !errors.Is(w, r.Sentinel()) || fencing.ReasonOf(w) != r || !apierrors.IsForbidden(w) || w.Error() != err.Error() {
+					t.Fatalf("Wrap(%v): errors.Is %s %v, ReasonOf %q, forbidden %v", err, r, errors.Is(w, r.Sentinel()), fencing.ReasonOf(w), apierrors.IsForbidden(w))
+				}
+			})
+		}
+	}
+}
+
+// Errors that are not lockwarden refusals decode to nothing, even when
+// their text looks like one.
+func TestNotRefusals(t *testing.T) {
+	for name, err := range map[string]error{
+		"nil":           nil,
+		"plain":         errors.New("EXPIRED: not an API error"),
+		"not forbidden": apierrors.NewBadRequest("INVALID_SPEC: no"),
+		"conflict":      apierrors.NewConflict(grants, "g1", errors.New("EXPIRED: the object has been modified")),
+		"unknown code":  apierrors.NewForbidden(grants, "g1", errors.New("SOMETHING_ELSE: rbac")),
+		"rbac":          apierrors.NewForbidden(grants, "g1", errors.New(`User "bob" cannot patch resource "lockgrants"`)),
+	} {
+		if r := denial.Refusal(err); r != nil {
+			t.Errorf("%s: Refusal(%v) = %v, want nil", name, err, r)
+		}
+		if w := denial.Wrap(err); w != err {
+			t.Errorf("%s: Wrap changed the error", name)
+		}
+	}
+}

@@ -1,0 +1,185 @@
+package plugin
+
+import (
+	"net/url"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"k8s.io/client-go/tools/clientcmd"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	lockingv1alpha1 "github.com/lockwarden/lockwarden/api/v1alpha1"
+	"github.com/lockwarden/lockwarden/internal/testenv"
+)
+
+// Two `kubectl lock run` with one request ID, started a second apart (a
+// retried cron job): the second is refused SESSION_MISMATCH (exit code 3)
+// and never runs its command; the first runs alone and ends normally.
+func TestRunOneHolderPerRequestID(t *testing.T) {
+	ns := namespace(t)
+	dir := t.TempDir()
+	log := filepath.Join(dir, "log")
+	env := []string{"LOG=" + log, "DIR=" + dir}
+	args := []string{"-n", ns, "run", "b10/r2", "--ttl", "10s", "--wait", "30s", "--request-id", "nightly-job", "--", "sh", "-c", serialChild}
+
+	a := kubectlLock(t, "alice", env, args...)
+	eventually(t, 30*time.Second, "the first run's command starts", func() bool { return fileHas(log, "start 1") })
+	b := kubectlLock(t, "alice", env, args...)
+	if code := b.wait(t, 30*time.Second); code != 3 || !strings.Contains(b.stderr.String(), "SESSION_MISMATCH") {
+		t.Fatalf("the second run exited %d, want 3 with SESSION_MISMATCH:\n%s", code, b.stderr)
+	}
+	touch(t, filepath.Join(dir, "go-1"))
+	if code := a.wait(t, 30*time.Second); code != 0 {
+		t.Fatalf("the first run exited %d:\n%s", code, a.stderr)
+	}
+	if got := string(must(os.ReadFile(log))); got != "start 1\nend 1\n" {
+		t.Fatalf("the commands ran as\n%s\nwant the first one alone", got)
+	}
+	// The request ID is spent now: a third run is told so.
+	c := kubectlLock(t, "alice", env, args...)
+	if code := c.wait(t, 30*time.Second); code != 3 || !strings.Contains(c.stderr.String(), "ALREADY_ENDED") {
+		t.Fatalf("a run with a spent request ID exited %d, want 3 ALREADY_ENDED:\n%s", code, c.stderr)
+	}
+}
+
+// aliveChild ignores SIGTERM and records the time, in nanoseconds since the
+// epoch, every 50 ms until it is killed.
+const aliveChild = `
+trap '' TERM
+while :; do date +%s%N > "$DIR/alive.tmp"; mv "$DIR/alive.tmp" "$DIR/alive"; sleep 0.05; done
+`
+
+// A `kubectl lock run` whose renewals stop getting through (the network to
+// the API server drops everything) kills a child that ignores SIGTERM
+// before the controller's expiry: the child's last sign of life is before
+// the grant's expiresAt, with the default --grace capped to what the lease
+// leaves.
+func TestRunKillsInsideTheLease(t *testing.T) {
+	ns := namespace(t)
+	dir := t.TempDir()
+	px := startProxy(t)
+	kc := proxyKubeconfig(t, px, kubeconfigs["alice"])
+
+	a := kubectlLockAt(t, kc, []string{"DIR=" + dir}, "-n", ns, "run", "b10/kill", "--ttl", "10s", "--", "sh", "-c", aliveChild)
+	eventually(t, 30*time.Second, "the child runs", func() bool { return fileHas(filepath.Join(dir, "alive"), "") })
+	var g lockingv1alpha1.LockGrant
+	eventually(t, 30*time.Second, "a renew was confirmed", func() bool {
+		var list lockingv1alpha1.LockGrantList
+		if err := admin.List(t.Context(), &list, client.InNamespace(ns)); err != nil || len(list.Items) != 1 {
+			return false
+		}
+		g = list.Items[0]
+		return g.Status.ObservedRenewals >= 1
+	})
+	px.Partition()
+	if code := a.wait(t, 40*time.Second); code != 123 {
+		t.Fatalf("run exited %d, want 123:\n%s", code, a.stderr)
+	}
+	if !strings.Contains(a.stderr.String(), "SIGKILL after 2.3") {
+		t.Errorf("run does not say the grace it used (2.3s for a 10s lease):\n%s", a.stderr)
+	}
+	b := must(os.ReadFile(filepath.Join(dir, "alive")))
+	ns64, err := strconv.ParseInt(strings.TrimSpace(string(b)), 10, 64)
+	if err != nil {
+		t.Fatalf("the child's last sign of life %q: %v", b, err)
+	}
+	last := time.Unix(0, ns64)
+	// The grant as the controller left it: expired at expiresAt.
+	eventually(t, 30*time.Second, "the grant expired", func() bool {
+		if err := admin.Get(t.Context(), client.ObjectKeyFromObject(&g), &g); err != nil {
+			return false
+		}
+		return g.Status.Phase == lockingv1alpha1.PhaseExpired
+	})
+	exp := g.Status.ExpiresAt.Time
+	t.Logf("child last alive %s, lease expired %s: %s before", last.Format(time.RFC3339Nano), exp.Format(time.RFC3339Nano), exp.Sub(last))
+	if !last.Before(exp) {
+		t.Fatalf("the child was still running %s after the lease expired", last.Sub(exp))
+	}
+}
+
+// --grace that cannot fit in the lease is refused before anything is
+// acquired.
+func TestRunRefusesAGraceThatDoesNotFit(t *testing.T) {
+	ns := namespace(t)
+	code, _, errOut := kubectlLockOK(t, "alice", "-n", ns, "run", "b10/grace", "--ttl", "10s", "--grace", "10s", "--", "true")
+	if code != 125 || !strings.Contains(errOut, "does not fit") {
+		t.Fatalf("run --ttl 10s --grace 10s exited %d, want 125 and why:\n%s", code, errOut)
+	}
+	var list lockingv1alpha1.LockGrantList
+	if err := admin.List(t.Context(), &list, client.InNamespace(ns)); err != nil || len(list.Items) != 0 {
+		t.Fatalf("a refused run made %d grants (%v)", len(list.Items), err)
+	}
+}
+
+// renew and release of a grant that does not exist answer alike.
+func TestRenewReleaseNonexistentAgree(t *testing.T) {
+	ns := namespace(t)
+	for _, verb := range []string{"renew", "release"} {
+		code, _, errOut := kubectlLockOK(t, "alice", "-n", ns, verb, "nonexistent")
+		if code != 3 || !strings.HasPrefix(strings.TrimPrefix(errOut, "kubectl-lock: "), "grant "+ns+"/nonexistent: UNKNOWN_GRANT: ") {
+			t.Errorf("%s nonexistent exited %d, want 3 and UNKNOWN_GRANT:\n%s", verb, code, errOut)
+		}
+	}
+}
+
+// A normal minute-long `kubectl lock run` prints nothing on stderr: no
+// logger warnings, no stack traces.
+func TestRunNoNoise(t *testing.T) {
+	ns := namespace(t)
+	code, out, errOut := kubectlLockOK60(t, "alice", "-n", ns, "run", "b10/quiet", "--ttl", "10s", "--", "sleep", "60")
+	if code != 0 || errOut != "" || out != "" {
+		t.Fatalf("a quiet run exited %d with stdout %q and stderr:\n%s", code, out, errOut)
+	}
+}
+
+// kubectlLockOK60 is kubectlLockOK for a command that runs a minute.
+func kubectlLockOK60(t *testing.T, user string, args ...string) (int, string, string) {
+	t.Helper()
+	p := kubectlLock(t, user, nil, args...)
+	code := p.wait(t, 120*time.Second)
+	return code, p.stdout.String(), p.stderr.String()
+}
+
+// kubectlLockAt starts `kubectl lock ARGS` with kubeconfig kc.
+func kubectlLockAt(t *testing.T, kc string, env []string, args ...string) *proc {
+	t.Helper()
+	return kubectlLock(t, "", append([]string{"KUBECONFIG=" + kc}, env...), args...)
+}
+
+// startProxy starts a partitionable proxy to the API server.
+func startProxy(t *testing.T) *testenv.Proxy {
+	t.Helper()
+	u, err := url.Parse(adminHost)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := testenv.StartProxy(u.Host)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(p.Close)
+	return p
+}
+
+// proxyKubeconfig writes a copy of the kubeconfig at path whose server is
+// the proxy, and returns its path.
+func proxyKubeconfig(t *testing.T, p *testenv.Proxy, path string) string {
+	t.Helper()
+	cfg, err := clientcmd.LoadFromFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range cfg.Clusters {
+		c.Server = "https://" + p.Addr()
+	}
+	out := filepath.Join(t.TempDir(), "kubeconfig")
+	if err := clientcmd.WriteToFile(*cfg, out); err != nil {
+		t.Fatal(err)
+	}
+	return out
+}

@@ -1,0 +1,203 @@
+package integration
+
+import (
+	"math"
+	"strings"
+	"sync"
+	"testing"
+
+	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/rest"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	lockingv1alpha1 "github.com/lockwarden/lockwarden/api/v1alpha1"
+	"github.com/lockwarden/lockwarden/pkg/fencing"
+)
+
+// A stale holder leaves an unguarded look-alike with a forged record (and a
+// forged claim); the real holder then puts it under guard: the forgery
+// neither authorizes anything nor locks the holder out.
+func TestForgedRecordOnUnguardedLookAlike(t *testing.T) {
+	ns, tl := namespace(t), startTimeline()
+	tl.at(0)
+	a, b := as(t, "fg-a"), as(t, "fg-b")
+	ga := mustAcquire(t, a, ns, 60)
+	if err := write(t, a, ns, "cm-h01", ga, fenceOf(ga), "a"); err != nil {
+		t.Fatal(err)
+	}
+	if err := release(t, a, ga); err != nil {
+		t.Fatal(err)
+	}
+	gb := mustAcquire(t, b, ns, 60)
+	if err := write(t, b, ns, "cm-h01", gb, fenceOf(gb), "b"); err != nil {
+		t.Fatal(err)
+	}
+	rv := preDelete(t, b, ns, "cm-h01", gb)
+	if err := deleteAt(t, b, ns, "cm-h01", rv); err != nil {
+		t.Fatalf("the holder's delete: %v", err)
+	}
+
+	huge := fencing.FormatFence(math.MaxInt64)
+	forged := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "cm-h01", Annotations: map[string]string{
+		lockingv1alpha1.ResourceAnnotation:      resource,
+		lockingv1alpha1.AcceptedGrantAnnotation: ns + "/" + ga.Name,
+		lockingv1alpha1.AcceptedFenceAnnotation: huge,
+		lockingv1alpha1.GrantAnnotation:         ga.Name,
+		lockingv1alpha1.FenceAnnotation:         huge,
+	}}, Data: map[string]string{"result": "forged"}}
+	if err := a.c.Create(t.Context(), forged); err != nil {
+		t.Fatalf("an unguarded object is anyone's to write: %v", err)
+	}
+	// A putting it under guard with the forged claim it already carries.
+	wantReason(t, "guarding the look-alike with its own forged claim",
+		writeCM(t, a, ns, "cm-h01", "stale", nil, map[string]string{lockingv1alpha1.GuardedLabel: "true"}), "NO_FENCE")
+	// B applies it as the README shows: accepted, recorded at B's fence.
+	if err := write(t, b, ns, "cm-h01", gb, fenceOf(gb), "b-again"); err != nil {
+		t.Fatalf("the real holder was locked out by a forged record: %v", err)
+	}
+	if data, fence := readCM(t, ns, "cm-h01"); data != "b-again" || fence != fenceOf(gb) {
+		t.Fatalf("object = %q at fence %s, want b-again at %s", data, fence, fenceOf(gb))
+	}
+}
+
+// A previous holder's proof never refuses the next holder's write.
+func TestPreviousHoldersProofDoesNotBlock(t *testing.T) {
+	ns, tl := namespace(t), startTimeline()
+	tl.at(0)
+	a, b := as(t, "pp-a"), as(t, "pp-b")
+	ga := mustAcquire(t, a, ns, 60)
+	withProof := map[string]string{
+		lockingv1alpha1.ResourceAnnotation: resource, lockingv1alpha1.GrantAnnotation: ga.Name,
+		lockingv1alpha1.FenceAnnotation: fenceOf(ga), lockingv1alpha1.ProofAnnotation: ga.Status.Proof,
+	}
+	if err := writeCM(t, a, ns, "proofed", "a", withProof, map[string]string{lockingv1alpha1.GuardedLabel: "true"}); err != nil {
+		t.Fatalf("A's proven write: %v", err)
+	}
+	if _, ok := configMap(t, ns, "proofed").Annotations[lockingv1alpha1.ProofAnnotation]; ok {
+		t.Fatal("the accepted write left its proof on the object")
+	}
+	if err := release(t, a, ga); err != nil {
+		t.Fatal(err)
+	}
+	gb := mustAcquire(t, b, ns, 60)
+	if err := write(t, b, ns, "proofed", gb, fenceOf(gb), "b"); err != nil {
+		t.Fatalf("B's write after A's proven one: %v", err)
+	}
+}
+
+// Only a grant's owner, or an identity with the administer verb, may report a
+// fence regression on it (or change its labels and annotations).
+func TestOnlyTheOwnerReportsAFenceRegression(t *testing.T) {
+	ns, tl := namespace(t), startTimeline()
+	tl.at(0)
+	b, c, op := as(t, "fr2-b"), as(t, "fr2-c"), as(t, "fr2-admin")
+	role := &rbacv1.Role{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "administer"},
+		Rules:      []rbacv1.PolicyRule{{APIGroups: []string{"locking.lockwarden.io"}, Resources: []string{"lockgrants"}, Verbs: []string{"administer"}}},
+	}
+	binding := &rbacv1.RoleBinding{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "administer"},
+		RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "Role", Name: role.Name},
+		Subjects:   []rbacv1.Subject{{Kind: rbacv1.ServiceAccountKind, Namespace: "billing", Name: "fr2-admin"}},
+	}
+	for _, o := range []client.Object{role, binding} {
+		if err := admin.Create(t.Context(), o); err != nil {
+			t.Fatal(err)
+		}
+	}
+	g := mustAcquire(t, b, ns, 60)
+	annotateGrant := func(x *actor, key, value string) error {
+		cur := &lockingv1alpha1.LockGrant{}
+		if err := x.c.Get(t.Context(), client.ObjectKeyFromObject(g), cur); err != nil {
+			return err
+		}
+		if cur.Annotations == nil {
+			cur.Annotations = map[string]string{}
+		}
+		cur.Annotations[key] = value
+		return x.c.Update(t.Context(), cur)
+	}
+	wantReason(t, "another identity reporting a regression", annotateGrant(c, lockingv1alpha1.FenceRegressionAnnotation, "forged by c"), "NOT_OWNER")
+	wantReason(t, "another identity labeling the grant", annotateGrant(c, "team", "c"), "NOT_OWNER")
+	if cur := get(t, g); cur.Annotations[lockingv1alpha1.FenceRegressionAnnotation] != "" {
+		t.Fatalf("a refused report reached the grant: %v", cur.Annotations)
+	}
+	if err := annotateGrant(op, "ticket", "OPS-1"); err != nil {
+		t.Fatalf("an identity with the administer verb: %v", err)
+	}
+	if err := annotateGrant(b, lockingv1alpha1.FenceRegressionAnnotation, "the ledger refused fence 1"); err != nil {
+		t.Fatalf("the owner's report: %v", err)
+	}
+	waitFor(t, g, "the FenceRegression condition", func(g *lockingv1alpha1.LockGrant) bool {
+		for _, cond := range g.Status.Conditions {
+			if cond.Type == "FenceRegression" && cond.Status == metav1.ConditionTrue {
+				return strings.Contains(cond.Message, "the ledger refused fence 1")
+			}
+		}
+		return false
+	})
+}
+
+// A Shadow policy's denial note is cleared by the next accepted write, also
+// after the policy moved to Enforce.
+func TestShadowDenialClearedAfterEnforce(t *testing.T) {
+	ns, tl := namespace(t), startTimeline()
+	tl.at(0)
+	a, b := as(t, "sd-a"), as(t, "sd-b")
+	p := newPolicy(t, "shadow-then-enforce", ns, lockingv1alpha1.ModeShadow, "sd-a")
+	waitUntil(t, "the Shadow webhook notes an unfenced write", func() (bool, error) {
+		if err := writeCM(t, b, ns, "batch-9", "unfenced", nil, map[string]string{"app": p.Name}); err != nil {
+			return false, err
+		}
+		return configMap(t, ns, "batch-9").Annotations[lockingv1alpha1.ShadowDenialAnnotation] != "", nil
+	})
+	setMode(t, p, lockingv1alpha1.ModeEnforce)
+	g := policyAcquire(t, a, ns, "settlement/"+ns+"/batch-9", p.Name)
+	proven := map[string]string{lockingv1alpha1.GrantAnnotation: g.Name, lockingv1alpha1.FenceAnnotation: fenceOf(g), lockingv1alpha1.ProofAnnotation: g.Status.Proof}
+	waitUntil(t, "Enforce admits the holder's proven write", func() (bool, error) {
+		return writeCM(t, a, ns, "batch-9", "proven", proven, nil) == nil, nil
+	})
+	if note := configMap(t, ns, "batch-9").Annotations[lockingv1alpha1.ShadowDenialAnnotation]; note != "" {
+		t.Fatalf("the accepted write under Enforce kept the shadow note %q", note)
+	}
+	wantReason(t, "an unfenced write under Enforce", writeCM(t, b, ns, "batch-9", "x", nil, nil), "NO_FENCE")
+}
+
+// warnings collects the API server's warnings for one client.
+type warnings struct {
+	mu  sync.Mutex
+	got []string
+}
+
+func (w *warnings) HandleWarningHeader(_ int, _ string, text string) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.got = append(w.got, text)
+}
+
+// A guard label with any value but "true" guards nothing: the write is
+// admitted with a warning saying so.
+func TestGuardLabelOtherThanTrueWarns(t *testing.T) {
+	ns := namespace(t)
+	seen := &warnings{}
+	c := rest.CopyConfig(cfg)
+	c.WarningHandler = seen
+	cl, err := client.New(c, client.Options{Scheme: env.Scheme})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cm := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "almost", Labels: map[string]string{lockingv1alpha1.GuardedLabel: "True"}}}
+	if err := cl.Create(t.Context(), cm); err != nil {
+		t.Fatal(err)
+	}
+	seen.mu.Lock()
+	defer seen.mu.Unlock()
+	if len(seen.got) == 0 || !strings.Contains(strings.Join(seen.got, "\n"), `only the value "true"`) {
+		t.Fatalf("warnings = %q, want one saying the label guards nothing", seen.got)
+	}
+	if got := configMap(t, ns, "almost"); got == nil {
+		t.Fatal("the object was not created")
+	}
+}
