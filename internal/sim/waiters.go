@@ -165,6 +165,12 @@ func (w *world) checkWaiters() {
 			continue
 		}
 		ended, ok := w.h.endedAt[uid]
+		if !ok && w.reg.grants[uid] == nil && w.restoredAt > 0 {
+			// A restore from an older snapshot erased the request: it
+			// can never be granted, so it holds nothing.
+			w.rep.Faults["waiter-erased-by-restore"]++
+			continue
+		}
 		if !ok || ended > bound {
 			w.rep.DeadWaiterGranted++
 			w.rep.violate("seed %d: the request %s of a client killed while waiting was still live at %s (ended %v, bound %s)", w.seed, uid, bound, ended, bound)
