@@ -108,6 +108,8 @@ func StartManager(o ManagerOptions) (*Manager, error) {
 		"--webhook-dns-name=localhost",
 		"--webhook-port=" + strconv.Itoa(o.WebhookPort),
 		"--metrics-bind-address=" + metrics,
+		// Plain HTTP on localhost: MetricsText scrapes it without a token.
+		"--metrics-secure=false",
 		"--health-probe-bind-address=" + m.probeAddr,
 	}, o.Args...)...)
 	m.cmd.Stdout, m.cmd.Stderr = logFile, logFile
