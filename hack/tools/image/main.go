@@ -39,7 +39,7 @@ const (
 
 type options struct {
 	binary, arch, image, version, revision, out, source string
-	created                                               string
+	created                                             string
 }
 
 func main() {
