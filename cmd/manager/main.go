@@ -6,6 +6,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"crypto/tls"
 	"errors"
@@ -84,7 +85,7 @@ func main() {
 	flag.BoolVar(&o.enableHTTP2, "enable-http2", false, "Serve HTTP/2 on the webhook and metrics servers. Off by default: HTTP/2 is open to the Rapid Reset and Stream Cancellation attacks (CVE-2023-44487, CVE-2023-39325).")
 	flag.StringVar(&o.probeAddr, "health-probe-bind-address", ":8081", "Address the /healthz and /readyz probes bind to.")
 	flag.BoolVar(&o.leaderElect, "leader-elect", false, "Elect one active controller among replicas (webhooks serve on every replica).")
-	flag.StringVar(&o.leaderElectionNamespace, "leader-election-namespace", "", "Namespace of the leader election Lease (default: the pod's namespace).")
+	flag.StringVar(&o.leaderElectionNamespace, "leader-election-namespace", "", "Namespace of the leader election Lease (default: --namespace).")
 	flag.StringVar(&o.webhookHost, "webhook-host", "", "Address the webhook server binds to (default: all interfaces).")
 	flag.IntVar(&o.webhookPort, "webhook-port", 9443, "Port the webhook server listens on.")
 	flag.StringVar(&o.certDir, "webhook-cert-dir", "", "Directory of the webhook serving certificate (tls.crt, tls.key), e.g. where the certificate Secret is mounted. Default: a temporary directory that the manager fills from --webhook-cert-secret (for a manager running outside a pod).")
@@ -152,7 +153,7 @@ func run(o options) error {
 		HealthProbeBindAddress:        o.probeAddr,
 		LeaderElection:                o.leaderElect,
 		LeaderElectionID:              "lockwarden.locking.lockwarden.io",
-		LeaderElectionNamespace:       o.leaderElectionNamespace,
+		LeaderElectionNamespace:       cmp.Or(o.leaderElectionNamespace, o.namespace),
 		LeaderElectionReleaseOnCancel: true,
 		LeaseDuration:                 &o.leaseDuration,
 		RenewDeadline:                 &o.renewDeadline,
