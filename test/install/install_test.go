@@ -1,11 +1,20 @@
 package install
 
 import (
+	"context"
 	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	lockingv1alpha1 "github.com/lockwarden/lockwarden/api/v1alpha1"
+	"github.com/lockwarden/lockwarden/pkg/lock"
 )
 
 const testImage = "example.com/lockwarden/lockwarden:install-test"
@@ -94,5 +103,67 @@ func TestHelmChart(t *testing.T) {
 	c.waitRuntimeWebhook()
 	if next := c.acquireOnce(b, resource); next <= fence {
 		t.Errorf("after reinstalling, the next fence is %d, not above %d", next, fence)
+	}
+}
+
+// TestRecoveryAfterLostCounters follows the README's recovery for lost
+// FenceCounters: an object recorded a fence of epoch 2 before the CRDs were
+// deleted; hack/next-epoch.sh finds epoch 3; the FenceIssuer is created at
+// that epoch, with the earlier ones revoked, before the manager starts; the
+// first grant's fence is then above the object's, which accepts the write.
+func TestRecoveryAfterLostCounters(t *testing.T) {
+	c := startCluster(t)
+	kubectl := "KUBECTL=" + c.kubectl()
+	c.run("make", "--no-print-directory", "install", kubectl)
+	c.ensureNamespace(billing)
+	const resource = "ledger/2026"
+	recorded := int64(2)<<40 | 7
+	ledger := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{
+		Namespace: billing, Name: "ledger",
+		Labels: map[string]string{lockingv1alpha1.GuardedLabel: "true"},
+		Annotations: map[string]string{
+			lockingv1alpha1.ResourceAnnotation: resource,
+			lockingv1alpha1.FenceAnnotation:    strconv.FormatInt(recorded, 10),
+		},
+	}}
+	if err := c.admin.Create(t.Context(), ledger); err != nil {
+		t.Fatal(err)
+	}
+
+	epoch := strings.TrimSpace(c.run("env", kubectl, "hack/next-epoch.sh"))
+	if epoch != "3" {
+		t.Fatalf("hack/next-epoch.sh = %q, want 3 (the object recorded a fence of epoch 2)", epoch)
+	}
+	c.serverSideApply(`apiVersion: locking.lockwarden.io/v1alpha1
+kind: FenceIssuer
+metadata:
+  name: default
+spec:
+  epoch: ` + epoch + `
+  revokedEpochs: [0, 1, 2]
+  signingKeys:
+  - keyID: k1
+    state: Active
+`)
+	c.run("make", "--no-print-directory", "deploy", "IMG="+testImage, kubectl)
+	c.startManager()
+	b := c.userClient("worker-b")
+	h, err := lock.NewClient(b, lock.WithNamespace(billing)).Acquire(t.Context(), resource, lock.WithTTL(30*time.Second), lock.WithWait(time.Minute))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _, _ = h.Release(context.WithoutCancel(t.Context())) }()
+	if h.Fence()>>40 != 3 || h.Fence() <= recorded {
+		t.Fatalf("the first fence after recovery is %d (epoch %d), want epoch 3, above %d", h.Fence(), h.Fence()>>40, recorded)
+	}
+	if err := b.Get(t.Context(), client.ObjectKeyFromObject(ledger), ledger); err != nil {
+		t.Fatal(err)
+	}
+	if err := h.Stamp(ledger); err != nil {
+		t.Fatal(err)
+	}
+	ledger.Data = map[string]string{"total": "after recovery"}
+	if err := b.Update(t.Context(), ledger); err != nil {
+		t.Fatalf("the write with fence %d after recovery was refused: %v", h.Fence(), err)
 	}
 }
