@@ -13,6 +13,7 @@ version="$1" ldflags="$2" out="$3"
 shift 3
 base_url="${KREW_BASE_URL:-https://github.com/lockwarden/lockwarden/releases/download/$version}"
 mkdir -p "$out"
+rm -f "$out/checksums.txt.tmp"
 manifest="$(sed "s|{{VERSION}}|$version|g" "$root/hack/krew/lockwarden.yaml")"
 
 for platform in "$@"; do
@@ -40,8 +41,10 @@ for platform in "$@"; do
 	echo "$out/$archive"
 done
 mv "$out/checksums.txt.tmp" "$out/checksums.txt"
-printf '%s\n' "$manifest" >"$out/lockwarden.yaml"
+# Platforms that were not built leave the manifest.
+printf '%s\n' "$manifest" | awk '
+	/^  - selector:/ { if (block != "" && block !~ /\{\{/) printf "%s", block; block = $0 "\n"; next }
+	block != "" { block = block $0 "\n"; next }
+	{ print }
+	END { if (block != "" && block !~ /\{\{/) printf "%s", block }' >"$out/lockwarden.yaml"
 echo "$out/lockwarden.yaml (krew manifest)"
-if grep -q '{{' "$out/lockwarden.yaml"; then
-	echo "note: platforms not built are still placeholders in $out/lockwarden.yaml" >&2
-fi
