@@ -35,6 +35,10 @@ const (
 	FenceAnnotation  = "locking.lockwarden.io/fence"
 	ProofAnnotation  = "locking.lockwarden.io/proof"
 	IntentAnnotation = "locking.lockwarden.io/intent"
+	// WriteIDAnnotation is part of the claim too: an optional random ID,
+	// fresh for every write, which makes the claim one nobody can put on
+	// an object before the write that makes it (pkg/lock sets one).
+	WriteIDAnnotation = "locking.lockwarden.io/write-id"
 
 	// AcceptedGrantAnnotation, AcceptedFenceAnnotation and
 	// AcceptedIntentAnnotation are the record of the last write admission

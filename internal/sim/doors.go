@@ -106,7 +106,7 @@ func (s sender) msg(op fencing.Operation, b body, target, data string) writeMsg 
 // stamped is s's apply of target with its own claim.
 func (s sender) stamped(target, data string) writeMsg {
 	m := s.msg(fencing.OpUpdate, bodyStamped, target, data)
-	m.upsert = true
+	m.upsert, m.writeID = true, newWriteID()
 	return m
 }
 
@@ -219,6 +219,7 @@ func (w *world) forgeLookalike() {
 		// What the holder's next stamped write will claim, read from its
 		// LockGrant.
 		m.forgedClaim = senderOf(h).stamped(w.lookalike, "").claim()
+		m.forgedClaim.WriteID = "" // fresh for each write: nobody can read it in advance
 	}
 	m.onAnswer = func(created bool, _ fencing.Reason, _ int64) {
 		if !created {

@@ -2,6 +2,7 @@ package sim
 
 import (
 	"strconv"
+	"sync/atomic"
 	"time"
 
 	"k8s.io/apimachinery/pkg/types"
@@ -98,6 +99,9 @@ type writeMsg struct {
 	precondition int64
 	// read is the object as read earlier (bodyAsRead).
 	read *object
+	// writeID is the fresh random ID a stamped request's claim carries
+	// (pkg/lock sets one on every write).
+	writeID string
 	// forgedClaim and forgedRecord are what a look-alike carries.
 	forgedClaim  fencing.Claim
 	forgedRecord fencing.Accepted
@@ -112,8 +116,14 @@ func (m writeMsg) asserts() bool { return m.body == bodyStamped }
 
 // claim is what a stamped request sets in the claim annotations.
 func (m writeMsg) claim() fencing.Claim {
-	return fencing.Claim{Grant: string(m.uid), Fence: strconv.FormatInt(m.fence, 10), Proof: string(m.proof), Intent: m.intent}
+	return fencing.Claim{Grant: string(m.uid), Fence: strconv.FormatInt(m.fence, 10), Proof: string(m.proof), Intent: m.intent, WriteID: m.writeID}
 }
+
+// writeIDs numbers write IDs: unique, like the random ones of pkg/lock,
+// without drawing from a world's random source.
+var writeIDs atomic.Uint64
+
+func newWriteID() string { return "w" + strconv.FormatUint(writeIDs.Add(1), 36) }
 
 // apply builds the object the request asks to store from the stored one.
 func (m *writeMsg) apply(stored object) object {
@@ -361,13 +371,6 @@ func (w *world) checkLockout(m writeMsg, op fencing.Operation, stored object, re
 	if !m.asserts() || m.injected != "" || op == fencing.OpDelete || !lockoutReasons[reason] ||
 		m.fence != w.h.fenceOf[m.uid] || !w.current(m.uid, w.objIssued[stored.resource], now) ||
 		w.restoredAt > 0 || w.resurrected[m.uid] {
-		return
-	}
-	if reason == fencing.ReasonNoFence && !stored.guarded && stored.claim == m.claim() {
-		// A look-alike carried, before it was guarded, exactly the claim
-		// the holder now makes: the claim is deterministic, so the
-		// enforcement point cannot tell it from an inherited one.
-		w.rep.ClaimSquatted++
 		return
 	}
 	w.rep.HolderLockedOut++

@@ -51,14 +51,6 @@ type Report struct {
 	// FENCE_REGRESSION, NO_FENCE, BINDING_MISMATCH): a record or claim the
 	// enforcement point never accepted locked the real holder out.
 	HolderLockedOut int
-	// ClaimSquatted counts what HolderLockedOut leaves out: the holder's
-	// stamped write refused NO_FENCE because an unguarded look-alike
-	// already carried exactly the claim it makes (the claim's grant, fence
-	// and proof can be read from the LockGrant, so a forger can predict
-	// it, and a claim equal to the stored one counts as inherited). It is
-	// reported, not gated: closing it needs a claim a forger cannot
-	// predict, which is the claim's producer's to add.
-	ClaimSquatted int
 	// TwoHolders: two unexpired Held grants of one resource at once.
 	TwoHolders int
 	// UnknownNotReconciled: a holder that stayed OWNERSHIP_UNKNOWN longer
@@ -97,7 +89,6 @@ func (r *Report) Add(o *Report) {
 	r.RegressionAccepted += o.RegressionAccepted
 	r.DoubleEffect += o.DoubleEffect
 	r.HolderLockedOut += o.HolderLockedOut
-	r.ClaimSquatted += o.ClaimSquatted
 	r.TwoHolders += o.TwoHolders
 	r.UnknownNotReconciled += o.UnknownNotReconciled
 	r.MaxUnknown = max(r.MaxUnknown, o.MaxUnknown)

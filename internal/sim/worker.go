@@ -425,5 +425,5 @@ func (k *worker) writeObject() {
 // stamped is an apply of object target that asserts the worker's own claim.
 func (k *worker) stamped(target, data string) writeMsg {
 	return writeMsg{op: fencing.OpUpdate, upsert: true, body: bodyStamped, caller: k.name, target: target, data: data,
-		uid: k.uid, fence: k.fence, proof: k.proof}
+		uid: k.uid, fence: k.fence, proof: k.proof, writeID: newWriteID()}
 }

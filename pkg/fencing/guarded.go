@@ -41,9 +41,14 @@ const IntentDelete = "delete"
 
 // Claim is the raw text of what a request (or a stored object) carries in the
 // claim annotations: grant ("NAME" or "NAMESPACE/NAME"), fence (decimal),
-// proof (compact signed record) and intent ("" or "delete").
+// proof (compact signed record), intent ("" or "delete") and write ID (any
+// text, optional). The grant, fence and proof can be read from the grant by
+// anyone allowed to read it; the write ID is what makes a claim
+// unpredictable: a writer that sets a fresh random one on every write (as
+// pkg/lock does) cannot have its claim squatted by a look-alike that
+// carries the same grant and fence before the write.
 type Claim struct {
-	Grant, Fence, Proof, Intent string
+	Grant, Fence, Proof, Intent, WriteID string
 }
 
 // IsZero reports whether nothing is claimed at all.

@@ -44,6 +44,9 @@ func TestCheckGuardedRequest(t *testing.T) {
 		{"current holder asserts", update(claimA2, a2()), ""},
 		{"a patch that asserts nothing, even by the holder's identity", update(fencing.Claim{}, a2()), fencing.ReasonNoFence},
 		{"an inherited claim is not an assertion", with(update(claimA2, a2()), func(r *fencing.GuardedRequest) { r.StoredClaim = claimA2 }), fencing.ReasonNoFence},
+		{"a fresh write ID tells the holder's claim from a squatted copy", with(update(fencing.Claim{Grant: "a2", Fence: "2", WriteID: "7f3a"}, a2()), func(r *fencing.GuardedRequest) {
+			r.StoredGuarded, r.StoredClaim = false, claimA2
+		}), ""},
 		{"stale replica asserts its own fence", update(claimA1, a1()), fencing.ReasonStaleOwner},
 		{"stale replica with its old fence under the successor's grant", update(fencing.Claim{Grant: "a2", Fence: "1"}, a2()), fencing.ReasonStaleOwner},
 		{"another identity under the holder's grant", with(update(claimA2, a2()), func(r *fencing.GuardedRequest) { r.Caller = "C" }), fencing.ReasonNotOwner},

@@ -68,7 +68,7 @@ func newRequestID() string {
 type target struct {
 	key     types.NamespacedName
 	uid     types.UID
-	driver string
+	driver  string
 	timeout time.Duration
 }
 

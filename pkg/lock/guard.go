@@ -19,7 +19,8 @@ import (
 // locking.lockwarden.io/grant ("NAMESPACE/NAME" of the grant),
 // locking.lockwarden.io/fence (the fence, in decimal) and
 // locking.lockwarden.io/proof (the signed grant record, when the registry
-// publishes one). Send the write right after. The guarded-write admission
+// publishes one), and a fresh random locking.lockwarden.io/write-id. Send the
+// write right after. The guarded-write admission
 // webhook accepts it only while this grant is the resource's current,
 // unexpired holder and no newer fence has been accepted by the object
 // (Kleppmann's fencing token, 2016), and consumes the claim: it removes it
@@ -73,6 +74,9 @@ func (h *Handle) stamp(obj metav1.Object, intent string) error {
 	} else {
 		delete(ann, lockingv1alpha1.IntentAnnotation)
 	}
+	// A fresh random write ID: nobody can put this claim on the object
+	// before this write (a look-alike squatting the grant and fence).
+	ann[lockingv1alpha1.WriteIDAnnotation] = newDriverToken()
 	obj.SetLabels(labels)
 	obj.SetAnnotations(ann)
 	return nil

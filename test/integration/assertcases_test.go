@@ -60,6 +60,24 @@ func TestForgedRecordOnUnguardedLookAlike(t *testing.T) {
 	if data, fence := readCM(t, ns, "cm-h01"); data != "b-again" || fence != fenceOf(gb) {
 		t.Fatalf("object = %q at fence %s, want b-again at %s", data, fence, fenceOf(gb))
 	}
+
+	// A look-alike squatting B's next claim (its grant and fence, readable
+	// from the LockGrant) cannot lock B out: B's claim carries a fresh
+	// write ID, as pkg/lock's Stamp sets one.
+	rv = preDelete(t, b, ns, "cm-h01", gb)
+	if err := deleteAt(t, b, ns, "cm-h01", rv); err != nil {
+		t.Fatal(err)
+	}
+	squat := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "cm-h01", Annotations: map[string]string{
+		lockingv1alpha1.ResourceAnnotation: resource, lockingv1alpha1.GrantAnnotation: gb.Name, lockingv1alpha1.FenceAnnotation: fenceOf(gb),
+	}}, Data: map[string]string{"result": "squatted"}}
+	if err := a.c.Create(t.Context(), squat); err != nil {
+		t.Fatal(err)
+	}
+	fresh := map[string]string{lockingv1alpha1.WriteIDAnnotation: "b-7f3a"}
+	if err := writeCM(t, b, ns, "cm-h01", "b-after-squat", fresh, map[string]string{lockingv1alpha1.GuardedLabel: "true"}); err != nil {
+		t.Fatalf("the holder's claim with a fresh write ID was refused: %v", err)
+	}
 }
 
 // A previous holder's proof never refuses the next holder's write.

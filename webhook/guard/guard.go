@@ -97,6 +97,7 @@ func claimOf(o *object) fencing.Claim {
 	return fencing.Claim{
 		Grant: a[lockingv1alpha1.GrantAnnotation], Fence: a[lockingv1alpha1.FenceAnnotation],
 		Proof: a[lockingv1alpha1.ProofAnnotation], Intent: a[lockingv1alpha1.IntentAnnotation],
+		WriteID: a[lockingv1alpha1.WriteIDAnnotation],
 	}
 }
 
@@ -230,7 +231,7 @@ func consume(req admission.Request, rec fencing.Accepted) admission.Response {
 	}
 	for _, k := range []string{
 		lockingv1alpha1.GrantAnnotation, lockingv1alpha1.FenceAnnotation, lockingv1alpha1.ProofAnnotation,
-		lockingv1alpha1.IntentAnnotation, lockingv1alpha1.ShadowDenialAnnotation,
+		lockingv1alpha1.IntentAnnotation, lockingv1alpha1.WriteIDAnnotation, lockingv1alpha1.ShadowDenialAnnotation,
 	} {
 		delete(ann, k)
 	}
