@@ -3,7 +3,7 @@
 # object in the cluster has recorded: the epoch to give the FenceIssuer
 # when FenceCounters were lost (CRDs deleted, or etcd restored from an old
 # snapshot). A fence is epoch << 40 | sequence, so an object's recorded
-# fence (annotation locking.lockwarden.io/fence) names its epoch.
+# fence (annotation locking.lockwarden.io/accepted-fence) names its epoch.
 #
 # Fences recorded outside the cluster count too: pass them as arguments,
 # e.g. from the PostgreSQL store:
@@ -23,7 +23,7 @@ consider() {
 for f in "$@"; do consider "$f"; done
 for r in $($kubectl api-resources --verbs=list -o name); do
 	for f in $($kubectl get "$r" -A -l locking.lockwarden.io/guarded=true --ignore-not-found \
-		-o jsonpath='{range .items[*]}{.metadata.annotations.locking\.lockwarden\.io/fence}{" "}{end}' 2>/dev/null || true); do
+		-o jsonpath='{range .items[*]}{.metadata.annotations.locking\.lockwarden\.io/accepted-fence}{" "}{end}' 2>/dev/null || true); do
 		consider "$f"
 	done
 done

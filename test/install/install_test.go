@@ -152,7 +152,7 @@ spec:
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer func() { _, _ = h.Release(context.WithoutCancel(t.Context())) }()
+	defer func() { _ = h.Release(context.WithoutCancel(t.Context())) }()
 	if h.Fence()>>40 != 3 || h.Fence() <= recorded {
 		t.Fatalf("the first fence after recovery is %d (epoch %d), want epoch 3, above %d", h.Fence(), h.Fence()>>40, recorded)
 	}

@@ -76,7 +76,7 @@ func (c *cluster) playPausedHolder(a, b client.WithWatch, resource string) int64
 	if err != nil {
 		c.t.Fatalf("B acquires %s: %v", resource, err)
 	}
-	defer func() { _, _ = h.Release(context.WithoutCancel(ctx)) }()
+	defer func() { _ = h.Release(context.WithoutCancel(ctx)) }()
 	if h.Fence() <= ga.Status.FenceToken {
 		c.t.Fatalf("B's fence %d is not above A's %d", h.Fence(), ga.Status.FenceToken)
 	}
@@ -120,7 +120,7 @@ func (c *cluster) acquireOnce(cl client.WithWatch, resource string) int64 {
 	if err != nil {
 		c.t.Fatalf("acquiring %s: %v", resource, err)
 	}
-	if _, err := h.Release(ctx); err != nil {
+	if err := h.Release(ctx); err != nil {
 		c.t.Fatal(err)
 	}
 	return h.Fence()
