@@ -122,8 +122,9 @@ func TestRecoveryAfterLostCounters(t *testing.T) {
 		Namespace: billing, Name: "ledger",
 		Labels: map[string]string{lockingv1alpha1.GuardedLabel: "true"},
 		Annotations: map[string]string{
-			lockingv1alpha1.ResourceAnnotation: resource,
-			lockingv1alpha1.FenceAnnotation:    strconv.FormatInt(recorded, 10),
+			lockingv1alpha1.ResourceAnnotation:      resource,
+			lockingv1alpha1.AcceptedGrantAnnotation: billing + "/before-the-loss",
+			lockingv1alpha1.AcceptedFenceAnnotation: strconv.FormatInt(recorded, 10),
 		},
 	}}
 	if err := c.admin.Create(t.Context(), ledger); err != nil {
