@@ -48,6 +48,12 @@ const (
 	AcceptedGrantAnnotation  = "locking.lockwarden.io/accepted-grant"
 	AcceptedFenceAnnotation  = "locking.lockwarden.io/accepted-fence"
 	AcceptedIntentAnnotation = "locking.lockwarden.io/accepted-intent"
+	// AcceptedProofAnnotation and AcceptedWriteIDAnnotation complete the
+	// record: the proof the accepted write carried (on objects under a
+	// GuardPolicy the record counts only when it verifies), and the write's
+	// ID (its claim's, or one admission drew), unique per accepted write.
+	AcceptedProofAnnotation   = "locking.lockwarden.io/accepted-proof"
+	AcceptedWriteIDAnnotation = "locking.lockwarden.io/accepted-write-id"
 
 	// ShadowDenialAnnotation is set on an object by a GuardPolicy in Shadow
 	// mode when Enforce would have denied the write: "REASON: detail". It

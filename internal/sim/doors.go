@@ -213,7 +213,7 @@ func (w *world) forgeLookalike() {
 		forger = senderOf(k)
 	}
 	m := forger.msg(fencing.OpCreate, bodyForged, w.lookalike, "FORGED")
-	m.forgedRecord = fencing.AcceptedOf(namespace+"/"+string(h.uid), strconv.FormatInt(math.MaxInt64, 10), "")
+	m.forgedRecord = fencing.AcceptedOf(namespace+"/"+string(h.uid), strconv.FormatInt(math.MaxInt64, 10), "", "", "")
 	m.forgedClaim = fencing.Claim{Grant: "forged", Fence: strconv.FormatInt(math.MaxInt64, 10)}
 	if w.chance(0.5) {
 		// What the holder's next stamped write will claim, read from its

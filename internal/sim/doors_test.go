@@ -120,7 +120,7 @@ func TestIssue10Doors(t *testing.T) {
 		obj := s.w.lookalike
 		b := s.acquire(identityB, 30)
 		forged := sender{caller: identityA}.msg(fencing.OpCreate, bodyForged, obj, "FORGED")
-		forged.forgedRecord = fencing.AcceptedOf(namespace+"/"+string(b.uid), strconv.FormatInt(math.MaxInt64, 10), "")
+		forged.forgedRecord = fencing.AcceptedOf(namespace+"/"+string(b.uid), strconv.FormatInt(math.MaxInt64, 10), "", "", "")
 		forged.forgedClaim = fencing.Claim{Grant: "a1", Fence: "1"}
 		s.expect("A creates it unguarded", forged, "")
 		s.expect("B applies it stamped", b.stamped(obj, "B"), "")

@@ -81,8 +81,8 @@ func ParseClaim(c Claim, objNamespace string) (Assertion, error) {
 	if !found {
 		ns, name = objNamespace, c.Grant
 	}
-	if name == "" || ns == "" || strings.Contains(name, "/") {
-		return Assertion{}, refuse(ReasonNoFence, "the write must name its grant as NAME or NAMESPACE/NAME, got %q", c.Grant)
+	if !validName(name) || !validName(ns) {
+		return Assertion{}, refuse(ReasonNoFence, "the write must name its grant as NAME or NAMESPACE/NAME (DNS names), got %q", c.Grant)
 	}
 	if objNamespace != "" && ns != objNamespace {
 		return Assertion{}, refuse(ReasonBindingMismatch, "the grant %s/%s is in another namespace; resource IDs are scoped to a namespace, so an object in %q takes grants of %q only", ns, name, objNamespace, objNamespace)
@@ -94,8 +94,10 @@ func ParseClaim(c Claim, objNamespace string) (Assertion, error) {
 }
 
 // Accepted is what the enforcement point recorded on an object at the last
-// write it accepted: the grant, its fence and the write's intent. Only the
-// enforcement point writes it, in the same write it accepts.
+// write it accepted: the grant, its fence, the write's intent, the proof it
+// carried and its write ID. Only the enforcement point writes it, in the
+// same write it accepts; the write ID (the claim's, or one the enforcement
+// point drew) makes every record unique.
 type Accepted struct {
 	// Grant is "NAMESPACE/NAME" of the grant.
 	Grant string
@@ -103,16 +105,30 @@ type Accepted struct {
 	Fence int64
 	// Intent is the accepted write's intent.
 	Intent string
+	// Proof is the proof the accepted write carried, or empty. Where the
+	// record must be verified (objects under a GuardPolicy), a record counts
+	// only with a proof that verifies and names its resource, grant and
+	// fence.
+	Proof Proof
+	// WriteID tells one accepted write from the next.
+	WriteID string
 }
 
 // AcceptedOf parses a stored record's text. A record that does not parse is no
 // record (fence 0): the enforcement point never writes one.
-func AcceptedOf(grant, fence, intent string) Accepted {
+func AcceptedOf(grant, fence, intent, proof, writeID string) Accepted {
 	f, err := ParseFence(fence)
 	if err != nil || grant == "" {
 		return Accepted{}
 	}
-	return Accepted{Grant: grant, Fence: f, Intent: intent}
+	return Accepted{Grant: grant, Fence: f, Intent: intent, Proof: Proof(proof), WriteID: writeID}
+}
+
+// claim is the claim a record stands for: a record written by another
+// enforcement point in the same request (a label and a policy guarding one
+// object) is that request's claim, consumed.
+func (a Accepted) claim() Claim {
+	return Claim{Grant: a.Grant, Fence: FormatFence(a.Fence), Proof: string(a.Proof), Intent: a.Intent, WriteID: a.WriteID}
 }
 
 // GuardedRequest is everything CheckGuardedRequest needs to decide on one
@@ -145,6 +161,18 @@ type GuardedRequest struct {
 	// Record is the stored object's record (AcceptedOf); ignored unless
 	// StoredGuarded.
 	Record Accepted
+	// NewRecord is the record on the object as the request would leave it.
+	// When the request sets no claim but a record that differs from the
+	// stored one, another enforcement point consumed the request's claim
+	// in this same request (an object guarded by a label and a policy, or
+	// two policies): that record is then judged as the request's claim.
+	NewRecord Accepted
+	// VerifyRecord is true where a record counts only with a proof that
+	// verifies (objects under a GuardPolicy, whose Shadow mode or a
+	// widened selector may have let anyone write one).
+	VerifyRecord bool
+	// Unguards is true when the request leaves the object unguarded.
+	Unguards bool
 	// StoredVersion is the stored object's resourceVersion; Precondition is
 	// the resourceVersion precondition of a delete, "" when none.
 	StoredVersion, Precondition string
@@ -171,17 +199,66 @@ type GuardedRequest struct {
 // (delete), as NAMESPACE and NAME; ok is false when there is none to read.
 func (r GuardedRequest) Target() (namespace, name string, ok bool) {
 	if r.Operation == OpDelete {
-		if !r.StoredGuarded || r.Record.Grant == "" {
+		if !r.StoredGuarded || r.Record.Grant == "" || r.ObjectNamespace == "" {
 			return "", "", false
 		}
 		ns, n, found := strings.Cut(r.Record.Grant, "/")
 		return ns, n, found
 	}
-	a, err := ParseClaim(r.Claim, r.ObjectNamespace)
+	a, err := ParseClaim(r.claim(), r.ObjectNamespace)
 	if err != nil {
 		return "", "", false
 	}
 	return a.GrantNamespace, a.GrantName, true
+}
+
+// claim is what the request claims: its own claim, or a record another
+// enforcement point wrote in this request from the claim it consumed.
+func (r GuardedRequest) claim() Claim {
+	if r.Claim.IsZero() && r.NewRecord.Fence > 0 && r.NewRecord != r.Record {
+		return r.NewRecord.claim()
+	}
+	return r.Claim
+}
+
+// recorded is the fence the stored object accepted last, as far as the
+// enforcement point can trust it: 0 unless the stored object was guarded
+// and, where it must be verified, its proof verifies for exactly this
+// resource, grant and fence.
+func (r GuardedRequest) recorded() int64 {
+	if !r.StoredGuarded || r.Record.Fence == 0 {
+		return 0
+	}
+	if !r.VerifyRecord {
+		return r.Record.Fence
+	}
+	if r.Bundle == nil || r.Record.Proof == "" {
+		return 0
+	}
+	rec, err := r.Bundle.VerifyProof(r.Record.Proof)
+	if err != nil || rec.Resource != r.Resource || rec.Fence != r.Record.Fence || rec.Namespace+"/"+rec.Grant != r.Record.Grant {
+		return 0
+	}
+	return r.Record.Fence
+}
+
+// validName reports whether s is a DNS subdomain name (RFC 1123), as grant
+// names and namespaces are.
+func validName(s string) bool {
+	if s == "" || len(s) > 253 {
+		return false
+	}
+	for _, label := range strings.Split(s, ".") {
+		if label == "" || len(label) > 63 || label[0] == '-' || label[len(label)-1] == '-' {
+			return false
+		}
+		for _, c := range label {
+			if (c < 'a' || c > 'z') && (c < '0' || c > '9') && c != '-' {
+				return false
+			}
+		}
+	}
+	return true
 }
 
 // CheckGuardedRequest decides on one request to a guarded object. On
@@ -203,7 +280,11 @@ func (r GuardedRequest) Target() (namespace, name string, ok bool) {
 //     guarded.
 //
 // A delete while the object's namespace terminates is accepted: the
-// namespace's objects go with it.
+// namespace's objects go with it. A cluster-scoped object cannot be guarded
+// (ReasonNoResource; only a write that removes the guard is accepted): it
+// would take grants of every namespace, each with fences of its own. The
+// stored record counts only if the stored object was guarded and, where
+// VerifyRecord is set, its proof verifies for this resource, grant and fence.
 func CheckGuardedRequest(r GuardedRequest) (Accepted, error) {
 	if r.Operation == OpDelete && r.NamespaceTerminating {
 		return Accepted{}, nil
@@ -211,20 +292,27 @@ func CheckGuardedRequest(r GuardedRequest) (Accepted, error) {
 	if r.Opaque {
 		return Accepted{}, refuse(ReasonNoFence, "a %s request cannot carry a grant and fence; make the change with a fenced write to the object itself", describe(r.Subresource))
 	}
-	var recorded int64
-	if r.StoredGuarded {
-		recorded = r.Record.Fence
+	if r.ObjectNamespace == "" {
+		// A resource ID names a resource of one namespace; a cluster-scoped
+		// object would take grants of every namespace, each with fences of
+		// its own.
+		if r.Unguards && r.Operation != OpDelete {
+			return Accepted{}, nil
+		}
+		return Accepted{}, refuse(ReasonNoResource, "cluster-scoped objects cannot be guarded: resource IDs and fences are scoped to a namespace; remove the label %s", "locking.lockwarden.io/guarded")
 	}
+	recorded := r.recorded()
 	if r.Operation == OpDelete {
 		return Accepted{}, checkDelete(r, recorded)
 	}
+	claim := r.claim()
 	switch {
-	case r.Claim.IsZero():
+	case claim.IsZero():
 		return Accepted{}, refuse(ReasonNoFence, "the write asserts no grant and fence of its own; set them in this write (each accepted write consumes them)")
-	case r.Claim == r.StoredClaim:
+	case claim == r.StoredClaim:
 		return Accepted{}, refuse(ReasonNoFence, "the write's grant and fence are the ones the object already carried; a write must assert them itself")
 	}
-	a, err := ParseClaim(r.Claim, r.ObjectNamespace)
+	a, err := ParseClaim(claim, r.ObjectNamespace)
 	if err != nil {
 		return Accepted{}, err
 	}
@@ -244,19 +332,19 @@ func CheckGuardedRequest(r GuardedRequest) (Accepted, error) {
 	if err != nil {
 		return Accepted{}, err
 	}
-	return Accepted{Grant: a.GrantNamespace + "/" + a.GrantName, Fence: a.Fence, Intent: a.Intent}, nil
+	return Accepted{Grant: a.GrantNamespace + "/" + a.GrantName, Fence: a.Fence, Intent: a.Intent, Proof: a.Proof, WriteID: claim.WriteID}, nil
 }
 
 func checkDelete(r GuardedRequest, recorded int64) error {
 	switch {
 	case r.Precondition == "" || r.Precondition != r.StoredVersion:
 		return refuse(ReasonNoFence, "a delete of a guarded object must carry the resourceVersion precondition of the version your pre-delete write made (the object is at %q, the delete names %q)", r.StoredVersion, r.Precondition)
-	case !r.StoredGuarded || r.Record.Fence == 0:
+	case recorded == 0:
 		return refuse(ReasonNoFence, "the object has no accepted write to delete under; write your grant with intent %q first", IntentDelete)
 	case r.Record.Intent != IntentDelete:
 		return refuse(ReasonNoFence, "the last accepted write did not claim intent %q; write your grant with that intent, then delete with its resourceVersion as precondition", IntentDelete)
 	}
-	return CheckWrite(Write{Resource: r.Resource, Caller: r.Caller, Fence: r.Record.Fence, Recorded: recorded, Grant: r.Grant, Counter: r.Counter, Now: r.Now})
+	return CheckWrite(Write{Resource: r.Resource, Caller: r.Caller, Fence: recorded, Recorded: recorded, Grant: r.Grant, Counter: r.Counter, Now: r.Now})
 }
 
 func describe(sub string) string {

@@ -93,7 +93,7 @@ func TestGuardedRequestTarget(t *testing.T) {
 	if ns, n, ok := r.Target(); !ok || ns != "billing" || n != "g" {
 		t.Fatalf("Target() = %q %q %v", ns, n, ok)
 	}
-	d := fencing.GuardedRequest{Operation: fencing.OpDelete, StoredGuarded: true, Record: fencing.AcceptedOf("billing/g", "3", "delete")}
+	d := fencing.GuardedRequest{Operation: fencing.OpDelete, ObjectNamespace: "billing", StoredGuarded: true, Record: fencing.AcceptedOf("billing/g", "3", "delete", "", "")}
 	if ns, n, ok := d.Target(); !ok || ns != "billing" || n != "g" {
 		t.Fatalf("delete Target() = %q %q %v", ns, n, ok)
 	}

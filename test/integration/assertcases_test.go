@@ -219,3 +219,90 @@ func TestGuardLabelOtherThanTrueWarns(t *testing.T) {
 		t.Fatal("the object was not created")
 	}
 }
+
+// A cluster-scoped object cannot be guarded: it would take grants of every
+// namespace, each namespace with fences of its own. Removing the label is
+// allowed, so an object labeled earlier is not stuck.
+func TestClusterScopedObjectsCannotBeGuarded(t *testing.T) {
+	cr := &rbacv1.ClusterRole{ObjectMeta: metav1.ObjectMeta{Name: "guarded-" + namespace(t), Labels: map[string]string{lockingv1alpha1.GuardedLabel: "true"},
+		Annotations: map[string]string{lockingv1alpha1.ResourceAnnotation: resource, lockingv1alpha1.GrantAnnotation: "billing/g", lockingv1alpha1.FenceAnnotation: "1"}}}
+	wantReason(t, "guarding a ClusterRole", admin.Create(t.Context(), cr), "NO_RESOURCE")
+	cr.Labels = nil
+	if err := admin.Create(t.Context(), cr); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = admin.Delete(t.Context(), cr) })
+	cr.Labels = map[string]string{lockingv1alpha1.GuardedLabel: "true"}
+	wantReason(t, "labeling a ClusterRole guarded", admin.Update(t.Context(), cr), "NO_RESOURCE")
+}
+
+// A record written while a GuardPolicy could not refuse it (Shadow mode, or
+// before a selector was widened) never locks the real holder out: under a
+// policy a record counts only with a proof that verifies.
+func TestForgedRecordUnderShadowPolicy(t *testing.T) {
+	ns, tl := namespace(t), startTimeline()
+	tl.at(0)
+	a, b := as(t, "fsp-a"), as(t, "fsp-b")
+	p := newPolicy(t, "forged-under-shadow", ns, lockingv1alpha1.ModeShadow, "fsp-a")
+	forged := map[string]string{lockingv1alpha1.AcceptedGrantAnnotation: ns + "/whatever", lockingv1alpha1.AcceptedFenceAnnotation: "999999"}
+	waitUntil(t, "Shadow admits the forged record", func() (bool, error) {
+		if err := writeCM(t, b, ns, "cm6", "forged", forged, map[string]string{"app": p.Name}); err != nil {
+			return false, err
+		}
+		return configMap(t, ns, "cm6").Annotations[lockingv1alpha1.ShadowDenialAnnotation] != "", nil
+	})
+	setMode(t, p, lockingv1alpha1.ModeEnforce)
+	g := policyAcquire(t, a, ns, "settlement/"+ns+"/cm6", p.Name)
+	proven := map[string]string{lockingv1alpha1.GrantAnnotation: g.Name, lockingv1alpha1.FenceAnnotation: fenceOf(g), lockingv1alpha1.ProofAnnotation: g.Status.Proof}
+	waitUntil(t, "Enforce admits the holder despite the forged record", func() (bool, error) {
+		err := writeCM(t, a, ns, "cm6", "proven", proven, nil)
+		if r := reason(err); r == "STALE_OWNER" {
+			t.Fatalf("the forged record locked the holder out: %v", err)
+		}
+		return err == nil, nil
+	})
+	if data, fence := readCM(t, ns, "cm6"); data != "proven" || fence != fenceOf(g) {
+		t.Fatalf("object = %q at fence %s", data, fence)
+	}
+}
+
+// An object both labeled guarded and covered by an Enforce policy: the
+// webhook that runs first consumes the claim, the other judges the record
+// it wrote in the same request; the holder's proven write is accepted and a
+// write without a claim is refused.
+func TestLabeledObjectUnderPolicy(t *testing.T) {
+	ns, tl := namespace(t), startTimeline()
+	tl.at(0)
+	a := as(t, "lp-a")
+	p := newPolicy(t, "labeled-and-covered", ns, lockingv1alpha1.ModeEnforce, "lp-a")
+	g := policyAcquire(t, a, ns, "settlement/"+ns+"/cm9", p.Name)
+	proven := map[string]string{
+		lockingv1alpha1.ResourceAnnotation: "settlement/" + ns + "/cm9",
+		lockingv1alpha1.GrantAnnotation:    g.Name, lockingv1alpha1.FenceAnnotation: fenceOf(g), lockingv1alpha1.ProofAnnotation: g.Status.Proof,
+	}
+	labels := map[string]string{"app": p.Name, lockingv1alpha1.GuardedLabel: "true"}
+	waitUntil(t, "both webhooks admit the holder's proven write", func() (bool, error) {
+		return writeCM(t, a, ns, "cm9", "proven", proven, labels) == nil, nil
+	})
+	if err := writeCM(t, a, ns, "cm9", "proven-2", proven, nil); err != nil {
+		t.Fatalf("the holder's second proven write: %v", err)
+	}
+	wantRecorded(t, configMap(t, ns, "cm9"), ns+"/"+g.Name, fenceOf(g))
+	wantReason(t, "a write without a claim", writeCM(t, a, ns, "cm9", "x", nil, nil), "NO_FENCE")
+}
+
+// Nobody but the owner adds a finalizer or an owner reference to a grant:
+// either would keep the owner from deleting it or hand it to the garbage
+// collector.
+func TestOnlyTheOwnerChangesAGrantsFinalizers(t *testing.T) {
+	ns, tl := namespace(t), startTimeline()
+	tl.at(0)
+	a, c := as(t, "fin-a"), as(t, "fin-c")
+	g := mustAcquire(t, a, ns, 60)
+	cur := get(t, g)
+	cur.Finalizers = append(cur.Finalizers, "example.com/hold")
+	wantReason(t, "another identity adding a finalizer", c.c.Update(t.Context(), cur), "NOT_OWNER")
+	cur = get(t, g)
+	cur.OwnerReferences = []metav1.OwnerReference{{APIVersion: "v1", Kind: "ConfigMap", Name: "x", UID: "0d4f0a8e-0000-4000-8000-000000000000"}}
+	wantReason(t, "another identity adding an owner reference", c.c.Update(t.Context(), cur), "NOT_OWNER")
+}

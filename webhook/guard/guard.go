@@ -28,6 +28,7 @@ package guard
 
 import (
 	"context"
+	"crypto/rand"
 	"encoding/json"
 	"fmt"
 
@@ -107,16 +108,17 @@ func recordOf(o *object) fencing.Accepted {
 		return fencing.Accepted{}
 	}
 	a := o.Annotations
-	return fencing.AcceptedOf(a[lockingv1alpha1.AcceptedGrantAnnotation], a[lockingv1alpha1.AcceptedFenceAnnotation], a[lockingv1alpha1.AcceptedIntentAnnotation])
+	return fencing.AcceptedOf(a[lockingv1alpha1.AcceptedGrantAnnotation], a[lockingv1alpha1.AcceptedFenceAnnotation],
+		a[lockingv1alpha1.AcceptedIntentAnnotation], a[lockingv1alpha1.AcceptedProofAnnotation], a[lockingv1alpha1.AcceptedWriteIDAnnotation])
 }
 
 // guarding is how the object of a request is guarded: by what resource, and
 // whether the stored object was guarded (only then is its record the
 // guard's own), and under which policy.
 type guarding struct {
-	resource      string
-	storedGuarded bool
-	policy        *lockingv1alpha1.GuardPolicy
+	resource               string
+	storedGuarded, unguard bool
+	policy                 *lockingv1alpha1.GuardPolicy
 }
 
 // gather reads everything a decision on w needs into a GuardedRequest.
@@ -125,7 +127,8 @@ func (c *Checker) gather(ctx context.Context, w write, g guarding) (fencing.Guar
 		Operation: fencing.Operation(w.req.Operation), Subresource: w.req.SubResource,
 		Resource: g.resource, ObjectNamespace: w.req.Namespace, Caller: w.req.UserInfo.Username,
 		Claim: claimOf(w.new), StoredClaim: claimOf(w.old),
-		StoredGuarded: g.storedGuarded, Record: recordOf(w.old),
+		StoredGuarded: g.storedGuarded, Record: recordOf(w.old), NewRecord: recordOf(w.new),
+		VerifyRecord: g.policy != nil, Unguards: g.unguard,
 		Now: c.Clock.Now(),
 	}
 	if w.old != nil {
@@ -145,7 +148,7 @@ func (c *Checker) gather(ctx context.Context, w write, g guarding) (fencing.Guar
 			return r, err
 		}
 	}
-	if r.Claim.Proof != "" {
+	if r.Claim.Proof != "" || r.Record.Proof != "" || r.NewRecord.Proof != "" {
 		bundle, err := c.Bundle(ctx)
 		if err != nil {
 			return r, fmt.Errorf("reading the trust bundle: %w", err)
@@ -237,11 +240,19 @@ func consume(req admission.Request, rec fencing.Accepted) admission.Response {
 	}
 	ann[lockingv1alpha1.AcceptedGrantAnnotation] = rec.Grant
 	ann[lockingv1alpha1.AcceptedFenceAnnotation] = fencing.FormatFence(rec.Fence)
-	if rec.Intent != "" {
-		ann[lockingv1alpha1.AcceptedIntentAnnotation] = rec.Intent
-	} else {
-		delete(ann, lockingv1alpha1.AcceptedIntentAnnotation)
+	optional := func(key, value string) {
+		if value != "" {
+			ann[key] = value
+		} else {
+			delete(ann, key)
+		}
 	}
+	optional(lockingv1alpha1.AcceptedIntentAnnotation, rec.Intent)
+	optional(lockingv1alpha1.AcceptedProofAnnotation, string(rec.Proof))
+	if rec.WriteID == "" {
+		rec.WriteID = rand.Text()
+	}
+	ann[lockingv1alpha1.AcceptedWriteIDAnnotation] = rec.WriteID
 	meta["annotations"] = ann
 	out, err := json.Marshal(obj)
 	if err != nil {
@@ -268,7 +279,7 @@ func labelGuarding(w write) (guarding, error) {
 	if !lockingv1alpha1.ValidResourceID(resource) {
 		return guarding{}, &fencing.Error{Reason: fencing.ReasonNoResource, Detail: fmt.Sprintf("guarded objects need annotation %s with a valid resource ID, got %q", lockingv1alpha1.ResourceAnnotation, resource)}
 	}
-	return guarding{resource: resource, storedGuarded: oldGuarded}, nil
+	return guarding{resource: resource, storedGuarded: oldGuarded, unguard: !newGuarded}, nil
 }
 
 func labeled(o *object) bool {
@@ -278,7 +289,7 @@ func labeled(o *object) bool {
 // policyGuarding is how an object under a policy is guarded: by the resource
 // ID of the stored object when there is one; a write that would change it is
 // refused.
-func policyGuarding(w write, pol *lockingv1alpha1.GuardPolicy, storedCovered bool) (guarding, error) {
+func policyGuarding(w write, pol *lockingv1alpha1.GuardPolicy, newCovered bool) (guarding, error) {
 	id := func(o *object) string { return policy.ResourceID(pol, o.Namespace, o.Name, o.Annotations) }
 	var resource string
 	if w.old != nil {
@@ -292,5 +303,8 @@ func policyGuarding(w write, pol *lockingv1alpha1.GuardPolicy, storedCovered boo
 	if resource == "" {
 		return guarding{}, &fencing.Error{Reason: fencing.ReasonNoResource, Detail: fmt.Sprintf("GuardPolicy %q maps the object to no valid resource ID", pol.Name)}
 	}
-	return guarding{resource: resource, storedGuarded: storedCovered, policy: pol}, nil
+	// The stored record counts only if its proof verifies (VerifyRecord):
+	// whether the policy covered the object when it was written cannot be
+	// known now (Shadow mode, a widened selector).
+	return guarding{resource: resource, storedGuarded: w.old != nil, unguard: !newCovered, policy: pol}, nil
 }

@@ -83,7 +83,7 @@ func (h *PolicyHandler) Handle(ctx context.Context, req admission.Request) admis
 	}
 	var rec fencing.Accepted
 	decision := func() error {
-		g, err := policyGuarding(w, pol, oldCovered || labeled(w.old))
+		g, err := policyGuarding(w, pol, newCovered)
 		if err != nil {
 			return err
 		}

@@ -7,6 +7,7 @@ import (
 	"context"
 	"fmt"
 	"maps"
+	"slices"
 	"strings"
 	"time"
 
@@ -18,6 +19,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	logf "sigs.k8s.io/controller-runtime/pkg/log"
 
+	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/utils/clock"
@@ -222,7 +224,7 @@ func (v *Validator) ValidateUpdate(ctx context.Context, oldG, newG *lockingv1alp
 		}
 		if !allowed {
 			return nil, deny(newG.Name, &fencing.Error{Reason: fencing.ReasonNotOwner, Detail: fmt.Sprintf(
-				"%q is not the owner of this grant; changing its labels or annotations needs the %q verb on lockgrants", user, AdministerVerb)})
+				"%q is not the owner of this grant; changing its labels, annotations, finalizers or owner references needs the %q verb on lockgrants", user, AdministerVerb)})
 		}
 	}
 	switch {
@@ -292,10 +294,13 @@ func (v *Validator) authorized(ctx context.Context, g *lockingv1alpha1.LockGrant
 	return sar.Status.Allowed, nil
 }
 
-// metadataChanged reports whether an update changes a grant's labels or
-// annotations.
+// metadataChanged reports whether an update changes a grant's labels,
+// annotations, finalizers or owner references (a finalizer or an owner
+// reference of someone else's would keep the owner from deleting its grant,
+// or hand it to the garbage collector).
 func metadataChanged(oldG, newG *lockingv1alpha1.LockGrant) bool {
-	return !maps.Equal(oldG.Labels, newG.Labels) || !maps.Equal(oldG.Annotations, newG.Annotations)
+	return !maps.Equal(oldG.Labels, newG.Labels) || !maps.Equal(oldG.Annotations, newG.Annotations) ||
+		!slices.Equal(oldG.Finalizers, newG.Finalizers) || !equality.Semantic.DeepEqual(oldG.OwnerReferences, newG.OwnerReferences)
 }
 
 func requester(ctx context.Context) (string, error) {
