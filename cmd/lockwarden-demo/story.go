@@ -169,7 +169,7 @@ func verdict(out outcome, cm *corev1.ConfigMap) error {
 		return fmt.Errorf("the ConfigMap holds %q, want B's %q", got, resultB)
 	}
 	if got, want := cm.Annotations[lockingv1alpha1.AcceptedFenceAnnotation], fencing.FormatFence(out.bFence); got != want {
-		return fmt.Errorf("the ConfigMap's fence annotation is %q, want B's fence %s", got, want)
+		return fmt.Errorf("the ConfigMap's accepted fence is %q, want B's fence %s", got, want)
 	}
 	return nil
 }

@@ -42,7 +42,7 @@ func TestDemo(t *testing.T) {
 		"FROZEN (SIGSTOP)",
 		"REJECTED STALE_OWNER",
 		`result: "B: correct total"`,
-		`locking.lockwarden.io/fence: "2"`,
+		`locking.lockwarden.io/accepted-fence: "2"`,
 		"PASS:",
 	} {
 		if !strings.Contains(out.String(), want) {
