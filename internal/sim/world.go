@@ -73,6 +73,9 @@ type world struct {
 
 	// pending marks a reconcile already scheduled per resource.
 	pending map[string]bool
+	// replicas are the manager replicas, each deciding at its own clock
+	// (replicas.go).
+	replicas []*replica
 	// resurrected are grants a restore brought back to life; restoredAt is
 	// when the registry was restored (0: never); recovered says the
 	// operator has since bumped the epoch past every epoch ever used.
@@ -105,6 +108,7 @@ func newWorld(seed uint64, faults []Fault) *world {
 		w.objects[r] = &object{resource: r}
 	}
 	w.stores[w.resource] = newStore(w.resource)
+	w.replicas = w.newReplicas()
 	w.reg.onIssue = func(g *lockingv1alpha1.LockGrant) {
 		w.h.heldSince[g.UID] = w.s.now
 		w.h.issued[g.Spec.Resource] = max(w.h.issued[g.Spec.Resource], g.Status.FenceToken)
@@ -133,6 +137,10 @@ func (w *world) netDelay() time.Duration { return w.between(time.Millisecond, 40
 
 // kick schedules a controller pass over resource, as a watch event does.
 func (w *world) kick(resource string) {
+	if len(w.replicas) > 0 {
+		w.kickReplicas(resource)
+		return
+	}
 	if w.pending[resource] {
 		return
 	}
@@ -148,7 +156,12 @@ func (w *world) reconcile(resource string) {
 		w.reg.crashNext = true
 		w.rep.Faults[string(FaultControllerCrash)]++
 	}
-	requeue := w.reg.reconcile(resource, w.s.now)
+	w.afterPass(resource, w.reg.reconcile(resource, w.s.now))
+}
+
+// afterPass updates the oracle's history after a controller pass, checks
+// that at most one grant holds, and notifies the owners.
+func (w *world) afterPass(resource string, requeue time.Duration) {
 	held := 0
 	for _, g := range w.reg.grants {
 		if g.Spec.Resource != resource || g.Status.Phase != lockingv1alpha1.PhaseHeld || g.Status.ExpiresAt == nil {
