@@ -109,13 +109,13 @@ func TestHATwoReplicasHandOff(t *testing.T) {
 	tl.at(0)
 	owners := []*actor{as(t, "ha-turn-a"), as(t, "ha-turn-b"), as(t, "ha-turn-c")}
 	var fences []int64
-	var pending []*lockingv1alpha1.LockGrant
+	ownerOf := map[types.UID]*actor{}
 	for _, o := range owners {
 		g, err := acquire(t, o, ns, 30)
 		if err != nil {
 			t.Fatal(err)
 		}
-		pending = append(pending, g)
+		ownerOf[g.UID] = o
 	}
 	for round := 0; round < 12; round++ {
 		var held *lockingv1alpha1.LockGrant
@@ -138,14 +138,7 @@ func TestHATwoReplicasHandOff(t *testing.T) {
 			return n == 1, nil
 		})
 		fences = append(fences, held.Status.FenceToken)
-		owner := owners[0]
-		for i, g := range pending {
-			if g.UID == held.UID {
-				owner = owners[i%len(owners)]
-				pending = append(pending[:i:i], pending[i+1:]...)
-				break
-			}
-		}
+		owner := ownerOf[held.UID]
 		if err := release(t, owner, held); err != nil {
 			t.Fatal(err)
 		}
@@ -154,7 +147,7 @@ func TestHATwoReplicasHandOff(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		pending = append(pending, g)
+		ownerOf[g.UID] = owner
 	}
 	for i := 1; i < len(fences); i++ {
 		if fences[i] <= fences[i-1] {
