@@ -116,8 +116,8 @@ func (r *registry) apply(ps pass) (requeue time.Duration, conflict bool) {
 	if c != nil {
 		curRV = c.ResourceVersion
 	}
-	if curRV != ps.counterRV {
-		return 0, true // the counter moved since the pass read it
+	if p.Counter != nil && curRV != ps.counterRV {
+		return 0, true // the compare-and-swap fails: the counter moved
 	}
 	statuses := p.Statuses
 	if p.Counter != nil && c != nil && c.Spec.Holder != nil {
@@ -131,7 +131,7 @@ func (r *registry) apply(ps pass) (requeue time.Duration, conflict bool) {
 			}
 		}
 	}
-	revision := curRV
+	revision := ps.counterRV
 	if p.Counter != nil {
 		if c == nil {
 			c = &lockingv1alpha1.FenceCounter{ObjectMeta: metav1.ObjectMeta{Namespace: namespace, Name: lockingv1alpha1.FenceCounterName(ps.resource)}}
