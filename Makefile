@@ -8,9 +8,27 @@ SHELL := /usr/bin/env bash -o pipefail
 .SHELLFLAGS := -ec
 
 LOCALBIN ?= $(CURDIR)/bin
-KUBECTL ?= $(LOCALBIN)/kubectl
+# The targets for a cluster (install, deploy, build-installer, ...) use the
+# kubectl in bin/ when there is one, else the user's own: none of them
+# builds the local control plane.
+KUBECTL ?= $(if $(wildcard $(LOCALBIN)/kubectl),$(LOCALBIN)/kubectl,kubectl)
 CONTROLLER_GEN ?= $(LOCALBIN)/controller-gen
-IMG ?= controller:latest
+HELM ?= $(LOCALBIN)/helm
+DIST ?= $(CURDIR)/dist
+# The release: VERSION names the image tag, the archives and --version.
+VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
+REVISION ?= $(shell git rev-parse HEAD 2>/dev/null || echo unknown)
+IMAGE_REPO ?= ghcr.io/lockwarden/lockwarden
+IMG ?= $(IMAGE_REPO):$(VERSION)
+# The architectures of `make image` and of the plugin archives.
+IMAGE_ARCHS ?= amd64 arm64
+# windows/amd64 joins once cmd/kubectl-lock builds there (`run` uses Unix
+# process groups and signals today).
+PLUGIN_PLATFORMS ?= linux/amd64 linux/arm64 darwin/amd64 darwin/arm64
+VERSION_LDFLAGS = -X github.com/lockwarden/lockwarden/internal/version.Version=$(VERSION) -X github.com/lockwarden/lockwarden/internal/version.Revision=$(REVISION)
+# make uninstall / make undeploy keep the CRDs (and with them every
+# FenceCounter and the FenceIssuer) unless DELETE_CRDS=true.
+DELETE_CRDS ?= false
 # envtest finds kube-apiserver and etcd here (built by hack/build-tools.sh).
 export KUBEBUILDER_ASSETS ?= $(LOCALBIN)
 GO_TEST_FLAGS ?= -count=1 -timeout 25m
@@ -27,12 +45,17 @@ help: ## Show this help.
 ##@ Development
 
 .PHONY: manifests
-manifests: tools ## Generate CRDs and RBAC from the Go markers (webhook manifests are written by hand).
+manifests: controller-gen ## Generate CRDs and RBAC from the Go markers (webhook manifests are written by hand), then the Helm chart's copies.
 	$(CONTROLLER_GEN) crd paths="./api/..." output:crd:artifacts:config=config/crd/bases
 	$(CONTROLLER_GEN) rbac:roleName=manager-role paths="./cmd/...;./controllers/...;./webhook/..." output:rbac:artifacts:config=config/rbac
+	go run ./hack/chartgen
+
+.PHONY: chart
+chart: ## Regenerate the Helm chart's CRD, RBAC and webhook templates from config/ (the test in charts/ fails when they drift).
+	go run ./hack/chartgen
 
 .PHONY: generate
-generate: tools ## Generate DeepCopy methods.
+generate: controller-gen ## Generate DeepCopy methods.
 	$(CONTROLLER_GEN) object:headerFile="hack/boilerplate.go.txt" paths="./api/..."
 
 .PHONY: fmt
@@ -58,18 +81,47 @@ chaos: tools build ## Run the real-process chaos suite for DURATION (default 2m;
 
 .PHONY: verify
 verify: manifests generate ## Fail if generated files are out of date.
-	git diff --exit-code -- api config
+	git diff --exit-code -- api config charts
 
 ##@ Build
 
 .PHONY: build
-build: ## Build the manager, the demo and the kubectl lock plugin into bin/.
-	go build -o $(LOCALBIN)/manager ./cmd/manager
+build: ## Build the manager, the demo and the kubectl plugin (kubectl-lockwarden, and kubectl-lock for compatibility) into bin/.
+	go build -ldflags "$(VERSION_LDFLAGS)" -o $(LOCALBIN)/manager ./cmd/manager
 	go build -o $(LOCALBIN)/lockwarden-demo ./cmd/lockwarden-demo
-	go build -o $(LOCALBIN)/kubectl-lock ./cmd/kubectl-lock
+	go build -ldflags "$(VERSION_LDFLAGS)" -o $(LOCALBIN)/kubectl-lockwarden ./cmd/kubectl-lock
+	cp $(LOCALBIN)/kubectl-lockwarden $(LOCALBIN)/kubectl-lock
+
+.PHONY: image
+image: ## Write the manager's image, one tarball per IMAGE_ARCHS, to dist/ (no Docker needed; see README "Install").
+	mkdir -p $(DIST)
+	for arch in $(IMAGE_ARCHS); do \
+	  CGO_ENABLED=0 GOOS=linux GOARCH=$$arch go build -trimpath -ldflags "-s -w $(VERSION_LDFLAGS)" -o $(DIST)/linux-$$arch/manager ./cmd/manager; \
+	  go -C hack/tools/image run . -binary $(DIST)/linux-$$arch/manager -arch $$arch -image $(IMG) -version $(VERSION) -revision $(REVISION) \
+	    -out $(DIST)/lockwarden-manager-$(VERSION)-linux-$$arch.tar; \
+	done
+
+.PHONY: build-installer
+build-installer: ## Write dist/install.yaml: CRDs, RBAC, the Deployment with image $(IMG), Services, webhooks, PodDisruptionBudget.
+	mkdir -p $(DIST)
+	$(KUBECTL) kustomize config/default | sed 's|image: controller:latest|image: $(IMG)|' > $(DIST)/install.yaml.tmp
+	mv $(DIST)/install.yaml.tmp $(DIST)/install.yaml
+	@echo "wrote $(DIST)/install.yaml (image $(IMG))"
+
+.PHONY: release-archives
+release-archives: ## Write the kubectl plugin's archives for PLUGIN_PLATFORMS and its krew manifest to dist/plugin/.
+	hack/release-archives.sh "$(VERSION)" "$(VERSION_LDFLAGS)" "$(DIST)/plugin" $(PLUGIN_PLATFORMS)
+
+.PHONY: controller-gen
+controller-gen: ## Build controller-gen into bin/ (once).
+	hack/build-tools.sh controller-gen
+
+.PHONY: helm
+helm: ## Build helm into bin/ from the Go module proxy (once).
+	hack/build-tools.sh helm
 
 .PHONY: tools
-tools: ## Build the local control plane and controller-gen into bin/ (once; see DEVELOPERS.md).
+tools: ## Build the local control plane, controller-gen and helm into bin/ (once; see DEVELOPERS.md).
 	hack/build-tools.sh
 
 .PHONY: demo
@@ -98,18 +150,25 @@ run: tools install ## Run the manager locally against the cluster in $KUBECONFIG
 
 ##@ Deployment
 
+CRD_WARNING = "WARNING: deleting the CRDs deletes every FenceCounter and the FenceIssuer: fences and epochs restart at 1 and 0, and objects that recorded a higher fence refuse new holders (see README: Uninstall)."
+
 .PHONY: install
-install: tools ## Install the CRDs into the cluster in $KUBECONFIG.
+install: ## Install the CRDs into the cluster in $KUBECONFIG.
 	$(KUBECTL) apply --server-side -k config/crd
 
 .PHONY: uninstall
-uninstall: tools ## Remove the CRDs (and every LockGrant and FenceCounter) from the cluster.
+uninstall: ## Keep the CRDs (fences live in them); DELETE_CRDS=true removes them with every LockGrant, FenceCounter and the FenceIssuer.
+ifeq ($(DELETE_CRDS),true)
+	@echo $(CRD_WARNING) >&2
 	$(KUBECTL) delete --ignore-not-found -k config/crd
+else
+	@echo "CRDs kept: FenceCounters and the FenceIssuer keep every resource's fence. DELETE_CRDS=true deletes them." >&2
+endif
 
 .PHONY: deploy
-deploy: tools ## Deploy the manager (image $IMG) into the cluster in $KUBECONFIG.
+deploy: ## Deploy everything in config/default (image $IMG) into the cluster in $KUBECONFIG.
 	$(KUBECTL) kustomize config/default | sed 's|image: controller:latest|image: $(IMG)|' | $(KUBECTL) apply --server-side -f -
 
 .PHONY: undeploy
-undeploy: tools ## Remove everything make deploy installed.
-	$(KUBECTL) kustomize config/default | $(KUBECTL) delete --ignore-not-found -f -
+undeploy: ## Remove what make deploy installed and the webhooks the manager created, keeping the CRDs unless DELETE_CRDS=true.
+	hack/undeploy.sh "$(KUBECTL)" "$(DELETE_CRDS)"

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Builds the local control plane (kube-apiserver, etcd, etcdutl, kubectl) and
-# controller-gen from the Go module proxy into bin/. A binary that is already
+# Builds the local control plane (kube-apiserver, etcd, etcdutl, kubectl),
+# controller-gen and helm from the Go module proxy into bin/. A binary that is already
 # there is not rebuilt. See DEVELOPERS.md.
 #
 # Usage: hack/build-tools.sh [tool ...]   (default: all)
@@ -14,6 +14,7 @@ K8S_VERSION=v1.37.2
 K8S_MAJOR=1
 K8S_MINOR=37
 BUILD_DATE=2026-01-01T00:00:00Z
+HELM_VERSION=v3.22.0
 
 kube_ldflags() {
 	local f=""
@@ -39,7 +40,7 @@ build() { # name module-dir package [ldflags]
 }
 
 want=("$@")
-[[ ${#want[@]} -gt 0 ]] || want=(controller-gen etcd etcdutl kube-apiserver kubectl)
+[[ ${#want[@]} -gt 0 ]] || want=(controller-gen etcd etcdutl kube-apiserver kubectl helm)
 for t in "${want[@]}"; do
 	case "$t" in
 	controller-gen) build controller-gen controller-gen sigs.k8s.io/controller-tools/cmd/controller-gen ;;
@@ -47,6 +48,7 @@ for t in "${want[@]}"; do
 	etcdutl) build etcdutl etcd go.etcd.io/etcd/etcdutl/v3 ;;
 	kube-apiserver) build kube-apiserver kube k8s.io/kubernetes/cmd/kube-apiserver "$(kube_ldflags)" ;;
 	kubectl) build kubectl kube k8s.io/kubernetes/cmd/kubectl "$(kube_ldflags)" ;;
+	helm) build helm helm helm.sh/helm/v3/cmd/helm "-s -w -X helm.sh/helm/v3/internal/version.version=${HELM_VERSION}" ;;
 	*) echo "unknown tool: $t" >&2; exit 2 ;;
 	esac
 done

@@ -59,7 +59,7 @@ func Setup(mgr ctrl.Manager, clk clock.PassiveClock, bundle func(context.Context
 	reader := mgr.GetAPIReader()
 	srv := mgr.GetWebhookServer()
 	srv.Register(MutateLockGrantPath, lockgrant.NewDefaulter(mgr.GetScheme(), clk))
-	srv.Register(ValidateLockGrantPath, lockgrant.NewValidator(mgr.GetScheme(), clk, mgr.GetClient(), mgr.GetClient()))
+	srv.Register(ValidateLockGrantPath, lockgrant.NewValidator(mgr.GetScheme(), clk, mgr.GetClient(), mgr.GetClient(), reader))
 	srv.Register(ValidateFenceCounterPath, fencecounter.NewValidator(mgr.GetScheme(), reader))
 	srv.Register(ValidateGuardPolicyPath, guardpolicy.NewValidator(mgr.GetScheme()))
 	srv.Register(ValidateFenceIssuerPath, fenceissuer.NewValidator(mgr.GetScheme()))

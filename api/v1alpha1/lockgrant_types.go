@@ -27,6 +27,7 @@ const (
 // +kubebuilder:validation:XValidation:rule="has(self.operationRoot) == has(oldSelf.operationRoot) && (!has(self.operationRoot) || self.operationRoot == oldSelf.operationRoot)",message="INVALID_SPEC: operationRoot is immutable"
 // +kubebuilder:validation:XValidation:rule="has(self.operationClass) == has(oldSelf.operationClass) && (!has(self.operationClass) || self.operationClass == oldSelf.operationClass)",message="INVALID_SPEC: operationClass is immutable"
 // +kubebuilder:validation:XValidation:rule="has(self.policy) == has(oldSelf.policy) && (!has(self.policy) || self.policy == oldSelf.policy)",message="INVALID_SPEC: policy is immutable"
+// +kubebuilder:validation:XValidation:rule="has(self.session) == has(oldSelf.session) && (!has(self.session) || self.session == oldSelf.session)",message="INVALID_SPEC: session is immutable"
 // +kubebuilder:validation:XValidation:rule="!(has(oldSelf.release) && oldSelf.release) || (has(self.release) && self.release)",message="INVALID_SPEC: release cannot be unset"
 type LockGrantSpec struct {
 	// resource is the canonical ID of the protected resource, for example
@@ -115,10 +116,41 @@ type LockGrantSpec struct {
 	// +kubebuilder:validation:Minimum=0
 	Renewals int64 `json:"renewals,omitempty"`
 
+	// session ties the request to the liveness of its client process: a
+	// coordination.k8s.io/v1 Lease in the same namespace, labeled
+	// locking.lockwarden.io/session=true, whose spec.holderIdentity is the
+	// owner, that the client renews while it runs. A Pending request whose
+	// session is gone or lapsed is withdrawn (Released, reason
+	// SESSION_EXPIRED) and never granted; a Held grant whose session lapsed
+	// ends as Expired (reason SESSION_EXPIRED). A session lapses when the
+	// controller has seen no change to the Lease for its
+	// spec.leaseDurationSeconds plus a margin of one second, by the
+	// controller's clock. Unset: the request has no liveness beyond its
+	// wait limit and its lease. Immutable.
+	// +optional
+	Session *SessionRef `json:"session,omitempty"`
+
 	// release, set to true by the owner, ends the grant: a Held grant becomes
 	// Released, a Pending one leaves the queue. It cannot be unset.
 	// +optional
 	Release bool `json:"release,omitempty"`
+}
+
+// SessionRef names the session Lease of a request's client.
+type SessionRef struct {
+	// name is the name of the coordination.k8s.io/v1 Lease, in the
+	// LockGrant's namespace.
+	// +required
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=253
+	Name string `json:"name"`
+
+	// uid is the Lease's metadata.uid, so that a Lease deleted and created
+	// again under the same name is another session.
+	// +required
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=128
+	UID string `json:"uid"`
 }
 
 // LockGrantPhase is where a grant is in its life.

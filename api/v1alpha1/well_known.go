@@ -69,19 +69,25 @@ const (
 	// by a client is overwritten.
 	RequestedAtAnnotation = "locking.lockwarden.io/requested-at"
 
-	// SessionAnnotation binds a LockGrant to the holder session that created
-	// it: a random token the holder library (pkg/lock) sets at creation and
+	// DriverAnnotation binds a LockGrant to the one process that drives it
+	// (its driver token): a random token the holder library (pkg/lock) sets at creation and
 	// tests in every renew and release it sends. A second process that finds
-	// the grant by its request ID cannot drive it (SESSION_MISMATCH). Grants
+	// the grant by its request ID cannot drive it (DRIVER_MISMATCH). Grants
 	// created without it (kubectl lock acquire, kubectl create) are renewed
 	// by hand with kubectl lock renew.
-	SessionAnnotation = "locking.lockwarden.io/session"
+	DriverAnnotation = "locking.lockwarden.io/driver"
 
 	// RequestIDLabel carries LockGrantSpec.RequestID so that a client whose
 	// create response was lost can find its grant with a label selector:
 	//   kubectl get lockgrants -l locking.lockwarden.io/request-id=ID
 	// It is set by admission from the spec and cannot be changed.
 	RequestIDLabel = "locking.lockwarden.io/request-id"
+
+	// SessionLabel marks a coordination.k8s.io/v1 Lease as a client
+	// session that LockGrants may name in spec.session (value "true"). The
+	// controller watches only Leases with this label; admission refuses a
+	// session Lease without it.
+	SessionLabel = "locking.lockwarden.io/session"
 )
 
 // ResourcePattern is the syntax of a resource ID (LockGrantSpec.Resource);

@@ -118,8 +118,9 @@ lasts.`,
 			defer cancel()
 			p := newProgress(a.streams.ErrOut, c, ns, args[0])
 			// The grant outlives this command: it is renewed and released
-			// by hand, from any process of the same user.
-			h, err := locks.Acquire(ctx, args[0], append(o.lockOptions(), lock.WithProgress(p.update), lock.WithDetachedGrant())...)
+			// by hand, from any process of the same user, and tied to no
+			// session: it lives by its lease and its renewals.
+			h, err := locks.Acquire(ctx, args[0], append(o.lockOptions(), lock.WithProgress(p.update), lock.WithDetachedGrant(), lock.WithoutSession())...)
 			if err != nil {
 				p.finish("")
 				return classify(err)
@@ -151,7 +152,7 @@ func (a *app) renewCmd() *cobra.Command {
 controller's answer. A grant whose lease already ran out is never renewed
 (exit code 3, EXPIRED): acquire again for a new fence. A grant that
 'kubectl lock run' or a library handle holds is renewed by that process
-only (exit code 3, SESSION_MISMATCH). A grant that does not exist is
+only (exit code 3, DRIVER_MISMATCH). A grant that does not exist is
 UNKNOWN_GRANT (exit code 3), as for release.`,
 		Args:              cobra.ExactArgs(1),
 		ValidArgsFunction: a.completeGrants,

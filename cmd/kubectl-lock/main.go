@@ -32,7 +32,7 @@
 //	1    kubectl-lock failed (usage, API errors) — every command but run
 //	3    lockwarden refused, with the reason code first in the message
 //	     (NOT_OWNER, EXPIRED, ALREADY_ENDED, NOT_HELD, REVOKED, UNKNOWN_GRANT,
-//	     SESSION_MISMATCH, ...); for run, before the command started
+//	     DRIVER_MISMATCH, ...); for run, before the command started
 //	123  run: the lock was lost, or its ownership became unknown, while the
 //	     command ran; the command was terminated
 //	124  acquire, run: not acquired within --wait

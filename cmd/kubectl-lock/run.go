@@ -70,7 +70,7 @@ exits 123 if the lock is lost or in doubt first.
 
 --request-id makes a retried run find its own request; it never lets two
 runs hold one grant. A run that finds the grant of its request ID held or
-awaited by another run is refused with SESSION_MISMATCH (exit code 3), and
+awaited by another run is refused with DRIVER_MISMATCH (exit code 3), and
 one that finds it ended is refused with the reason it ended. Unless stdin is a terminal, COMMAND runs
 in its own process group, and signals go to the whole group. SIGINT, SIGTERM
 and SIGHUP sent to kubectl lock are passed on to COMMAND.`,
@@ -144,6 +144,9 @@ func (a *app) run(resource string, argv []string, o acquireOptions, grace time.D
 	if err != nil {
 		return exitRunFailed, err
 	}
+	// The session keeps the request alive while this process waits and
+	// holds; ending it on the way out frees the queue at once.
+	defer func() { _ = locks.Close(context.Background()) }()
 	// Signals: while waiting they cancel the request; while the command
 	// runs they are passed on to it.
 	sigs := make(chan os.Signal, 4)

@@ -110,9 +110,15 @@ func (l *lwClient) untrack(name string) {
 
 // Request creates a LockGrant for resource.
 func (l *lwClient) Request(ctx context.Context, resource string) (*ticket, error) {
+	return l.RequestUnder(ctx, resource, nil)
+}
+
+// RequestUnder creates a LockGrant for resource that names session (nil:
+// none).
+func (l *lwClient) RequestUnder(ctx context.Context, resource string, session *lockingv1alpha1.SessionRef) (*ticket, error) {
 	g := &lockingv1alpha1.LockGrant{
 		ObjectMeta: metav1.ObjectMeta{GenerateName: "g-", Namespace: l.ns, Labels: map[string]string{actorLabel: l.actor}},
-		Spec:       lockingv1alpha1.LockGrantSpec{Resource: resource, LeaseDurationSeconds: l.ttl},
+		Spec:       lockingv1alpha1.LockGrantSpec{Resource: resource, LeaseDurationSeconds: l.ttl, Session: session},
 	}
 	if err := l.c.Create(ctx, g); err != nil {
 		return nil, fmt.Errorf("creating a grant for %s: %w", resource, err)

@@ -122,6 +122,7 @@ func run(ctx context.Context, o options) (err error) {
 		{"expiry", "Expiry handoff", b.expiry},
 		{"throughput", "Cycle throughput", b.throughput},
 		{"admission", "Admission overhead", b.admission},
+		{"deadwaiters", "Handoff past waiters that died in the queue", b.deadWaiters},
 		{"scale", fmt.Sprintf("Scale: %d live grants", o.scale), b.scale},
 	}
 	for _, p := range phases {

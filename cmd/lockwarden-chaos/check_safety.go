@@ -10,6 +10,7 @@ const (
 	checkFences    = "accepted fences never decrease per object"
 	checkNoLoss    = "no acknowledged write lost"
 	checkNoStale   = "no write of an expired or superseded grant accepted"
+	checkNoStray   = "no request asserting nothing accepted (patch, delete)"
 	checkOneHeld   = "at most one Held grant per resource at any controller time"
 	checkLockModel = "linearizable: fenced lock per resource (porcupine)"
 	checkRegister  = "linearizable: CAS register per object (porcupine)"
@@ -146,6 +147,28 @@ func (w *world) checkStaleWrites() []Violation {
 				if why := w.late(o); why != "" {
 					vs = append(vs, violation(checkNoStale, "%s: write %s (fence %d) was %s, and accepted as version %s", obj, o.invoke.ID, v.Fence, why, v.RV))
 				}
+			}
+		}
+	}
+	return vs
+}
+
+// checkStrays: no stray request (a merge patch of data only or a delete
+// without a precondition, from a worker whose grant had ended) was
+// acknowledged or shows as a version.
+func (w *world) checkStrays() []Violation {
+	var vs []Violation
+	for _, o := range w.opsOf[OpStray] {
+		if o.outcome() == EventOK {
+			vs = append(vs, violation(checkNoStray, "%s: %s %s by %s (grant %s, fence %d, ended) was accepted",
+				o.invoke.Object, o.invoke.Detail, o.invoke.ID, o.invoke.Proc, o.invoke.Grant, o.invoke.Fence))
+		}
+	}
+	for _, obj := range sortedKeys(w.versions) {
+		for _, v := range w.versions[obj] {
+			if o := w.ops[v.WriteID]; o != nil && o.invoke.Op == OpStray {
+				vs = append(vs, violation(checkNoStray, "%s: version %s is the %s %s by %s (grant %s ended)",
+					obj, v.RV, o.invoke.Detail, o.invoke.ID, o.invoke.Proc, o.invoke.Grant))
 			}
 		}
 	}

@@ -172,6 +172,23 @@ func TestCheckFindsViolations(t *testing.T) {
 		},
 		want: []string{checkNoLoss, checkRegister},
 	}, {
+		name: "a stale replica's merge patch of data only is accepted",
+		mutate: func(h history) history {
+			// a, whose g1 ended, patches the data without a claim while g2
+			// holds; admission lets it through on g2's inherited claim.
+			h.op("a", OpStray, "a6", 126, 128, EventOK, Event{Object: "counter-r", Grant: "g1", Fence: 1, Detail: "merge-patch"})
+			h.version(129, "210", -1, 2, "g2", "a6")
+			return retarget(h, "210", -1, 2, "g2", "a6")
+		},
+		want: []string{checkNoStray, checkNoLoss, checkRegister},
+	}, {
+		name: "a stale replica's delete without a precondition is accepted",
+		mutate: func(h history) history {
+			h.op("a", OpStray, "a6", 126, 128, EventOK, Event{Object: "counter-r", Grant: "g1", Fence: 1, Detail: "delete"})
+			return h
+		},
+		want: []string{checkNoStray},
+	}, {
 		name: "the observer lost track",
 		mutate: func(h history) history {
 			h.add(50, "observer", EventNote, NoteGap, Event{Detail: "410 Gone"})
@@ -225,6 +242,10 @@ func TestCheckUnknownOutcomes(t *testing.T) {
 		}
 	}
 	h.write("b", "b7", 126, 0, "", Event{Grant: "g2", Fence: 2, Count: 3, ExpectRV: "100"})
+	// Stray requests refused, or of unknown outcome and without effect,
+	// break nothing.
+	h.op("a", OpStray, "a6", 90, 95, EventFail, Event{Object: "counter-r", Grant: "g1", Fence: 1, Detail: "merge-patch", Reason: "NO_FENCE"})
+	h.op("a", OpStray, "a7", 96, 0, "", Event{Object: "counter-r", Grant: "g1", Fence: 1, Detail: "delete"})
 	rep := Check(h.sorted())
 	if !rep.Passed() {
 		t.Fatalf("violations: %+v", rep.Violations)

@@ -2,15 +2,19 @@ package main
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"runtime"
 	"strconv"
 	"strings"
 	"syscall"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/wait"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	lockingv1alpha1 "github.com/lockwarden/lockwarden/api/v1alpha1"
@@ -114,6 +118,78 @@ func (w *worker) increment(ctx context.Context, l *lease) bool {
 		w.rec.emit(withKind(write, EventInfo))
 	}
 	return l.valid()
+}
+
+// stray sends, once l has ended, what a replica that lost its lease still
+// sends to the resource's guarded object: a merge patch of data only (it
+// inherits whatever the stored object carries) or a delete without a
+// precondition. Neither asserts a claim of its own, so admission must refuse
+// both; the checker counts any that took effect.
+func (w *worker) stray(ctx context.Context, l *lease) {
+	resource := w.strayTarget(ctx, l.resource)
+	if ctx.Err() != nil {
+		return
+	}
+	cm := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: w.o.namespace, Name: objectName(resource)}}
+	e := Event{Op: OpStray, ID: w.nextID("s"), Resource: resource, Object: cm.Name, Grant: l.key.Name, UID: string(l.uid), Fence: l.m.Fence()}
+	rctx, cancel := w.requestCtx(ctx)
+	defer cancel()
+	var err error
+	if w.rnd.Float64() < 0.5 {
+		e.Detail = "merge-patch"
+		w.rec.emit(withKind(e, EventInvoke))
+		patch := fmt.Sprintf(`{"data":{%q:"-1",%q:%q}}`, countKey, writeKey, e.ID)
+		err = w.c.Patch(rctx, cm, client.RawPatch(types.MergePatchType, []byte(patch)))
+	} else {
+		e.Detail = "delete"
+		w.rec.emit(withKind(e, EventInvoke))
+		err = w.c.Delete(rctx, cm)
+	}
+	outcome, reason := classify(err)
+	e.Reason = reason
+	if outcome == EventInfo {
+		e.Detail += ": " + err.Error()
+	}
+	w.rec.emit(withKind(e, outcome))
+}
+
+// strayTarget picks the resource a stray request goes to, reading like a
+// retry loop before it sends. A replica sharing its identity with another
+// worker (the case only the claim tells apart) waits, up to strayWait, for
+// that worker to hold a grant and to have written its object, and targets
+// it; any other worker waits for a successor to write the object of the
+// resource it held. Either way it goes on after strayWait.
+func (w *worker) strayTarget(ctx context.Context, held string) string {
+	target := held
+	_ = wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, strayWait, true, func(ctx context.Context) (bool, error) {
+		rctx, cancel := w.requestCtx(ctx)
+		defer cancel()
+		writer := func(resource string) string {
+			cm := &corev1.ConfigMap{}
+			if err := w.c.Get(rctx, client.ObjectKey{Namespace: w.o.namespace, Name: objectName(resource)}, cm); err != nil {
+				return ""
+			}
+			id := cm.Data[writeKey]
+			return id[:max(0, strings.LastIndex(id, "-"))]
+		}
+		if w.o.replicaOf == "" {
+			who := writer(held)
+			return who != "" && who != w.o.id, nil
+		}
+		var grants lockingv1alpha1.LockGrantList
+		if err := w.c.List(rctx, &grants, client.InNamespace(w.o.namespace)); err != nil {
+			return false, nil
+		}
+		for _, g := range grants.Items {
+			if g.Status.Phase == lockingv1alpha1.PhaseHeld && strings.HasPrefix(g.Spec.RequestID, w.o.replicaOf+"-") &&
+				writer(g.Spec.Resource) == w.o.replicaOf {
+				target = g.Spec.Resource
+				return true, nil
+			}
+		}
+		return false, nil
+	})
+	return target
 }
 
 // stamp writes the new count and the write's ID into cm, and the grant, its

@@ -22,14 +22,17 @@
 //     accepts it, so that killing one replica forces a leader failover while
 //     admission keeps being served;
 //   - worker processes (this binary re-executed as the hidden `worker`
-//     subcommand), each with its own identity (an envtest client
-//     certificate for system:serviceaccount:chaos:worker-N). They contend for
+//     subcommand), each with an envtest client certificate for
+//     system:serviceaccount:chaos:worker-N, except worker-1, which runs as
+//     worker-0's service account: two replicas of one Deployment, whose
+//     writes only the claim each asserts tells apart. They contend for
 //     a few resources: acquire a LockGrant, keep it with the holder state
 //     machine of pkg/lock/holder (renewing, and producing no effect once
 //     ownership is unknown), and write fenced increments to the guarded
 //     ConfigMap of the resource: read the count, add one, write it back with
 //     a resourceVersion precondition and the grant, fence and proof
-//     annotations. Each worker reaches the API server through its own
+//     annotations (the claim, which admission consumes, recording what it
+//     accepted in the accepted-* annotations). Each worker reaches the API server through its own
 //     toxiproxy proxy (github.com/Shopify/toxiproxy/v2, in process).
 //
 // # The faults
@@ -44,7 +47,11 @@
 // server; and kills a manager replica (SIGKILL or SIGTERM, mostly the
 // leader) and starts it again, forcing leader failover. Faults are random
 // from --seed; the run is not deterministic (real processes and a real
-// scheduler), but every action is in the history.
+// scheduler), but every action is in the history. Workers add faults of
+// their own: once a grant has ended, a worker sometimes sends what a replica
+// that lost its lease still sends to the object — a merge patch of data
+// only, or a delete without a precondition — neither of which asserts a
+// claim.
 //
 // # The history and the checker
 //
@@ -66,6 +73,8 @@
 //     fence is its grant's, and its write was invoked before the grant's
 //     lease ran out, before the grant was seen ended, and before a later
 //     grant of the resource was seen Held;
+//   - no request that asserts nothing is accepted: no stray merge patch or
+//     delete is acknowledged or shows as a version;
 //   - at most one grant per resource is Held at any controller time
 //     (grantedAt and endedAt), fences increase in grant order, and no grant
 //     is expired before its expiresAt;

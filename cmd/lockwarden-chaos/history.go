@@ -94,6 +94,12 @@ const (
 	// Fence. ok carries the new RV; fail Reason is the admission refusal or
 	// CONFLICT.
 	OpWrite = "write"
+	// OpStray: a request to the guarded object of a resource that asserts
+	// no claim of its own, sent by a worker whose grant (Grant, Fence) has
+	// ended, as a replica that lost its lease still sends it: a merge patch
+	// of data only (Detail "merge-patch") or a delete without a
+	// precondition (Detail "delete"). Admission must refuse every one.
+	OpStray = "stray"
 )
 
 // Facts.

@@ -26,9 +26,34 @@ const workerRole = "chaos-worker"
 // workerName is the name, service account and history process of worker i.
 func workerName(i int) string { return fmt.Sprintf("worker-%d", i) }
 
-// workerUser is the Kubernetes user name of worker i.
+// workerUser is the Kubernetes user name of worker i. Worker 1 is a replica
+// of worker 0's Deployment: it runs as worker 0's service account, so the
+// two hold grants under one identity and only the claim each write asserts
+// tells their writes apart.
 func workerUser(i int) string {
-	return "system:serviceaccount:" + chaosNamespace + ":" + workerName(i)
+	return "system:serviceaccount:" + chaosNamespace + ":" + workerName(identityOf(i))
+}
+
+// identityOf is the index of the service account worker i runs as.
+func identityOf(i int) int {
+	if i == 1 {
+		return 0
+	}
+	return i
+}
+
+// replicaOf is the name of the other worker that runs as worker i's
+// service account, or "".
+func replicaOf(i, workers int) string {
+	switch {
+	case workers < 2:
+		return ""
+	case i == 0:
+		return workerName(1)
+	case i == 1:
+		return workerName(0)
+	}
+	return ""
 }
 
 // setupIdentities creates the namespace, the workers' service accounts,
@@ -44,7 +69,7 @@ func setupIdentities(ctx context.Context, cp *localcp.ControlPlane, c client.Cli
 			Rules: []rbacv1.PolicyRule{
 				{APIGroups: []string{lockingv1alpha1.GroupVersion.Group}, Resources: []string{"lockgrants"}, Verbs: []string{"create", "get", "list", "watch", "update", "patch"}},
 				{APIGroups: []string{lockingv1alpha1.GroupVersion.Group}, Resources: []string{"fencecounters"}, Verbs: []string{"get", "list", "watch"}},
-				{APIGroups: []string{""}, Resources: []string{"configmaps"}, Verbs: []string{"get", "list", "watch", "create", "update", "patch"}},
+				{APIGroups: []string{""}, Resources: []string{"configmaps"}, Verbs: []string{"get", "list", "watch", "create", "update", "patch", "delete"}},
 			},
 		},
 	}
@@ -65,6 +90,8 @@ func setupIdentities(ctx context.Context, cp *localcp.ControlPlane, c client.Cli
 
 	kubeconfigs := make([]string, len(servers))
 	for i, server := range servers {
+		// The kubeconfig is the worker's own (its own fault proxy), the
+		// identity in it may be shared (identityOf).
 		path, err := addUser(cp, workerName(i), envtest.User{
 			Name:   workerUser(i),
 			Groups: []string{"system:serviceaccounts", "system:serviceaccounts:" + chaosNamespace, "system:authenticated"},

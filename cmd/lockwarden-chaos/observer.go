@@ -152,7 +152,9 @@ func (o *observer) grant(obj runtime.Object) {
 	defer o.mu.Unlock()
 	o.saw("LockGrant/"+g.Name, g.ResourceVersion)
 	if g.Status.Phase == lockingv1alpha1.PhaseHeld {
-		o.heldBy[g.Name] = strings.TrimPrefix(g.Spec.Owner, "system:serviceaccount:"+chaosNamespace+":")
+		// By request ID ("worker-N-SEQ"), not owner: two workers share an
+		// identity.
+		o.heldBy[g.Name] = g.Spec.RequestID[:max(0, strings.LastIndex(g.Spec.RequestID, "-"))]
 	} else {
 		delete(o.heldBy, g.Name)
 	}

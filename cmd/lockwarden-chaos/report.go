@@ -56,6 +56,7 @@ func Check(history []Event) *Report {
 	r.Violations = append(r.Violations, w.checkFenceOrder()...)
 	r.Violations = append(r.Violations, w.checkLostWrites()...)
 	r.Violations = append(r.Violations, w.checkStaleWrites()...)
+	r.Violations = append(r.Violations, w.checkStrays()...)
 	r.Violations = append(r.Violations, w.checkOneHeld()...)
 	lin, lockOps, regOps, bad := w.linearizable()
 	r.Violations = append(r.Violations, lin...)
@@ -75,6 +76,7 @@ func Check(history []Event) *Report {
 	r.Checked[checkFences] = fmt.Sprintf("%d versions of %d objects", versions, len(w.versions))
 	r.Checked[checkNoLoss] = fmt.Sprintf("%d versions against %d writes", versions, len(w.opsOf[OpWrite]))
 	r.Checked[checkNoStale] = fmt.Sprintf("%d accepted writes against %d grants", versions, len(w.grants))
+	r.Checked[checkNoStray] = fmt.Sprintf("%d stray requests", len(w.opsOf[OpStray]))
 	r.Checked[checkOneHeld] = fmt.Sprintf("%d Held grants on %d resources", held, len(w.resources()))
 	r.Checked[checkLockModel] = fmt.Sprintf("%d operations", lockOps)
 	r.Checked[checkRegister] = fmt.Sprintf("%d operations", regOps)
@@ -238,7 +240,7 @@ func (r *Report) Print(out io.Writer) {
 	fmt.Fprintf(out, "Chaos history: %s of workload, %d workers, %d grants (%s)\n", r.Span.Round(time.Second), r.Workers, sum(r.Grants), counts(r.Grants))
 	fmt.Fprintf(out, "Faults: %s\n", counts(r.Faults))
 	fmt.Fprintf(out, "Leader failovers: %d, kill to new leader %s\n", len(r.Failovers), dist(r.Failovers))
-	for _, kind := range []string{OpAcquire, OpRenew, OpRelease, OpRead, OpWrite} {
+	for _, kind := range []string{OpAcquire, OpRenew, OpRelease, OpRead, OpWrite, OpStray} {
 		fmt.Fprintf(out, "  %-8s %s\n", kind, counts(r.Ops[kind]))
 	}
 	fmt.Fprintf(out, "Writes of unknown outcome: %d, of which %d took effect\n", r.Ambiguous, r.AmbApplied)
@@ -259,7 +261,7 @@ func (r *Report) Print(out io.Writer) {
 	for _, v := range r.Violations {
 		failed[v.Check]++
 	}
-	for _, c := range []string{checkFences, checkNoLoss, checkNoStale, checkOneHeld, checkLockModel, checkRegister, checkRun} {
+	for _, c := range []string{checkFences, checkNoLoss, checkNoStale, checkNoStray, checkOneHeld, checkLockModel, checkRegister, checkRun} {
 		verdict := "ok"
 		if failed[c] > 0 {
 			verdict = fmt.Sprintf("FAILED (%d)", failed[c])

@@ -32,6 +32,12 @@ const (
 	maxThink          = 400 * time.Millisecond
 	maxCompute        = 150 * time.Millisecond
 	abandonRate       = 0.1
+	// strayRate is how often a worker, once its grant has ended, sends a
+	// request that asserts nothing (stray).
+	strayRate = 0.5
+	// strayWait bounds how long a stray request waits for a successor to
+	// write the object first.
+	strayWait = 5 * time.Second
 	// unknownPatience is how long a worker in OWNERSHIP_UNKNOWN keeps
 	// reading its grant before it gives the grant up with a release.
 	unknownPatience = 2 * time.Second
@@ -48,6 +54,9 @@ type workerOptions struct {
 	resources  []string
 	ttl        time.Duration
 	seed       uint64
+	// replicaOf names the worker that runs as the same service account
+	// (a replica of the same Deployment), or "".
+	replicaOf string
 	// requestTimeout bounds every API request.
 	requestTimeout time.Duration
 	// waitTimeout is the grants' spec.waitTimeoutSeconds.
@@ -81,6 +90,7 @@ func runWorker(args []string) int {
 	fs.StringVar(&resources, "resources", "", "Comma-separated resource IDs to contend for.")
 	fs.DurationVar(&o.ttl, "ttl", defaultTTL, "Lease duration of every grant (whole seconds).")
 	fs.Uint64Var(&o.seed, "seed", 1, "Seed of the worker's choices.")
+	fs.StringVar(&o.replicaOf, "replica-of", "", "The worker that runs as the same service account, if any.")
 	fs.DurationVar(&o.requestTimeout, "request-timeout", 3*time.Second, "Deadline of every API request.")
 	fs.DurationVar(&o.waitTimeout, "wait-timeout", 20*time.Second, "How long a grant may wait in the queue (spec.waitTimeoutSeconds).")
 	if err := fs.Parse(args); err != nil {
@@ -175,6 +185,9 @@ func (w *worker) hold(ctx context.Context, l *lease) {
 	}
 	l.release(after)
 	l.keep(after, settleTimeout, func() bool { return l.m.State().Final() })
+	if ctx.Err() == nil && l.m.State().Final() && w.rnd.Float64() < strayRate {
+		w.stray(ctx, l)
+	}
 }
 
 // between returns a random duration in [lo, hi).

@@ -66,6 +66,7 @@ func startWorkerProc(self string, i int, kubeconfig, dir string, o options, reso
 		"--resources", strings.Join(resources, ","),
 		"--ttl", o.ttl.String(),
 		"--seed", strconv.FormatUint(o.seed+uint64(i)+1, 10),
+		"--replica-of", replicaOf(i, o.workers),
 	)
 	cmd.Stdout, cmd.Stderr = logFile, logFile
 	// Its own process group: only the driver signals it. It is killed if

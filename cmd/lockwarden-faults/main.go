@@ -51,6 +51,9 @@ func main() {
 		fmt.Println("FAIL: replay a round with -replay SEED")
 		os.Exit(1)
 	}
+	if r.ClaimSquatted > 0 {
+		fmt.Printf("note: claim_squatted=%d: a look-alike created unguarded with exactly the claim the holder then made got the holder's write refused NO_FENCE (reported, not gated; see README)\n", r.ClaimSquatted)
+	}
 	fmt.Println("PASS: every forbidden count is 0 and every accepted mutation passed the proof and fence checks")
 }
 

@@ -6,6 +6,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"crypto/tls"
 	"errors"
@@ -17,7 +18,9 @@ import (
 	"time"
 
 	"github.com/open-policy-agent/cert-controller/pkg/rotator"
+	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
 	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
@@ -29,21 +32,35 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/healthz"
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
+	"sigs.k8s.io/controller-runtime/pkg/metrics"
+	"sigs.k8s.io/controller-runtime/pkg/metrics/filters"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 	"sigs.k8s.io/controller-runtime/pkg/webhook"
 
 	lockingv1alpha1 "github.com/lockwarden/lockwarden/api/v1alpha1"
 	"github.com/lockwarden/lockwarden/controllers"
 	"github.com/lockwarden/lockwarden/internal/issuer"
+	"github.com/lockwarden/lockwarden/internal/observe"
+	"github.com/lockwarden/lockwarden/internal/version"
 	lwwebhook "github.com/lockwarden/lockwarden/webhook"
 )
 
-// +kubebuilder:rbac:groups="",resources=secrets,verbs=get;list;watch;update;patch
+// The manager's Secrets (webhook certificate, signing keys) live in its own
+// namespace: a Role there, not a ClusterRole. config/ and the Helm chart
+// bind it in the namespace they install into.
+// +kubebuilder:rbac:groups="",namespace=lockwarden-system,resources=secrets,verbs=get;list;watch;update;patch
 // +kubebuilder:rbac:groups=admissionregistration.k8s.io,resources=validatingwebhookconfigurations;mutatingwebhookconfigurations,verbs=get;list;watch;update;patch
 // +kubebuilder:rbac:groups=coordination.k8s.io,resources=leases,verbs=get;list;watch;create;update;patch;delete
+// Secure metrics: the manager asks the API server who a scraper is and
+// whether it may read /metrics.
+// +kubebuilder:rbac:groups=authentication.k8s.io,resources=tokenreviews,verbs=create
+// +kubebuilder:rbac:groups=authorization.k8s.io,resources=subjectaccessreviews,verbs=create
 
 type options struct {
 	metricsAddr, probeAddr  string
+	metricsSecure           bool
+	metricsCertDir          string
+	enableHTTP2             bool
 	leaderElect             bool
 	leaderElectionNamespace string
 	webhookHost             string
@@ -63,10 +80,15 @@ type options struct {
 
 func main() {
 	var o options
-	flag.StringVar(&o.metricsAddr, "metrics-bind-address", ":8080", "Address the Prometheus metrics endpoint binds to; \"0\" disables it.")
+	var showVersion bool
+	flag.BoolVar(&showVersion, "version", false, "Print the version and exit.")
+	flag.StringVar(&o.metricsAddr, "metrics-bind-address", ":8443", "Address the Prometheus metrics endpoint binds to; \"0\" disables it.")
+	flag.BoolVar(&o.metricsSecure, "metrics-secure", true, "Serve metrics over HTTPS, only to clients that authenticate and are authorized (TokenReview and SubjectAccessReview: get on the non-resource URL /metrics, e.g. the metrics-reader ClusterRole). false serves plain HTTP to anyone, for a manager on a developer's machine.")
+	flag.StringVar(&o.metricsCertDir, "metrics-cert-dir", "", "Directory with tls.crt and tls.key for the metrics server (e.g. from cert-manager). Default: a self-signed certificate generated at start.")
+	flag.BoolVar(&o.enableHTTP2, "enable-http2", false, "Serve HTTP/2 on the webhook and metrics servers. Off by default: HTTP/2 is open to the Rapid Reset and Stream Cancellation attacks (CVE-2023-44487, CVE-2023-39325).")
 	flag.StringVar(&o.probeAddr, "health-probe-bind-address", ":8081", "Address the /healthz and /readyz probes bind to.")
 	flag.BoolVar(&o.leaderElect, "leader-elect", false, "Elect one active controller among replicas (webhooks serve on every replica).")
-	flag.StringVar(&o.leaderElectionNamespace, "leader-election-namespace", "", "Namespace of the leader election Lease (default: the pod's namespace).")
+	flag.StringVar(&o.leaderElectionNamespace, "leader-election-namespace", "", "Namespace of the leader election Lease (default: --namespace).")
 	flag.StringVar(&o.webhookHost, "webhook-host", "", "Address the webhook server binds to (default: all interfaces).")
 	flag.IntVar(&o.webhookPort, "webhook-port", 9443, "Port the webhook server listens on.")
 	flag.StringVar(&o.certDir, "webhook-cert-dir", "", "Directory of the webhook serving certificate (tls.crt, tls.key), e.g. where the certificate Secret is mounted. Default: a temporary directory that the manager fills from --webhook-cert-secret (for a manager running outside a pod).")
@@ -83,6 +105,10 @@ func main() {
 	zapOpts := zap.Options{}
 	zapOpts.BindFlags(flag.CommandLine)
 	flag.Parse()
+	if showVersion {
+		fmt.Println("lockwarden manager", version.Get())
+		return
+	}
 	ctrl.SetLogger(zap.New(zap.UseFlagOptions(&zapOpts)))
 
 	if err := run(o); err != nil {
@@ -107,30 +133,45 @@ func run(o options) error {
 		defer os.RemoveAll(dir)
 		o.certDir = dir
 	}
-	mgr, err := ctrl.NewManager(ctrl.GetConfigOrDie(), ctrl.Options{
+	cfg := ctrl.GetConfigOrDie()
+	tlsOpts := []func(*tls.Config){func(c *tls.Config) { c.MinVersion = tls.VersionTLS12 }}
+	if !o.enableHTTP2 {
+		tlsOpts = append(tlsOpts, func(c *tls.Config) { c.NextProtos = []string{"http/1.1"} })
+	}
+	metricsOpts := metricsserver.Options{BindAddress: o.metricsAddr, SecureServing: o.metricsSecure, TLSOpts: tlsOpts}
+	if o.metricsSecure {
+		// As the kubebuilder scaffold: TokenReview and
+		// SubjectAccessReview decide who may read /metrics.
+		metricsOpts.FilterProvider = filters.WithAuthenticationAndAuthorization
+		metricsOpts.CertDir = o.metricsCertDir
+	}
+	metrics.Registry.MustRegister(version.BuildInfo())
+	mgr, err := ctrl.NewManager(cfg, ctrl.Options{
 		Scheme: scheme,
 		// Secrets and ConfigMaps are read only in the manager's namespace.
 		Cache: cache.Options{ByObject: map[client.Object]cache.ByObject{
 			&corev1.Secret{}:    {Namespaces: map[string]cache.Config{o.namespace: {}}},
 			&corev1.ConfigMap{}: {Namespaces: map[string]cache.Config{o.namespace: {}}},
+			// Leases: only client sessions (spec.session of LockGrants).
+			&coordinationv1.Lease{}: {Label: labels.SelectorFromSet(labels.Set{lockingv1alpha1.SessionLabel: "true"})},
 		}},
-		Metrics:                       metricsserver.Options{BindAddress: o.metricsAddr},
+		Metrics:                       metricsOpts,
 		HealthProbeBindAddress:        o.probeAddr,
 		LeaderElection:                o.leaderElect,
 		LeaderElectionID:              "lockwarden.locking.lockwarden.io",
-		LeaderElectionNamespace:       o.leaderElectionNamespace,
+		LeaderElectionNamespace:       cmp.Or(o.leaderElectionNamespace, o.namespace),
 		LeaderElectionReleaseOnCancel: true,
 		LeaseDuration:                 &o.leaseDuration,
 		RenewDeadline:                 &o.renewDeadline,
 		RetryPeriod:                   &o.retryPeriod,
 		// The webhook server is added to the manager once its certificate
 		// exists (see below).
-		WebhookServer: webhook.NewServer(webhook.Options{
+		WebhookServer: observe.TimedWebhookServer{Server: webhook.NewServer(webhook.Options{
 			Host:    o.webhookHost,
 			Port:    o.webhookPort,
 			CertDir: o.certDir,
-			TLSOpts: []func(*tls.Config){func(c *tls.Config) { c.MinVersion = tls.VersionTLS12 }},
-		}),
+			TLSOpts: tlsOpts,
+		})},
 	})
 	if err != nil {
 		return fmt.Errorf("creating manager: %w", err)
@@ -166,6 +207,9 @@ func run(o options) error {
 	}); err != nil {
 		return err
 	}
+	if err := mgr.Add(&observe.GrantObserver{Cache: mgr.GetCache()}); err != nil {
+		return err
+	}
 	// The webhook server starts when it is first registered, which must
 	// wait for its certificate to exist; the manager starts runnables added
 	// after its own start at once.
@@ -195,7 +239,7 @@ func run(o options) error {
 	}); err != nil {
 		return err
 	}
-	ctrl.Log.Info("Starting manager", "webhookPort", o.webhookPort, "leaderElection", o.leaderElect, "grantsOnEveryReplica", o.grantsOnEveryReplica)
+	ctrl.Log.Info("Starting manager", "version", version.Get().Version, "revision", version.Get().Revision, "webhookPort", o.webhookPort, "leaderElection", o.leaderElect, "grantsOnEveryReplica", o.grantsOnEveryReplica)
 	if err := mgr.Start(ctx); err != nil {
 		return err
 	}

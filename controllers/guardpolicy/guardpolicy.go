@@ -7,6 +7,13 @@
 // reached the same way (Service or URL, same CA) as the static guarded-write
 // webhook it copies from. It reports each policy's Ready condition.
 //
+// Both configurations are created at run time, so no installer knows them:
+// each carries the labels in OwnedLabels, by which `make undeploy` and the
+// Helm chart's uninstall find and delete them, and an owner reference to the
+// static configuration (TemplateConfig), so that on a cluster with the
+// garbage collector they go when it goes. Left behind, an Enforce webhook
+// (failurePolicy Fail) would refuse every write to the objects it selects.
+//
 // Revoking grants that a changed policy no longer allows is the LockGrant
 // controller's job; this one only installs admission.
 package guardpolicy
@@ -46,6 +53,16 @@ const (
 	// clientConfig the policy webhooks copy.
 	TemplateWebhookName = "guard.locking.lockwarden.io"
 )
+
+// OwnedLabels mark the configurations this controller creates, for
+// uninstallers: select them with ManagedBySelector.
+var OwnedLabels = map[string]string{
+	"app.kubernetes.io/part-of":    "lockwarden",
+	"app.kubernetes.io/managed-by": "lockwarden-manager",
+}
+
+// ManagedBySelector selects what the manager created at run time.
+const ManagedBySelector = "app.kubernetes.io/managed-by=lockwarden-manager"
 
 // +kubebuilder:rbac:groups=locking.lockwarden.io,resources=guardpolicies,verbs=get;list;watch
 // +kubebuilder:rbac:groups=locking.lockwarden.io,resources=guardpolicies/status,verbs=get;update;patch
@@ -89,7 +106,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, _ reconcile.Request) (reconc
 		return reconcile.Result{}, err
 	}
 	slices.SortFunc(list.Items, func(a, b lockingv1alpha1.GuardPolicy) int { return compare(a.Name, b.Name) })
-	template, err := r.template(ctx)
+	template, owner, err := r.template(ctx)
 	if err != nil {
 		return reconcile.Result{}, err
 	}
@@ -112,13 +129,13 @@ func (r *Reconciler) Reconcile(ctx context.Context, _ reconcile.Request) (reconc
 			shadow = append(shadow, mutating(p, withPath(template, guard.ShadowPathPrefix+p.Name), admissionregistrationv1.Ignore, append(writeOps, admissionregistrationv1.Delete)...))
 		}
 	}
-	if err := r.writeValidating(ctx, enforce); err != nil {
+	if err := r.writeValidating(ctx, owner, enforce); err != nil {
 		return reconcile.Result{}, err
 	}
-	if err := r.writeMutating(ctx, EnforceConfigName, enforceWrites); err != nil {
+	if err := r.writeMutating(ctx, owner, EnforceConfigName, enforceWrites); err != nil {
 		return reconcile.Result{}, err
 	}
-	if err := r.writeMutating(ctx, ShadowConfigName, shadow); err != nil {
+	if err := r.writeMutating(ctx, owner, ShadowConfigName, shadow); err != nil {
 		return reconcile.Result{}, err
 	}
 	for i := range list.Items {
@@ -139,18 +156,43 @@ func compare(a, b string) int {
 	return 0
 }
 
-// template returns the static guarded-write webhook's clientConfig.
-func (r *Reconciler) template(ctx context.Context) (admissionregistrationv1.WebhookClientConfig, error) {
+// template returns the static guarded-write webhook's clientConfig, and
+// an owner reference to its configuration.
+func (r *Reconciler) template(ctx context.Context) (admissionregistrationv1.WebhookClientConfig, metav1.OwnerReference, error) {
 	cfg := &admissionregistrationv1.ValidatingWebhookConfiguration{}
 	if err := r.Client.Get(ctx, types.NamespacedName{Name: r.TemplateConfig}, cfg); err != nil {
-		return admissionregistrationv1.WebhookClientConfig{}, fmt.Errorf("reading %s: %w", r.TemplateConfig, err)
+		return admissionregistrationv1.WebhookClientConfig{}, metav1.OwnerReference{}, fmt.Errorf("reading %s: %w", r.TemplateConfig, err)
+	}
+	owner := metav1.OwnerReference{
+		APIVersion: admissionregistrationv1.SchemeGroupVersion.String(), Kind: "ValidatingWebhookConfiguration",
+		Name: cfg.Name, UID: cfg.UID,
 	}
 	for _, w := range cfg.Webhooks {
 		if w.Name == TemplateWebhookName {
-			return w.ClientConfig, nil
+			return w.ClientConfig, owner, nil
 		}
 	}
-	return admissionregistrationv1.WebhookClientConfig{}, fmt.Errorf("%s has no webhook %s", r.TemplateConfig, TemplateWebhookName)
+	return admissionregistrationv1.WebhookClientConfig{}, owner, fmt.Errorf("%s has no webhook %s", r.TemplateConfig, TemplateWebhookName)
+}
+
+// owned returns obj's metadata with OwnedLabels and owner set, and whether
+// that changed anything.
+func owned(m *metav1.ObjectMeta, owner metav1.OwnerReference) bool {
+	changed := false
+	for k, v := range OwnedLabels {
+		if m.Labels[k] != v {
+			if m.Labels == nil {
+				m.Labels = map[string]string{}
+			}
+			m.Labels[k] = v
+			changed = true
+		}
+	}
+	if refs := []metav1.OwnerReference{owner}; !equality.Semantic.DeepEqual(m.OwnerReferences, refs) {
+		m.OwnerReferences = refs
+		changed = true
+	}
+	return changed
 }
 
 // withPath points a copy of the client config at path.
@@ -243,34 +285,36 @@ func mutating(p *lockingv1alpha1.GuardPolicy, cc admissionregistrationv1.Webhook
 	}
 }
 
-func (r *Reconciler) writeValidating(ctx context.Context, hooks []admissionregistrationv1.ValidatingWebhook) error {
+func (r *Reconciler) writeValidating(ctx context.Context, owner metav1.OwnerReference, hooks []admissionregistrationv1.ValidatingWebhook) error {
 	cfg := &admissionregistrationv1.ValidatingWebhookConfiguration{}
 	err := r.APIReader.Get(ctx, types.NamespacedName{Name: EnforceConfigName}, cfg)
 	if apierrors.IsNotFound(err) {
 		cfg = &admissionregistrationv1.ValidatingWebhookConfiguration{ObjectMeta: metav1.ObjectMeta{Name: EnforceConfigName}, Webhooks: hooks}
+		owned(&cfg.ObjectMeta, owner)
 		return r.Client.Create(ctx, cfg)
 	}
 	if err != nil {
 		return err
 	}
-	if equality.Semantic.DeepEqual(cfg.Webhooks, hooks) {
+	if !owned(&cfg.ObjectMeta, owner) && equality.Semantic.DeepEqual(cfg.Webhooks, hooks) {
 		return nil
 	}
 	cfg.Webhooks = hooks
 	return r.Client.Update(ctx, cfg)
 }
 
-func (r *Reconciler) writeMutating(ctx context.Context, name string, hooks []admissionregistrationv1.MutatingWebhook) error {
+func (r *Reconciler) writeMutating(ctx context.Context, owner metav1.OwnerReference, name string, hooks []admissionregistrationv1.MutatingWebhook) error {
 	cfg := &admissionregistrationv1.MutatingWebhookConfiguration{}
 	err := r.APIReader.Get(ctx, types.NamespacedName{Name: name}, cfg)
 	if apierrors.IsNotFound(err) {
 		cfg = &admissionregistrationv1.MutatingWebhookConfiguration{ObjectMeta: metav1.ObjectMeta{Name: name}, Webhooks: hooks}
+		owned(&cfg.ObjectMeta, owner)
 		return r.Client.Create(ctx, cfg)
 	}
 	if err != nil {
 		return err
 	}
-	if equality.Semantic.DeepEqual(cfg.Webhooks, hooks) {
+	if !owned(&cfg.ObjectMeta, owner) && equality.Semantic.DeepEqual(cfg.Webhooks, hooks) {
 		return nil
 	}
 	cfg.Webhooks = hooks

@@ -32,7 +32,7 @@ import (
 
 // +kubebuilder:rbac:groups=locking.lockwarden.io,resources=fenceissuers,verbs=get;list;watch;create
 // +kubebuilder:rbac:groups=locking.lockwarden.io,resources=fenceissuers/status,verbs=get;update;patch
-// +kubebuilder:rbac:groups="",resources=secrets;configmaps,verbs=get;list;watch;create;update;patch
+// +kubebuilder:rbac:groups="",namespace=lockwarden-system,resources=secrets;configmaps,verbs=get;list;watch;create;update;patch
 
 // Reconciler maintains the issuer's keys and trust bundle.
 type Reconciler struct {

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/types"
@@ -65,6 +66,9 @@ type Reconciler struct {
 	// costs no failover wait. nil keeps controller-runtime's default (only
 	// the leader runs it).
 	NeedLeaderElection *bool
+
+	// sessionsSeen holds the controller's observations of session Leases.
+	sessionsSeen sessionTracker
 }
 
 // Keyring is the issuer's state the controller issues grants with.
@@ -87,6 +91,14 @@ func (r *Reconciler) SetupWithManager(ctx context.Context, mgr ctrl.Manager) err
 	}); err != nil {
 		return fmt.Errorf("indexing lockgrants: %w", err)
 	}
+	if err := mgr.GetFieldIndexer().IndexField(ctx, &lockingv1alpha1.LockGrant{}, SessionField, func(o client.Object) []string {
+		if s := o.(*lockingv1alpha1.LockGrant).Spec.Session; s != nil {
+			return []string{s.Name}
+		}
+		return nil
+	}); err != nil {
+		return fmt.Errorf("indexing lockgrants: %w", err)
+	}
 	return ctrl.NewControllerManagedBy(mgr).
 		Named("lockgrant").
 		For(&lockingv1alpha1.FenceCounter{}, builder.WithPredicates(predicate.GenerationChangedPredicate{})).
@@ -101,6 +113,9 @@ func (r *Reconciler) SetupWithManager(ctx context.Context, mgr ctrl.Manager) err
 		// A policy change can revoke the grants issued under it.
 		Watches(&lockingv1alpha1.GuardPolicy{}, handler.EnqueueRequestsFromMapFunc(r.resourcesUnderPolicy),
 			builder.WithPredicates(predicate.GenerationChangedPredicate{})).
+		// Session Leases: their changes are the controller's observations of
+		// client liveness; an ended session withdraws its requests.
+		Watches(&coordinationv1.Lease{}, r.sessionEvents(), builder.WithPredicates(predicate.NewPredicateFuncs(isSession))).
 		WithOptions(controller.Options{MaxConcurrentReconciles: 16, NeedLeaderElection: r.NeedLeaderElection}).
 		Complete(r)
 }
@@ -218,6 +233,9 @@ func (r *Reconciler) gather(ctx context.Context, req reconcile.Request) (grantpl
 	}
 	f.Params, f.Epoch, f.Revoked = params, params.Epoch, params.Revoked
 	if f.Policies, err = r.policies(ctx, f.Grants); err != nil {
+		return f, err
+	}
+	if f.Sessions, err = r.sessions(ctx, req.Namespace, f.Grants, f.Now); err != nil {
 		return f, err
 	}
 	return f, nil

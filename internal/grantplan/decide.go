@@ -2,6 +2,7 @@ package grantplan
 
 import (
 	"cmp"
+	"errors"
 	"fmt"
 	"math"
 	"slices"
@@ -36,6 +37,9 @@ const (
 	ReasonPolicyDenied = "PolicyDenied"
 	// ReasonFenceRegression: a resource refused the grant's fence as reissued.
 	ReasonFenceRegression = string(fencing.ReasonFenceRegression)
+	// ReasonSessionExpired: the session Lease the request names is gone or
+	// lapsed: a Pending request is withdrawn, a Held grant ends.
+	ReasonSessionExpired = string(fencing.ReasonSessionExpired)
 )
 
 // Facts is what one decision about a resource needs.
@@ -59,6 +63,24 @@ type Facts struct {
 	Policies map[string]*lockingv1alpha1.GuardPolicy
 	// Params are the issuer's epoch and signing key, for records.
 	Params issuer.Params
+	// Sessions are the session Leases that live grants name, by Lease
+	// name; a nil value means the Lease does not exist.
+	Sessions map[string]*fencing.Session
+}
+
+// session says whether g's session keeps it alive: it returns the instant
+// the session lapses unless renewed (zero for a grant without a session),
+// or the refusal (SESSION_EXPIRED) once the session is gone or lapsed.
+func (f Facts) session(g *lockingv1alpha1.LockGrant) (time.Time, error) {
+	ref := g.Spec.Session
+	if ref == nil {
+		return time.Time{}, nil
+	}
+	s := f.Sessions[ref.Name]
+	if err := fencing.CheckSession(s, ref.UID, g.Spec.Owner, f.Now); err != nil {
+		return time.Time{}, err
+	}
+	return s.LapsesAt(), nil
 }
 
 // revocation says why a grant that is Held or waiting must be revoked, or
@@ -198,22 +220,29 @@ func Decide(f Facts) Plan {
 				// counter's fence, never issue another.
 				p.Events = append(p.Events, hold(g, holder.Fence, now))
 			}
+			lapses, serr := f.session(g)
 			if reason, msg := f.revocation(g); reason != "" {
 				p.Events = append(p.Events, end(g, lockingv1alpha1.PhaseRevoked, reason, msg, now, true))
+			} else if serr != nil && !g.Spec.Release {
+				// Its client is gone: end the grant now rather than at
+				// the end of its lease. The fence stays consumed.
+				p.Events = append(p.Events, end(g, lockingv1alpha1.PhaseExpired, ReasonSessionExpired, "Ended before its lease ran out: "+detail(serr), now, true))
 			} else if e, ended := settleHolder(g, now); ended {
 				p.Events = append(p.Events, e...)
 			} else {
 				p.Events = append(p.Events, e...)
 				holderLive = true
-				deadlines = append(deadlines, st.ExpiresAt.Time)
+				deadlines = append(deadlines, st.ExpiresAt.Time, lapses)
 			}
 		case st.Phase == lockingv1alpha1.PhaseHeld:
 			// Held in status but no longer the counter's holder: the
 			// counter moved on (this controller wrote the counter and died
 			// before ending this grant). It can never hold again.
-			p.Events = append(p.Events, endHeldNotHolder(g, now))
+			_, serr := f.session(g)
+			p.Events = append(p.Events, endHeldNotHolder(g, serr, now))
 		default: // Pending, or new.
 			reason, msg := f.revocation(g)
+			lapses, serr := f.session(g)
 			switch {
 			case reason != "":
 				p.Events = append(p.Events, end(g, lockingv1alpha1.PhaseRevoked, reason, msg, now, true))
@@ -221,11 +250,13 @@ func Decide(f Facts) Plan {
 				p.Events = append(p.Events, end(g, lockingv1alpha1.PhaseReleased, ReasonCancelled, "Request withdrawn before it was granted", now, false))
 			case !waitDeadline(g).IsZero() && fencing.Expired(waitDeadline(g), f.Now):
 				p.Events = append(p.Events, end(g, lockingv1alpha1.PhaseTimedOut, ReasonTimedOut, "Wait limit passed before the resource was granted", now, true))
+			case serr != nil:
+				// Nobody follows the request any more: withdraw it,
+				// never grant it, and let the next live waiter in.
+				p.Events = append(p.Events, end(g, lockingv1alpha1.PhaseReleased, ReasonSessionExpired, "Withdrawn before it was granted: "+detail(serr), now, true))
 			default:
 				waiting = append(waiting, g)
-				if d := waitDeadline(g); !d.IsZero() {
-					deadlines = append(deadlines, d)
-				}
+				deadlines = append(deadlines, waitDeadline(g), lapses)
 			}
 		}
 		if msg, ok := g.Annotations[lockingv1alpha1.FenceRegressionAnnotation]; ok && !meta.IsStatusConditionTrue(st.Conditions, lockingv1alpha1.ConditionFenceRegression) {
@@ -278,11 +309,23 @@ func Decide(f Facts) Plan {
 	}
 
 	for _, d := range deadlines {
+		if d.IsZero() {
+			continue
+		}
 		if wait := d.Sub(f.Now); wait > 0 && (p.RequeueAfter == 0 || wait < p.RequeueAfter) {
 			p.RequeueAfter = wait
 		}
 	}
 	return p
+}
+
+// detail is the sentence of a refusal, without its reason code.
+func detail(err error) string {
+	var e *fencing.Error
+	if errors.As(err, &e) {
+		return e.Detail
+	}
+	return err.Error()
 }
 
 // quiet reports whether a grant is final and needs nothing: no deletion
@@ -343,12 +386,17 @@ func settleHolder(g *lockingv1alpha1.LockGrant, now metav1.MicroTime) ([]Event, 
 	return evs, false
 }
 
-func endHeldNotHolder(g *lockingv1alpha1.LockGrant, now metav1.MicroTime) Event {
+// endHeldNotHolder ends a grant that is Held in its status but no longer
+// the counter's holder, with the reason it most likely ended for: released,
+// expired, its session lapsed (serr), or superseded.
+func endHeldNotHolder(g *lockingv1alpha1.LockGrant, serr error, now metav1.MicroTime) Event {
 	switch {
 	case g.Spec.Release:
 		return end(g, lockingv1alpha1.PhaseReleased, ReasonReleased, "Released by its owner", now, false)
 	case g.Status.ExpiresAt != nil && fencing.Expired(g.Status.ExpiresAt.Time, now.Time):
 		return end(g, lockingv1alpha1.PhaseExpired, ReasonExpired, "Lease expired at "+g.Status.ExpiresAt.UTC().Format(time.RFC3339Nano), now, true)
+	case serr != nil:
+		return end(g, lockingv1alpha1.PhaseExpired, ReasonSessionExpired, "Ended before its lease ran out: "+detail(serr), now, true)
 	}
 	return end(g, lockingv1alpha1.PhaseExpired, ReasonSuperseded, "The resource's fence record names another holder", now, true)
 }

@@ -68,6 +68,14 @@ type ManagerOptions struct {
 	// Args are further flags, e.g. --leader-elect or
 	// --finished-grant-retention=10s.
 	Args []string
+	// Exact runs the manager with --kubeconfig and Args only, none of the
+	// flags above (as a test of an installer's Deployment does: its flags,
+	// not config/local's). ProbeAddr must then name the
+	// --health-probe-bind-address among Args, for WaitReady.
+	Exact     bool
+	ProbeAddr string
+	// Env is added to the manager's environment (NAME=value).
+	Env []string
 }
 
 // StartManager starts the manager, which generates its webhook certificate
@@ -102,14 +110,22 @@ func StartManager(o ManagerOptions) (*Manager, error) {
 		return nil, err
 	}
 	bin := o.Binary
-	m.cmd = exec.Command(bin, append([]string{
+	args := []string{
 		"--kubeconfig", o.Kubeconfig,
 		"--webhook-cert-secret=" + webhookCertSecret,
 		"--webhook-dns-name=localhost",
 		"--webhook-port=" + strconv.Itoa(o.WebhookPort),
 		"--metrics-bind-address=" + metrics,
+		// Plain HTTP on localhost: MetricsText scrapes it without a token.
+		"--metrics-secure=false",
 		"--health-probe-bind-address=" + m.probeAddr,
-	}, o.Args...)...)
+	}
+	if o.Exact {
+		args = []string{"--kubeconfig", o.Kubeconfig}
+		m.probeAddr = o.ProbeAddr
+	}
+	m.cmd = exec.Command(bin, append(args, o.Args...)...)
+	m.cmd.Env = append(os.Environ(), o.Env...)
 	m.cmd.Stdout, m.cmd.Stderr = logFile, logFile
 	// Its own process group: a Ctrl-C in the terminal reaches the caller
 	// only, which then stops the manager in order. It is killed if the

@@ -33,10 +33,9 @@ func (w *world) scheduleAdversary() {
 			}
 			// A write of the revoked grant still in flight lands after the
 			// revocation, before and after the controller ends the grant.
-			msg := writeMsg{caller: g.Spec.Owner, uid: g.UID, fence: g.Status.FenceToken, proof: fencing.Proof(g.Status.Proof),
-				target: w.resource, data: "revoked"}
-			w.s.after(0, func() { w.deliverWrite(msg) })
-			w.s.after(w.between(100*time.Millisecond, 5*time.Second), func() { w.deliverWrite(msg) })
+			msg := grantWrite(g, w.resource, "revoked")
+			w.s.after(0, func() { w.deliver(msg) })
+			w.s.after(w.between(100*time.Millisecond, 5*time.Second), func() { w.deliver(msg) })
 		})
 	}
 	if w.fault[FaultRestore] {
@@ -101,6 +100,13 @@ func (w *world) heldGrant() *lockingv1alpha1.LockGrant {
 	return best
 }
 
+// grantWrite is an apply of object target stamped with grant g's claim and
+// proof, as its holder would send it.
+func grantWrite(g *lockingv1alpha1.LockGrant, target, data string) writeMsg {
+	return writeMsg{op: fencing.OpUpdate, upsert: true, body: bodyStamped, caller: g.Spec.Owner, target: target, data: data,
+		uid: g.UID, fence: g.Status.FenceToken, proof: fencing.Proof(g.Status.Proof)}
+}
+
 // inject sends one forged, tampered or replayed write built from a real
 // grant's proof.
 func (w *world) inject(f Fault) {
@@ -110,8 +116,8 @@ func (w *world) inject(f Fault) {
 	}
 	w.rep.Faults[string(f)]++
 	proof := fencing.Proof(g.Status.Proof)
-	msg := writeMsg{caller: g.Spec.Owner, uid: g.UID, fence: g.Status.FenceToken, proof: proof, target: w.resource,
-		data: "injected", injected: string(f)}
+	msg := grantWrite(g, w.resource, "injected")
+	msg.injected = string(f)
 	switch f {
 	case FaultForgedFence:
 		// A huge fence with a real proof, and one in a re-signed record.
@@ -148,7 +154,7 @@ func (w *world) inject(f Fault) {
 			msg.caller = "system:serviceaccount:billing:intruder" // another owner
 		}
 	}
-	w.s.after(w.netDelay(), func() { w.deliverWrite(msg) })
+	w.s.after(w.netDelay(), func() { w.deliver(msg) })
 	// The same forgery against the segment store, where it applies.
 	if f == FaultForgedFence {
 		seg := fencing.Segment{Fence: msg.fence, GrantUID: string(g.UID), Root: "forged", Seq: 1,

@@ -16,7 +16,7 @@ type Report struct {
 	// Mutations offered to and accepted by the resources.
 	Offered, Accepted int
 	// AcceptedChecked counts accepted mutations that passed the verifier's
-	// proof and fence checks (CheckProvenWrite or CheckSegment). The gate
+	// proof and fence checks (CheckGuardedRequest or CheckSegment). The gate
 	// requires it to equal Accepted.
 	AcceptedChecked int
 	// Rejections by reason code.
@@ -24,13 +24,17 @@ type Report struct {
 
 	// StaleAccepted: a mutation accepted with a fence older than one the
 	// registry had already issued for the resource, or than one the resource
-	// had already accepted.
+	// had already accepted. It also counts a request to a guarded object
+	// that asserts no claim of its own (a merge patch, an update as read, a
+	// status write without a claim, a scale, an eviction) accepted from
+	// anyone but the current holder, and a delete accepted without an
+	// accepted pre-delete write at the deleted version.
 	StaleAccepted int
 	// ForgedAccepted: an injected forged, tampered or replayed mutation
 	// accepted.
 	ForgedAccepted int
 	// AuthFailMovedFence: a mutation refused for an authentication reason
-	// that nevertheless changed a resource's recorded fence.
+	// that nevertheless changed a resource's recorded fence or an object.
 	AuthFailMovedFence int
 	// ExpiredOwnerAccepted: a mutation accepted after its grant had ended or
 	// its lease had run out by the registry's clock.
@@ -42,12 +46,32 @@ type Report struct {
 	RegressionAccepted int
 	// DoubleEffect: a segment applied twice.
 	DoubleEffect int
+	// HolderLockedOut: the current holder's own stamped write refused for a
+	// reason that evidence on the object causes (STALE_OWNER,
+	// FENCE_REGRESSION, NO_FENCE, BINDING_MISMATCH): a record or claim the
+	// enforcement point never accepted locked the real holder out.
+	HolderLockedOut int
+	// ClaimSquatted counts what HolderLockedOut leaves out: the holder's
+	// stamped write refused NO_FENCE because an unguarded look-alike
+	// already carried exactly the claim it makes (the claim's grant, fence
+	// and proof can be read from the LockGrant, so a forger can predict
+	// it, and a claim equal to the stored one counts as inherited). It is
+	// reported, not gated: closing it needs a claim a forger cannot
+	// predict, which is the claim's producer's to add.
+	ClaimSquatted int
 	// TwoHolders: two unexpired Held grants of one resource at once.
 	TwoHolders int
 	// UnknownNotReconciled: a holder that stayed OWNERSHIP_UNKNOWN longer
 	// than 15 minutes; MaxUnknown is the longest stay seen.
 	UnknownNotReconciled int
 	MaxUnknown           time.Duration
+	// DeadWaiterGranted: a request of a client killed while it waited was
+	// granted after its session had lapsed, or was still live (Pending or
+	// Held) past its session's lapse plus a reconcile.
+	DeadWaiterGranted int
+	// LiveWaiterDropped: a request of a live client ended because its
+	// session was judged lapsed.
+	LiveWaiterDropped int
 
 	// Faults injected, by kind.
 	Faults map[string]int
@@ -72,9 +96,13 @@ func (r *Report) Add(o *Report) {
 	r.GapAccepted += o.GapAccepted
 	r.RegressionAccepted += o.RegressionAccepted
 	r.DoubleEffect += o.DoubleEffect
+	r.HolderLockedOut += o.HolderLockedOut
+	r.ClaimSquatted += o.ClaimSquatted
 	r.TwoHolders += o.TwoHolders
 	r.UnknownNotReconciled += o.UnknownNotReconciled
 	r.MaxUnknown = max(r.MaxUnknown, o.MaxUnknown)
+	r.DeadWaiterGranted += o.DeadWaiterGranted
+	r.LiveWaiterDropped += o.LiveWaiterDropped
 	for k, v := range o.Rejected {
 		r.Rejected[k] += v
 	}
@@ -89,8 +117,8 @@ func (r *Report) Add(o *Report) {
 // Forbidden is the sum of every counter the gate requires to be zero.
 func (r *Report) Forbidden() int {
 	return r.StaleAccepted + r.ForgedAccepted + r.AuthFailMovedFence + r.ExpiredOwnerAccepted +
-		r.GapAccepted + r.RegressionAccepted + r.DoubleEffect + r.TwoHolders + r.UnknownNotReconciled +
-		(r.Accepted - r.AcceptedChecked)
+		r.GapAccepted + r.RegressionAccepted + r.DoubleEffect + r.HolderLockedOut + r.TwoHolders + r.UnknownNotReconciled +
+		r.DeadWaiterGranted + r.LiveWaiterDropped + (r.Accepted - r.AcceptedChecked)
 }
 
 // CheckedShare is the share of accepted mutations that passed the proof and
@@ -104,9 +132,9 @@ func (r *Report) CheckedShare() float64 {
 
 // Summary is the one-line summary `make faults` prints.
 func (r *Report) Summary() string {
-	return fmt.Sprintf("rounds=%d mutations=%d accepted=%d checked=%.1f%% stale_accepted=%d forged_accepted=%d auth_fail_moved_fence=%d expired_owner_accepted=%d gap_accepted=%d regression_accepted=%d double_effect=%d two_holders=%d unknown_over_15m=%d max_unknown=%s",
+	return fmt.Sprintf("rounds=%d mutations=%d accepted=%d checked=%.1f%% stale_accepted=%d forged_accepted=%d auth_fail_moved_fence=%d expired_owner_accepted=%d gap_accepted=%d regression_accepted=%d double_effect=%d holder_locked_out=%d two_holders=%d unknown_over_15m=%d max_unknown=%s dead_waiter_granted=%d live_waiter_dropped=%d",
 		r.Rounds, r.Offered, r.Accepted, r.CheckedShare(), r.StaleAccepted, r.ForgedAccepted, r.AuthFailMovedFence,
-		r.ExpiredOwnerAccepted, r.GapAccepted, r.RegressionAccepted, r.DoubleEffect, r.TwoHolders, r.UnknownNotReconciled, r.MaxUnknown)
+		r.ExpiredOwnerAccepted, r.GapAccepted, r.RegressionAccepted, r.DoubleEffect, r.HolderLockedOut, r.TwoHolders, r.UnknownNotReconciled, r.MaxUnknown, r.DeadWaiterGranted, r.LiveWaiterDropped)
 }
 
 // history is the oracle's record of what really happened, kept apart from
@@ -120,11 +148,13 @@ type history struct {
 	expiresAt map[types.UID]time.Duration
 	// heldSince is when each grant became Held.
 	heldSince map[types.UID]time.Duration
+	// fenceOf is the fence each grant was issued.
+	fenceOf map[types.UID]int64
 }
 
 func newHistory() *history {
 	return &history{issued: map[string]int64{}, endedAt: map[types.UID]time.Duration{},
-		expiresAt: map[types.UID]time.Duration{}, heldSince: map[types.UID]time.Duration{}}
+		expiresAt: map[types.UID]time.Duration{}, heldSince: map[types.UID]time.Duration{}, fenceOf: map[types.UID]int64{}}
 }
 
 // liveAt reports whether grant uid was Held and unexpired at t, by the

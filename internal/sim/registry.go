@@ -43,6 +43,10 @@ type registry struct {
 	onIssue func(g *lockingv1alpha1.LockGrant)
 	// onEnd is called for each grant that reaches a final phase.
 	onEnd func(g *lockingv1alpha1.LockGrant)
+	// sessions are the clients' session Leases, by name (waiters.go).
+	sessions map[string]*simSession
+	// sessionsNeverLapse breaks the controller's session rule (tests only).
+	sessionsNeverLapse bool
 }
 
 func newRegistry(seed uint64) *registry {
@@ -137,7 +141,7 @@ func (r *registry) reconcile(resource string, now time.Duration) time.Duration {
 	params := issuer.Params{Epoch: r.epoch, Revoked: slices.Clone(r.revoked), KeyID: r.keyID, Key: r.key}
 	p := grantplan.Decide(grantplan.Facts{
 		Now: r.wall(now), Resource: resource, Counter: counter, Grants: grants,
-		Epoch: r.epoch, Revoked: params.Revoked, Params: params,
+		Epoch: r.epoch, Revoked: params.Revoked, Params: params, Sessions: r.sessionFacts(now),
 	})
 	revision := ""
 	if c := r.counters[resource]; c != nil {

@@ -8,17 +8,6 @@ import (
 	"github.com/lockwarden/lockwarden/pkg/fencing"
 )
 
-// object is a guarded Kubernetes object: it lives in the registry's etcd
-// (a restore rolls it back too) and records the fence of its last accepted
-// write in the same write, as the admission webhook does.
-type object struct {
-	resource string
-	recorded int64
-	// recordedBy is the grant of the recorded fence (for the oracle only).
-	recordedBy types.UID
-	data       string
-}
-
 // segKey names one segment of one operation.
 type segKey struct {
 	root string
@@ -46,18 +35,6 @@ func newStore(resource string) *store {
 		effects: map[segKey]int{}, grantOf: map[int64]types.UID{}, maxApplied: map[string]int64{}}
 }
 
-// writeMsg is a guarded write in flight.
-type writeMsg struct {
-	caller string
-	uid    types.UID
-	fence  int64
-	proof  fencing.Proof
-	target string // resource ID of the object written
-	data   string
-	// injected marks a forged, tampered or replayed write.
-	injected string
-}
-
 // segMsg is a segment in flight.
 type segMsg struct {
 	caller   string
@@ -67,46 +44,6 @@ type segMsg struct {
 	// ackLost drops the store's answer: the sender learns nothing.
 	ackLost  bool
 	onAnswer func(applied bool, reason fencing.Reason)
-}
-
-// authReasons are refusals of a write that did not authenticate.
-var authReasons = map[fencing.Reason]bool{
-	fencing.ReasonBadSignature: true, fencing.ReasonBindingMismatch: true, fencing.ReasonNotOwner: true,
-	fencing.ReasonRevokedEpoch: true, fencing.ReasonUnknownGrant: true, fencing.ReasonNoFence: true,
-	fencing.ReasonInvalidSegment: true,
-}
-
-// deliverWrite is the guarded-write webhook: gather from the registry, check
-// with CheckProvenWrite, record the fence on acceptance only.
-func (w *world) deliverWrite(m writeMsg) {
-	now := w.s.now
-	obj := w.objects[m.target]
-	w.rep.Offered++
-	g, c := w.reg.facts(m.uid, m.target)
-	before := obj.recorded
-	err := fencing.CheckProvenWrite(fencing.ProvenWrite{
-		Proof: m.proof, Bundle: w.reg.bundle(), GrantNamespace: namespace, GrantName: string(m.uid),
-		Write: fencing.Write{Resource: m.target, Caller: m.caller, Fence: m.fence, Recorded: obj.recorded,
-			Grant: g, Counter: c, Now: w.reg.wall(now)},
-	})
-	if w.acceptAll {
-		err = nil // a broken enforcement point, to show the oracle catches it
-	}
-	if err != nil {
-		reason := fencing.ReasonOf(err)
-		w.rep.Rejected[string(reason)]++
-		if authReasons[reason] && obj.recorded != before {
-			w.rep.AuthFailMovedFence++
-			w.rep.violate("seed %d: refused %s moved the recorded fence of %s", w.seed, reason, m.target)
-		}
-		return
-	}
-	w.rep.Accepted++
-	if !w.acceptAll {
-		w.rep.AcceptedChecked++
-	}
-	w.judge("write", m.target, m.uid, m.fence, m.injected, w.objIssued[m.target], obj.recorded, obj.recordedBy, now)
-	obj.recorded, obj.recordedBy, obj.data = m.fence, m.uid, m.data
 }
 
 // deliverSegment is the segment store: in one transaction, with the ledger

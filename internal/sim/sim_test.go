@@ -44,6 +44,18 @@ func TestEachFault(t *testing.T) {
 		FaultReplay:           {"BINDING_MISMATCH", "NOT_OWNER"},
 		FaultRevokedEpoch:     {"REVOKED_EPOCH", "REVOKED"},
 		FaultControllerCrash:  nil,
+		FaultSharedIdentity:   {"NO_FENCE", "STALE_OWNER"},
+		FaultUnasserted:       {"NO_FENCE"},
+		FaultLookalike:        nil,
+		FaultSubresource:      {"NO_FENCE"},
+		FaultDelete:           {"NO_FENCE"},
+	}
+	// Outcomes a fault kind must also show: what the holder must still be
+	// able to do.
+	must := map[Fault]string{
+		FaultLostAck:   "mutation-unknown-applied",
+		FaultLookalike: "lookalike-guarded-by-holder",
+		FaultDelete:    "guarded-delete-accepted",
 	}
 	for _, f := range Faults {
 		t.Run(string(f), func(t *testing.T) {
@@ -69,8 +81,8 @@ func TestEachFault(t *testing.T) {
 			if f == FaultSegmentDisorder && total.Rejected["SEGMENT_CONFLICT"] == 0 {
 				t.Errorf("no resend with another payload was quarantined")
 			}
-			if f == FaultLostAck && total.Faults["mutation-unknown-applied"] == 0 {
-				t.Errorf("no MUTATION_UNKNOWN was resolved by its receipt")
+			if want := must[f]; want != "" && total.Faults[want] == 0 {
+				t.Errorf("never happened under %s: %s (faults: %v)", f, want, total.Faults)
 			}
 		})
 	}
@@ -92,8 +104,8 @@ func TestReplayIsExact(t *testing.T) {
 func TestOracleCatchesABrokenEnforcementPoint(t *testing.T) {
 	total := newReport()
 	for i := range 20 {
-		w := newWorld(RoundSeed(99, i), []Fault{FaultPause, FaultForgedFence, FaultReplay})
-		w.acceptAll = true
+		w := newWorld(RoundSeed(99, i), []Fault{FaultPause, FaultForgedFence, FaultReplay, FaultSubresource, FaultDelete})
+		w.broken = brokenAcceptAll
 		total.Add(w.run())
 	}
 	if total.StaleAccepted == 0 || total.ForgedAccepted == 0 || total.Accepted == total.AcceptedChecked {
@@ -101,8 +113,65 @@ func TestOracleCatchesABrokenEnforcementPoint(t *testing.T) {
 	}
 }
 
+// An enforcement point that takes a claim the stored object carried as
+// asserted, and leaves the claim on the object (the guard before issue #10),
+// is caught once replicas share one identity: a superseded replica's merge
+// patch or re-read update rides on the holder's claim. With an identity per
+// worker the same guard is refused NOT_OWNER, which is why only the shared
+// identity shows it.
+func TestOracleCatchesTrustedInheritedClaims(t *testing.T) {
+	play := func(faults ...Fault) *Report {
+		total := newReport()
+		for i := range 100 {
+			w := newWorld(RoundSeed(10, i), faults)
+			w.broken = brokenTrustInherited
+			total.Add(w.run())
+		}
+		return total
+	}
+	r := play(FaultSharedIdentity, FaultUnasserted)
+	t.Log(r.Summary())
+	if r.StaleAccepted == 0 {
+		t.Fatalf("a guard that trusts inherited claims went unnoticed with replicas sharing an identity: %s", r.Summary())
+	}
+	if r := play(FaultUnasserted); r.StaleAccepted != 0 {
+		t.Fatalf("with an identity per worker, an inherited claim was accepted from a non-holder: %s", r)
+	}
+}
+
+// An enforcement point that takes the record of an object that was not
+// guarded as its own is caught: a look-alike's forged record locks the real
+// holder out.
+func TestOracleCatchesTrustedForgedRecords(t *testing.T) {
+	total := newReport()
+	for i := range 40 {
+		w := newWorld(RoundSeed(11, i), []Fault{FaultLookalike})
+		w.broken = brokenTrustRecord
+		total.Add(w.run())
+	}
+	t.Log(total.Summary())
+	if total.HolderLockedOut == 0 {
+		t.Fatalf("a guard that trusts a forged record went unnoticed: %s", total.Summary())
+	}
+}
+
 func ExampleRound() {
 	r := Round(42, []Fault{FaultPause})
 	fmt.Println(r.Forbidden(), r.CheckedShare())
 	// Output: 0 100
+}
+
+// The waiter checks are not vacuous: a controller that never judges a
+// session lapsed (it counts every session as just renewed) grants killed
+// waiters, and the oracle says so.
+func TestOracleCatchesAControllerThatIgnoresSessions(t *testing.T) {
+	total := newReport()
+	for i := range 20 {
+		w := newWorld(RoundSeed(7, i), []Fault{FaultKilledWaiter})
+		w.reg.sessionsNeverLapse = true
+		total.Add(w.run())
+	}
+	if total.DeadWaiterGranted == 0 {
+		t.Fatalf("a controller that ignores sessions went unnoticed: %s", total.Summary())
+	}
 }

@@ -16,6 +16,8 @@ import (
 type worker struct {
 	w    *world
 	name string
+	// id tells the worker apart from replicas that share its name.
+	id int
 	// rate is how fast this process's monotonic clock runs against the
 	// registry's (C06: clocks differ in rate; only durations are compared).
 	rate float64
@@ -40,8 +42,8 @@ type worker struct {
 	inUnknown    bool
 }
 
-func newWorker(w *world, name string) *worker {
-	return &worker{w: w, name: name, rate: 0.7 + 0.8*w.rng.Float64()}
+func newWorker(w *world, name string, id int) *worker {
+	return &worker{w: w, name: name, id: id, rate: 0.7 + 0.8*w.rng.Float64()}
 }
 
 func (k *worker) mono() holder.Mono { return holder.Mono(float64(k.w.s.now) * k.rate) }
@@ -125,7 +127,7 @@ func (k *worker) acquire() {
 	w := k.w
 	k.acqN++
 	k.inFlight = true
-	reqID := fmt.Sprintf("%s-%d", k.name[len("system:serviceaccount:billing:"):], k.acqN)
+	reqID := fmt.Sprintf("worker-%d-%d", k.id, k.acqN)
 	ttl := int32(2 + w.rng.IntN(9))
 	m, err := holder.New(holder.Config{TTL: time.Duration(ttl) * time.Second})
 	if err != nil {
@@ -411,10 +413,17 @@ func (k *worker) resolveUnknown(m *holder.Machine, seg fencing.Segment) {
 	}
 }
 
-// writeObject writes the guarded object with the grant's proof.
+// writeObject applies the guarded object stamped with the grant's claim and
+// proof, as pkg/lock's Stamp does; it creates the object if it is gone.
 func (k *worker) writeObject() {
 	w := k.w
 	k.wrote = true
-	msg := writeMsg{caller: k.name, uid: k.uid, fence: k.fence, proof: k.proof, target: w.resource, data: string(k.uid)}
-	k.send(func() { w.deliverWrite(msg) })
+	msg := k.stamped(w.resource, string(k.uid))
+	k.send(func() { w.deliver(msg) })
+}
+
+// stamped is an apply of object target that asserts the worker's own claim.
+func (k *worker) stamped(target, data string) writeMsg {
+	return writeMsg{op: fencing.OpUpdate, upsert: true, body: bodyStamped, caller: k.name, target: target, data: data,
+		uid: k.uid, fence: k.fence, proof: k.proof}
 }

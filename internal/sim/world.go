@@ -45,12 +45,36 @@ const (
 	// FaultControllerCrash stops a controller pass between the counter
 	// write and the status writes.
 	FaultControllerCrash Fault = "controller-crash"
+	// FaultSharedIdentity runs the workers as replicas of one Deployment:
+	// one caller identity for all. A replica whose grant was superseded
+	// still sends a merge patch, a re-read update without restamping, a
+	// bare delete or its own old claim.
+	FaultSharedIdentity Fault = "shared-identity"
+	// FaultUnasserted sends writes that assert nothing of their own — a
+	// merge patch of data only, a re-read and update without restamping —
+	// from the current holder, a superseded one and an identity with no
+	// grant.
+	FaultUnasserted Fault = "unasserted-write"
+	// FaultLookalike creates the object unguarded while it does not exist,
+	// with a forged record (a huge fence) and a forged claim (bogus, or
+	// exactly the claim the holder is about to make); then the real holder
+	// puts it under guard, and a stale writer tries again.
+	FaultLookalike Fault = "unguarded-lookalike"
+	// FaultSubresource writes the status with and without a claim, removes
+	// the guard label through the status, scales and evicts.
+	FaultSubresource Fault = "subresource-write"
+	// FaultDelete deletes the guarded object: the holder's pre-delete write
+	// and its delete under that version, and deletes without a
+	// precondition, without a pre-delete write or under a stale one.
+	FaultDelete Fault = "guarded-delete"
 )
 
 // Faults lists every fault kind.
 var Faults = []Fault{
 	FaultPause, FaultLostRenew, FaultReleaseReacquire, FaultSegmentDisorder, FaultLateMessage, FaultRestore,
 	FaultLostAck, FaultForgedFence, FaultTamperedRecord, FaultReplay, FaultRevokedEpoch, FaultControllerCrash,
+	FaultKilledWaiter,
+	FaultSharedIdentity, FaultUnasserted, FaultLookalike, FaultSubresource, FaultDelete,
 }
 
 // world is one round: the scheduler, the registry, the resources, the
@@ -65,11 +89,13 @@ type world struct {
 	fault map[Fault]bool
 
 	// resource is the contended resource; other is a second one, the
-	// target of replayed proofs.
-	resource, other string
-	objects         map[string]*object
-	stores          map[string]*store
-	workers         []*worker
+	// target of replayed proofs. objects are keyed by name: the guarded
+	// object of each resource is named after it; lookalike is a second
+	// object naming resource, which does not exist at first.
+	resource, other, lookalike string
+	objects                    map[string]*object
+	stores                     map[string]*store
+	workers                    []*worker
 
 	// pending marks a reconcile already scheduled per resource.
 	pending map[string]bool
@@ -86,18 +112,20 @@ type world struct {
 	// not roll back (the operator knows it).
 	maxEpoch int64
 	horizon  time.Duration
-	// acceptAll breaks the guarded-object enforcement point (tests only).
-	acceptAll bool
+	// broken breaks the guarded-object enforcement point (tests only).
+	broken int
 	// objIssued is the highest fence issued per resource as the guarded
 	// objects' etcd knows it: a restore rolls it back together with the
 	// objects, while the oracle's history keeps the truth for the store.
 	objIssued map[string]int64
+	// waiters are the session clients of FaultKilledWaiter, by grant UID.
+	waiters map[types.UID]*waiterProc
 }
 
 func newWorld(seed uint64, faults []Fault) *world {
 	w := &world{
 		seed: seed, rng: rand.New(rand.NewPCG(seed, 0x10c4a2de)), reg: newRegistry(seed), h: newHistory(), rep: newReport(),
-		fault: map[Fault]bool{}, resource: "invoice-batch/2026-07-19", other: "invoice-batch/2026-07-20",
+		fault: map[Fault]bool{}, resource: "invoice-batch/2026-07-19", other: "invoice-batch/2026-07-20", lookalike: "settle-copy",
 		objects: map[string]*object{}, stores: map[string]*store{}, pending: map[string]bool{},
 		resurrected: map[types.UID]bool{}, objIssued: map[string]int64{},
 	}
@@ -105,12 +133,15 @@ func newWorld(seed uint64, faults []Fault) *world {
 		w.fault[f] = true
 	}
 	for _, r := range []string{w.resource, w.other} {
-		w.objects[r] = &object{resource: r}
+		w.reg.rv++
+		w.objects[r] = &object{resource: r, exists: true, guarded: true, rv: w.reg.rv}
 	}
+	w.objects[w.lookalike] = &object{resource: w.resource}
 	w.stores[w.resource] = newStore(w.resource)
 	w.replicas = w.newReplicas()
 	w.reg.onIssue = func(g *lockingv1alpha1.LockGrant) {
 		w.h.heldSince[g.UID] = w.s.now
+		w.h.fenceOf[g.UID] = g.Status.FenceToken
 		w.h.issued[g.Spec.Resource] = max(w.h.issued[g.Spec.Resource], g.Status.FenceToken)
 		w.objIssued[g.Spec.Resource] = max(w.objIssued[g.Spec.Resource], g.Status.FenceToken)
 	}
@@ -198,15 +229,22 @@ func (w *world) run() *Report {
 	w.horizon = 3 * time.Minute
 	n := 2 + w.rng.IntN(3)
 	for i := range n {
-		wk := newWorker(w, fmt.Sprintf("system:serviceaccount:billing:worker-%d", i))
+		name := fmt.Sprintf("system:serviceaccount:billing:worker-%d", i)
+		if w.fault[FaultSharedIdentity] {
+			name = "system:serviceaccount:billing:settle" // replicas of one Deployment
+		}
+		wk := newWorker(w, name, i)
 		w.workers = append(w.workers, wk)
 		w.s.after(w.between(0, 2*time.Second), wk.step)
 	}
 	w.scheduleAdversary()
+	w.scheduleWaiters()
+	w.scheduleDoors()
 	w.s.run(w.horizon)
 	for _, wk := range w.workers {
 		wk.finish()
 	}
+	w.checkWaiters()
 	w.rep.Rounds = 1
 	return w.rep
 }

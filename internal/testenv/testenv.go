@@ -15,9 +15,11 @@ import (
 	"time"
 
 	"go.uber.org/zap/zapcore"
+	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/runtime"
 	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
 	"k8s.io/apimachinery/pkg/util/wait"
@@ -119,6 +121,8 @@ func (e *Env) startManager(ctx context.Context, clk clock.PassiveClock) error {
 		Cache: cache.Options{ByObject: map[client.Object]cache.ByObject{
 			&corev1.Secret{}:    {Namespaces: map[string]cache.Config{ManagerNamespace: {}}},
 			&corev1.ConfigMap{}: {Namespaces: map[string]cache.Config{ManagerNamespace: {}}},
+			// Leases: only client sessions (spec.session of LockGrants).
+			&coordinationv1.Lease{}: {Label: labels.SelectorFromSet(labels.Set{lockingv1alpha1.SessionLabel: "true"})},
 		}},
 		Metrics: metricsserver.Options{BindAddress: "0"},
 		WebhookServer: webhook.NewServer(webhook.Options{
@@ -184,4 +188,32 @@ func (e *Env) Namespace(ctx context.Context, prefix string) (string, error) {
 		return "", err
 	}
 	return ns.Name, nil
+}
+
+// GrantUsersSessions lets every authenticated user keep client sessions
+// (coordination.k8s.io Leases, see pkg/lock.Session) in namespace ns, or in
+// every namespace when ns is "". Without it, pkg/lock makes requests
+// without a session.
+func (e *Env) GrantUsersSessions(ctx context.Context, ns string) error {
+	rules := []rbacv1.PolicyRule{{APIGroups: []string{"coordination.k8s.io"}, Resources: []string{"leases"}, Verbs: []string{"get", "list", "watch", "create", "update", "patch", "delete"}}}
+	subjects := []rbacv1.Subject{{Kind: rbacv1.GroupKind, APIGroup: rbacv1.GroupName, Name: "system:authenticated"}}
+	name := "lockwarden-test-sessions"
+	if ns == "" {
+		if err := e.Admin.Create(ctx, &rbacv1.ClusterRole{ObjectMeta: metav1.ObjectMeta{Name: name}, Rules: rules}); err != nil {
+			return err
+		}
+		return e.Admin.Create(ctx, &rbacv1.ClusterRoleBinding{
+			ObjectMeta: metav1.ObjectMeta{Name: name},
+			RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: name},
+			Subjects:   subjects,
+		})
+	}
+	if err := e.Admin.Create(ctx, &rbacv1.Role{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name}, Rules: rules}); err != nil {
+		return err
+	}
+	return e.Admin.Create(ctx, &rbacv1.RoleBinding{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name},
+		RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "Role", Name: name},
+		Subjects:   subjects,
+	})
 }

@@ -65,6 +65,14 @@ const (
 	// acknowledgement was lost, or the store could not tell). The caller
 	// looks the receipt up (see ResolveMutation) before doing anything else.
 	ReasonMutationUnknown Reason = "MUTATION_UNKNOWN"
+
+	// Session rules (CheckSession).
+
+	// ReasonSessionExpired: the request's session Lease is gone, was
+	// replaced, no longer names the owner, or lapsed by the registry's
+	// clock: its client is presumed dead, so the request is withdrawn (or
+	// the grant ended) and the resource passes on.
+	ReasonSessionExpired Reason = "SESSION_EXPIRED"
 )
 
 // Sentinel errors, one per Reason, matched with errors.Is.
@@ -86,6 +94,7 @@ var (
 	ErrSequenceGap     = errors.New("fencing: sequence gap")
 	ErrSegmentConflict = errors.New("fencing: segment conflict")
 	ErrMutationUnknown = errors.New("fencing: mutation outcome unknown")
+	ErrSessionExpired  = errors.New("fencing: session expired")
 )
 
 var sentinels = map[Reason]error{
@@ -106,6 +115,7 @@ var sentinels = map[Reason]error{
 	ReasonSequenceGap:     ErrSequenceGap,
 	ReasonSegmentConflict: ErrSegmentConflict,
 	ReasonMutationUnknown: ErrMutationUnknown,
+	ReasonSessionExpired:  ErrSessionExpired,
 }
 
 // Error is a refusal: a Reason and a sentence for the user. It matches the
@@ -138,18 +148,18 @@ func ReasonOf(err error) Reason {
 // Holder-side reasons: refusals the holder library and kubectl lock give
 // before or instead of asking the registry.
 const (
-	// ReasonSessionMismatch: the grant is driven by another session. A
+	// ReasonDriverMismatch: the grant is driven by another session. A
 	// request ID makes a retry of one attempt idempotent; it never lets a
 	// second live process drive the same grant. Only the session that
 	// created the grant (or one that proves it is the same attempt) renews
 	// and releases it through a Handle.
-	ReasonSessionMismatch Reason = "SESSION_MISMATCH"
+	ReasonDriverMismatch Reason = "DRIVER_MISMATCH"
 )
 
-// ErrSessionMismatch is the sentinel of ReasonSessionMismatch.
-var ErrSessionMismatch = errors.New("fencing: grant driven by another session")
+// ErrDriverMismatch is the sentinel of ReasonDriverMismatch.
+var ErrDriverMismatch = errors.New("fencing: grant driven by another session")
 
-func init() { sentinels[ReasonSessionMismatch] = ErrSessionMismatch }
+func init() { sentinels[ReasonDriverMismatch] = ErrDriverMismatch }
 
 // ParseReason returns s as a Reason when it is one of the codes above, and
 // false otherwise: a decoder of refusals from text accepts only known codes.

@@ -33,16 +33,16 @@ import (
 // longer than TTL - margin, is confirmed by a renew before Acquire returns,
 // because the holder cannot know when it was granted.
 //
-// The grant is bound to this call's session (WithSession): only this
+// The grant is bound to this call's driver token (WithDriverToken): only this
 // Handle renews and releases it. Another Acquire that finds it by the same
-// request ID while it is Pending or Held is refused (fencing.ErrSessionMismatch)
+// request ID while it is Pending or Held is refused (fencing.ErrDriverMismatch)
 // instead of becoming a second holder of one grant.
 //
 // Errors: ErrWaitTimeout when the wait limit passed; ctx's error when ctx
 // ended first (the request is then withdrawn); ErrWithdrawn;
 // ErrRequestIDConflict; ErrInvalidOption; a refusal matching its fencing
-// sentinel when the grant of this request ID is another session's
-// (fencing.ErrSessionMismatch) or ended before this call could confirm it
+// sentinel when the grant of this request ID is driven by another process
+// (fencing.ErrDriverMismatch) or ended before this call could confirm it
 // held (fencing.ErrExpired, fencing.ErrAlreadyEnded, fencing.ErrRevoked,
 // fencing.ErrUnknownGrant; never ErrLost: the caller held nothing); or the
 // API server's error for a create that was definitely refused (RBAC, an
@@ -73,8 +73,8 @@ func (c *Client) acquire(ctx context.Context, resource string, try bool, opts []
 	if s.requestID == "" {
 		s.requestID = newRequestID()
 	}
-	if s.session == "" && !s.detached {
-		s.session = newSession()
+	if s.driver == "" && !s.detached {
+		s.driver = newDriverToken()
 	}
 	if s.operationRoot == "" {
 		sum := sha256.Sum256([]byte(s.requestID))
@@ -95,8 +95,13 @@ func (c *Client) acquire(ctx context.Context, resource string, try bool, opts []
 			Policy:               s.policy,
 		},
 	}
-	if s.session != "" {
-		g.Annotations = map[string]string{lockingv1alpha1.SessionAnnotation: s.session}
+	if s.driver != "" {
+		g.Annotations = map[string]string{lockingv1alpha1.DriverAnnotation: s.driver}
+	}
+	// Session hook (session.go): the request lives as long as its client.
+	sess, err := c.sessionFor(ctx, s)
+	if err != nil {
+		return nil, err
 	}
 	switch {
 	case try:
@@ -113,7 +118,7 @@ func (c *Client) acquire(ctx context.Context, resource string, try bool, opts []
 		key:       types.NamespacedName{Namespace: g.Namespace, Name: g.Name},
 		resource:  resource,
 		requestID: s.requestID,
-		session:   s.session,
+		driver:    s.driver,
 		timeout:   requestTimeoutFor(s.ttl),
 		opRoot:    s.operationRoot,
 		changed:   make(chan struct{}),
@@ -124,13 +129,19 @@ func (c *Client) acquire(ctx context.Context, resource string, try bool, opts []
 		h.log = s.logger.WithName("lock")
 	}
 	h.ctx, h.cancel = context.WithCancelCause(context.WithoutCancel(ctx))
-	if err := h.create(ctx, g, s); err != nil {
+	sess, err = c.createUnder(ctx, h, g, s, sess)
+	if err != nil {
 		h.cancel(err)
 		return nil, err
 	}
 	// The loop outlives Done: after ownership is lost it keeps watching the
 	// grant until it is final or released.
 	go h.run(context.WithoutCancel(ctx))
+	var sessionDone <-chan struct{}
+	if sess != nil {
+		sessionDone = sess.Done()
+		go h.followSession(sess)
+	}
 
 	var backstop <-chan time.Time
 	if !try && s.wait > 0 {
@@ -163,6 +174,9 @@ func (c *Client) acquire(ctx context.Context, resource string, try bool, opts []
 		case <-backstop:
 			h.withdraw(ctx)
 			return nil, ErrWaitTimeout
+		case <-sessionDone:
+			h.withdraw(ctx)
+			return nil, fmt.Errorf("lock: acquiring %s: %w", resource, sess.Err())
 		}
 	}
 }
@@ -200,10 +214,10 @@ func (h *Handle) create(ctx context.Context, g *lockingv1alpha1.LockGrant, s *se
 				// The request ID is spent: its acquisition is over.
 				return fmt.Errorf("lock: acquiring %s: grant %s of request ID %q has ended (%s); the request ID is spent, acquire with a new one: %w",
 					g.Spec.Resource, h.key, g.Spec.RequestID, cur.Status.Phase, refusalOf(phaseReason(cur.Status.Phase)))
-			case cur.Annotations[lockingv1alpha1.SessionAnnotation] != s.session:
-				return fmt.Errorf("lock: acquiring %s: %w", g.Spec.Resource, sessionMismatch(cur))
+			case cur.Annotations[lockingv1alpha1.DriverAnnotation] != s.driver:
+				return fmt.Errorf("lock: acquiring %s: %w", g.Spec.Resource, driverMismatch(cur))
 			default:
-				// Our own earlier attempt (the same session): the same
+				// Our own earlier attempt (the same driver token): the same
 				// acquisition, of unknown age.
 				h.log.V(1).Info("Found the grant of this request ID", "grant", h.key, "uid", cur.UID)
 				return h.adopt(cur, s)
@@ -279,8 +293,8 @@ func phaseReason(p lockingv1alpha1.LockGrantPhase) string {
 	return holder.ReasonReleased
 }
 
-// newSession returns a random session token: 32 hex digits.
-func newSession() string {
+// newDriverToken returns a random driver token: 32 hex digits.
+func newDriverToken() string {
 	b := make([]byte, 16)
 	_, _ = rand.Read(b)
 	return hex.EncodeToString(b)

@@ -34,6 +34,7 @@ var (
 type Client struct {
 	c        client.WithWatch
 	defaults []Option
+	sessions sessionSlot // session.go
 }
 
 // NewClient returns a Client that talks to the API server through c, with
@@ -62,25 +63,25 @@ func newRequestID() string {
 
 // target is one acquisition a request acts on: the grant's name, its UID
 // (a precondition: the request never reaches a later grant that reuses the
-// name) and, for a Handle's requests, its session token (a precondition
-// too: another session's requests are refused).
+// name) and, for a Handle's requests, its driver token (a precondition
+// too: another driver's requests are refused).
 type target struct {
 	key     types.NamespacedName
 	uid     types.UID
-	session string
+	driver string
 	timeout time.Duration
 }
 
 // patchSpec sets spec.field to value on exactly the acquisition t, with a
-// JSON patch whose test operations are t's UID and session. A failed test
+// JSON patch whose test operations are t's UID and driver token. A failed test
 // is answered from a fresh read: errGone when the name belongs to no grant
-// or another acquisition, a SESSION_MISMATCH refusal when the grant is
-// bound to another session. Refusals by admission come back wrapped so
+// or another acquisition, a DRIVER_MISMATCH refusal when the grant is
+// bound to another driver. Refusals by admission come back wrapped so
 // that they match their fencing sentinels.
 func (c *Client) patchSpec(ctx context.Context, t target, field string, value any) (*lockingv1alpha1.LockGrant, error) {
 	ops := []map[string]any{{"op": "test", "path": "/metadata/uid", "value": t.uid}}
-	if t.session != "" {
-		ops = append(ops, map[string]any{"op": "test", "path": "/metadata/annotations/" + strings.ReplaceAll(lockingv1alpha1.SessionAnnotation, "/", "~1"), "value": t.session})
+	if t.driver != "" {
+		ops = append(ops, map[string]any{"op": "test", "path": "/metadata/annotations/" + strings.ReplaceAll(lockingv1alpha1.DriverAnnotation, "/", "~1"), "value": t.driver})
 	}
 	ops = append(ops, map[string]any{"op": "add", "path": "/spec/" + field, "value": value})
 	body, err := json.Marshal(ops)
@@ -103,8 +104,8 @@ func (c *Client) patchSpec(ctx context.Context, t target, field string, value an
 			return nil, err // outcome unknown: no fact to decide on
 		case cur == nil || cur.UID != t.uid:
 			return nil, errGone
-		case t.session != "" && cur.Annotations[lockingv1alpha1.SessionAnnotation] != t.session:
-			return nil, sessionMismatch(cur)
+		case t.driver != "" && cur.Annotations[lockingv1alpha1.DriverAnnotation] != t.driver:
+			return nil, driverMismatch(cur)
 		}
 		return nil, err
 	}
@@ -225,7 +226,7 @@ func (c *Client) releaseOutcome(ctx context.Context, t target) error {
 // fencing.ErrExpired (the lease had run out: a renew never re-acquires),
 // fencing.ErrNotOwner, fencing.ErrAlreadyEnded, fencing.ErrNotHeld (still
 // queued), fencing.ErrRevoked, fencing.ErrUnknownGrant (no such
-// acquisition), fencing.ErrSessionMismatch (a Handle, such as kubectl lock
+// acquisition), fencing.ErrDriverMismatch (a Handle, such as kubectl lock
 // run's, drives this grant and renews it itself). Other errors mean no
 // definite answer came (ctx ended, or the API server refused the request
 // itself).
@@ -243,8 +244,8 @@ func (c *Client) Renew(ctx context.Context, key types.NamespacedName, uid types.
 		return nil, fmt.Errorf("lock: reading grant %s: %w", key, err)
 	case cur == nil || cur.UID != uid:
 		return nil, fmt.Errorf("lock: renewing grant %s: %w", key, gone(key))
-	case cur.Annotations[lockingv1alpha1.SessionAnnotation] != "":
-		return nil, fmt.Errorf("lock: renewing grant %s: %w", key, &fencing.Error{Reason: fencing.ReasonSessionMismatch, Detail: fmt.Sprintf(
+	case cur.Annotations[lockingv1alpha1.DriverAnnotation] != "":
+		return nil, fmt.Errorf("lock: renewing grant %s: %w", key, &fencing.Error{Reason: fencing.ReasonDriverMismatch, Detail: fmt.Sprintf(
 			"grant %s is driven by a running holder (kubectl lock run or a library Handle), which renews it itself", key.Name)})
 	}
 	t := target{key: key, uid: uid, timeout: requestTimeout}

@@ -29,7 +29,7 @@
 //     grant's UID and that token as preconditions (JSON patch tests), so
 //     they act on exactly this acquisition, never on a later grant of the
 //     same owner, and never from a second process that found the grant by
-//     its request ID: that one gets fencing.ErrSessionMismatch, not a lock.
+//     its request ID: that one gets fencing.ErrDriverMismatch, not a lock.
 //   - A local deadline that ends no later than the controller's expiry. It
 //     is the monotonic time at which the create or the last confirmed renew
 //     was sent, plus the TTL, minus a safety margin (default: a tenth of the
@@ -50,6 +50,12 @@
 //     refusal of a renew ends the handle.
 //   - Silence: the library logs only to a logger the caller gives it
 //     (WithLogger, or the context's logr logger).
+//   - A request whose process has died does not hold the resource for a
+//     TTL (see Session): each Client keeps a session Lease its requests
+//     name, and the registry withdraws the requests and ends the grants of
+//     a session that lapsed (its TTL plus 1 s after the last renewal the
+//     registry saw). The session's own local deadline, judged like the
+//     handle's, spends every handle made under it first.
 //
 // # What it does not guarantee
 //

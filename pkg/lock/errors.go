@@ -38,8 +38,8 @@ var (
 	ErrWithdrawn = errors.New("lock: request withdrawn before it was granted")
 	// ErrRequestIDConflict: the request ID is already used by a grant for
 	// another resource, or by a different request. (A grant for the same
-	// request driven by another session is refused with
-	// fencing.ErrSessionMismatch instead.)
+	// request driven by another process is refused with
+	// fencing.ErrDriverMismatch instead.)
 	ErrRequestIDConflict = errors.New("lock: request ID already used by another request")
 	// ErrInvalidOption: an option is out of range (see each With… function).
 	ErrInvalidOption = errors.New("lock: invalid option")
@@ -75,13 +75,13 @@ func lost(reason string) error {
 	return fmt.Errorf("%w: %w", ErrLost, refusalOf(reason))
 }
 
-// sessionMismatch is the refusal of a grant driven by another session.
-func sessionMismatch(g *lockingv1alpha1.LockGrant) *fencing.Error {
-	if g.Annotations[lockingv1alpha1.SessionAnnotation] == "" {
-		return &fencing.Error{Reason: fencing.ReasonSessionMismatch, Detail: fmt.Sprintf(
-			"grant %s (request ID %q) was made by hand, without a session; renew and release it with kubectl lock renew/release", g.Name, g.Spec.RequestID)}
+// driverMismatch is the refusal of a grant driven by another process.
+func driverMismatch(g *lockingv1alpha1.LockGrant) *fencing.Error {
+	if g.Annotations[lockingv1alpha1.DriverAnnotation] == "" {
+		return &fencing.Error{Reason: fencing.ReasonDriverMismatch, Detail: fmt.Sprintf(
+			"grant %s (request ID %q) was made by hand, without a driver token; renew and release it with kubectl lock renew/release", g.Name, g.Spec.RequestID)}
 	}
-	return &fencing.Error{Reason: fencing.ReasonSessionMismatch, Detail: fmt.Sprintf(
+	return &fencing.Error{Reason: fencing.ReasonDriverMismatch, Detail: fmt.Sprintf(
 		"grant %s (request ID %q) is driven by another process that acquired it under this request ID; a request ID makes retries of one attempt idempotent, it does not share a lock: wait for that grant to end, or use another request ID", g.Name, g.Spec.RequestID)}
 }
 
@@ -105,7 +105,7 @@ func retryable(err error) bool {
 }
 
 // testFailed reports whether a JSON patch was refused because one of its
-// test operations (the UID or session precondition) failed.
+// test operations (the UID or driver-token precondition) failed.
 func testFailed(err error) bool {
 	var st apierrors.APIStatus
 	return errors.As(err, &st) && st.Status().Code == http.StatusUnprocessableEntity

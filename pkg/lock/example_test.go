@@ -45,6 +45,7 @@ func ExampleClient_Acquire() {
 		return
 	}
 	locks := lock.NewClient(c, lock.WithNamespace("default"))
+	defer locks.Close(context.WithoutCancel(ctx)) //nolint:errcheck // example
 	h, err := locks.Acquire(ctx, "example/nightly-report", lock.WithTTL(30*time.Second), lock.WithWait(time.Minute))
 	if err != nil {
 		fmt.Println(err)
@@ -79,7 +80,9 @@ func ExampleHandle_Stamp() {
 		fmt.Println(err)
 		return
 	}
-	h, err := lock.NewClient(c, lock.WithNamespace("default")).Acquire(ctx, "example/settlement")
+	locks := lock.NewClient(c, lock.WithNamespace("default"))
+	defer locks.Close(context.WithoutCancel(ctx)) //nolint:errcheck // example
+	h, err := locks.Acquire(ctx, "example/settlement")
 	if err != nil {
 		fmt.Println(err)
 		return
@@ -113,6 +116,7 @@ func ExampleClient_TryAcquire() {
 		return
 	}
 	locks := lock.NewClient(c, lock.WithNamespace("default"))
+	defer locks.Close(context.WithoutCancel(ctx)) //nolint:errcheck // example
 	first, err := locks.TryAcquire(ctx, "example/compaction")
 	if err != nil {
 		fmt.Println(err)
@@ -135,7 +139,9 @@ func ExampleHandle_NextSegment() {
 		fmt.Println(err)
 		return
 	}
-	h, err := lock.NewClient(c, lock.WithNamespace("default")).Acquire(ctx, "example/migration",
+	locks := lock.NewClient(c, lock.WithNamespace("default"))
+	defer locks.Close(context.WithoutCancel(ctx)) //nolint:errcheck // example
+	h, err := locks.Acquire(ctx, "example/migration",
 		lock.WithOperationRoot("sha256:5f9c4ab08cac7457e9111a30e4664920607ea2c115a1433d7be98e97e64244ca"))
 	if err != nil {
 		fmt.Println(err)
@@ -168,7 +174,9 @@ func ExampleWatchTransitions() {
 		fmt.Println(err)
 		return
 	}
-	h, err := lock.NewClient(c, lock.WithNamespace("default")).Acquire(ctx, "example/watched")
+	locks := lock.NewClient(c, lock.WithNamespace("default"))
+	defer locks.Close(context.WithoutCancel(ctx)) //nolint:errcheck // example
+	h, err := locks.Acquire(ctx, "example/watched")
 	if err != nil {
 		fmt.Println(err)
 		return

@@ -8,6 +8,8 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	lockingv1alpha1 "github.com/lockwarden/lockwarden/api/v1alpha1"
 )
 
 // faulty is a client whose requests the test can delay or whose replies it
@@ -18,7 +20,8 @@ type faulty struct {
 	mu sync.Mutex
 	// gate, when set, holds every renew until it is closed.
 	gate chan struct{}
-	// loseCreateReplies creates, then reports a timeout, this many times.
+	// loseCreateReplies creates a LockGrant, then reports a timeout, this
+	// many times (the creates of a session are not affected).
 	loseCreateReplies int
 	// loseRenewReplies renews, then reports a timeout, this many times.
 	loseRenewReplies int
@@ -29,7 +32,7 @@ type faulty struct {
 	// refuseRenews, refuseReleases: answer renews (releases) with this
 	// error, unsent, as admission or RBAC would.
 	refuseRenews, refuseReleases error
-	// afterCreate runs after a create landed, before its reply returns.
+	// afterCreate runs after a LockGrant create landed, before its reply returns.
 	afterCreate func()
 }
 
@@ -37,12 +40,13 @@ var errLostReply = apierrors.NewTimeoutError("the reply was lost (test)", 0)
 
 func (f *faulty) Create(ctx context.Context, obj client.Object, opts ...client.CreateOption) error {
 	err := f.WithWatch.Create(ctx, obj, opts...)
-	if err == nil && f.afterCreate != nil {
+	_, grant := obj.(*lockingv1alpha1.LockGrant)
+	if err == nil && grant && f.afterCreate != nil {
 		f.afterCreate()
 	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	if err == nil && f.loseCreateReplies > 0 {
+	if err == nil && grant && f.loseCreateReplies > 0 {
 		f.loseCreateReplies--
 		return errLostReply
 	}

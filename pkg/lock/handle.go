@@ -34,7 +34,7 @@ type Handle struct {
 	resource  string
 	requestID string
 	opRoot    string
-	session   string
+	driver    string
 	// timeout bounds each request (requestTimeoutFor the TTL).
 	timeout time.Duration
 
@@ -107,15 +107,15 @@ func (h *Handle) Resource() string { return h.resource }
 // RequestID returns the request ID the grant is named after.
 func (h *Handle) RequestID() string { return h.requestID }
 
-// Session returns the session token the grant is bound to (annotation
-// locking.lockwarden.io/session), "" for a detached grant. A process that
+// DriverToken returns the driver token the grant is bound to (annotation
+// locking.lockwarden.io/driver), "" for a detached grant. A process that
 // saves it can resume the same attempt after a restart with WithSession
 // and the same request ID; keep it as private as a credential.
-func (h *Handle) Session() string { return h.session }
+func (h *Handle) DriverToken() string { return h.driver }
 
 // target is this acquisition, for requests.
 func (h *Handle) target() target {
-	return target{key: h.key, uid: h.uid, session: h.session, timeout: h.timeout}
+	return target{key: h.key, uid: h.uid, driver: h.driver, timeout: h.timeout}
 }
 
 // Owner returns the grant's owner identity (spec.owner), the Kubernetes user
@@ -178,7 +178,7 @@ func (h *Handle) Context() context.Context { return h.ctx }
 // ErrOwnershipUnknown, ErrReleased, or an error wrapping ErrLost and the
 // *fencing.Error that says why (errors.Is with fencing.ErrExpired,
 // fencing.ErrRevoked, fencing.ErrAlreadyEnded, fencing.ErrUnknownGrant,
-// fencing.ErrSessionMismatch, ...; fencing.ReasonOf gives the code).
+// fencing.ErrDriverMismatch, ...; fencing.ReasonOf gives the code).
 func (h *Handle) Err() error {
 	h.mu.Lock()
 	defer h.mu.Unlock()
@@ -366,10 +366,10 @@ func (h *Handle) run(ctx context.Context) {
 		if sendRead {
 			go func() {
 				g, err := h.c.get(ctx, h.key)
-				if err == nil && g != nil && g.UID == h.uid && h.session != "" && g.Annotations[lockingv1alpha1.SessionAnnotation] != h.session {
-					// Another session took the grant over: this one stops.
+				if err == nil && g != nil && g.UID == h.uid && h.driver != "" && g.Annotations[lockingv1alpha1.DriverAnnotation] != h.driver {
+					// Another driver took the grant over: this one stops.
 					select {
-					case renewed <- renewResult{err: sessionMismatch(g)}:
+					case renewed <- renewResult{err: driverMismatch(g)}:
 					case <-ctx.Done():
 					}
 					return
@@ -438,7 +438,7 @@ func (h *Handle) run(ctx context.Context) {
 	}
 }
 
-// Release ends exactly this acquisition (UID and session preconditions) and
+// Release ends exactly this acquisition (UID and driver-token preconditions) and
 // stops the background renewal. Done is closed (cause ErrReleased, unless it
 // was already closed) before the request is sent: no new effects from the
 // moment Release is called. It returns nil when the registry accepted the
@@ -446,7 +446,7 @@ func (h *Handle) run(ctx context.Context) {
 // refusal's fencing sentinel: fencing.ErrExpired (the lease had run out
 // first), fencing.ErrAlreadyEnded (ended before, for example by an earlier
 // Release of this handle), fencing.ErrRevoked, fencing.ErrNotOwner,
-// fencing.ErrSessionMismatch, fencing.ErrUnknownGrant. An error matching none
+// fencing.ErrDriverMismatch, fencing.ErrUnknownGrant. An error matching none
 // means no definite answer came before ctx ended; the handle then keeps
 // watching the grant, and Release may be called again.
 //

@@ -36,30 +36,30 @@ func admissionRefusal(r fencing.Reason, name string) error {
 }
 
 // One live holder per grant: a second process that uses the same request
-// ID while the first holds the grant is refused SESSION_MISMATCH and gets
+// ID while the first holds the grant is refused DRIVER_MISMATCH and gets
 // no lock; it cannot renew the first one's grant either; the first keeps
 // holding and renewing. Once the grant ended, the request ID is spent.
 func TestOneLiveHolderPerRequestID(t *testing.T) {
 	ns := namespace(t)
 	const res, rid = "b10/r2", "nightly-job"
-	first, err := lock.NewClient(as(t, "one-a"), lock.WithNamespace(ns)).Acquire(t.Context(), res, lock.WithRequestID(rid), lock.WithTTL(30*time.Second))
+	first, err := newTestClient(t, as(t, "one-a"), lock.WithNamespace(ns)).Acquire(t.Context(), res, lock.WithRequestID(rid), lock.WithTTL(30*time.Second))
 	if err != nil {
 		t.Fatal(err)
 	}
-	second := lock.NewClient(as(t, "one-a"), lock.WithNamespace(ns))
+	second := newTestClient(t, as(t, "one-a"), lock.WithNamespace(ns))
 	h, err := second.Acquire(t.Context(), res, lock.WithRequestID(rid), lock.WithTTL(30*time.Second))
-	if h != nil || !errors.Is(err, fencing.ErrSessionMismatch) || fencing.ReasonOf(err) != fencing.ReasonSessionMismatch {
-		t.Fatalf("second Acquire with the same request ID: %v, %v; want no handle and SESSION_MISMATCH", h, err)
+	if h != nil || !errors.Is(err, fencing.ErrDriverMismatch) || fencing.ReasonOf(err) != fencing.ReasonDriverMismatch {
+		t.Fatalf("second Acquire with the same request ID: %v, %v; want no handle and DRIVER_MISMATCH", h, err)
 	}
 	if !strings.Contains(err.Error(), "another process") {
 		t.Errorf("the refusal does not say why: %v", err)
 	}
-	if _, err := second.Renew(t.Context(), first.Grant(), first.UID()); !errors.Is(err, fencing.ErrSessionMismatch) {
-		t.Fatalf("second process renewing the first one's grant: %v, want SESSION_MISMATCH", err)
+	if _, err := second.Renew(t.Context(), first.Grant(), first.UID()); !errors.Is(err, fencing.ErrDriverMismatch) {
+		t.Fatalf("second process renewing the first one's grant: %v, want DRIVER_MISMATCH", err)
 	}
 	// TryAcquire is refused the same way.
-	if _, err := second.TryAcquire(t.Context(), res, lock.WithRequestID(rid)); !errors.Is(err, fencing.ErrSessionMismatch) {
-		t.Fatalf("second TryAcquire: %v, want SESSION_MISMATCH", err)
+	if _, err := second.TryAcquire(t.Context(), res, lock.WithRequestID(rid)); !errors.Is(err, fencing.ErrDriverMismatch) {
+		t.Fatalf("second TryAcquire: %v, want DRIVER_MISMATCH", err)
 	}
 	g := grantOf(t, first.Grant())
 	if err := first.Check(); err != nil || g.Status.Phase != lockingv1alpha1.PhaseHeld || g.Spec.Renewals != 0 || g.Spec.Release {
@@ -74,26 +74,26 @@ func TestOneLiveHolderPerRequestID(t *testing.T) {
 
 // A handle's renewals and releases carry its session as a precondition: a
 // session token written onto the grant by another driver makes the handle
-// stop (ErrLost, SESSION_MISMATCH) instead of renewing alongside it.
+// stop (ErrLost, DRIVER_MISMATCH) instead of renewing alongside it.
 func TestSecondDriverStopsTheHandle(t *testing.T) {
 	ns := namespace(t)
 	hclk := newHandleClock()
 	c := as(t, "drv-a")
-	h, err := lock.NewClient(c, lock.WithNamespace(ns), lock.WithClock(hclk)).Acquire(t.Context(), "b10/drv", lock.WithTTL(30*time.Second))
+	h, err := newTestClient(t, c, lock.WithNamespace(ns), lock.WithClock(hclk)).Acquire(t.Context(), "b10/drv", lock.WithTTL(30*time.Second))
 	if err != nil {
 		t.Fatal(err)
 	}
-	patchAnnotation(t, h.Grant(), lockingv1alpha1.SessionAnnotation, "another-session-token-0123456789")
+	patchAnnotation(t, h.Grant(), lockingv1alpha1.DriverAnnotation, "another-session-token-0123456789")
 	hclk.Step(11 * time.Second) // the renew is due
 	eventually(t, "the handle stops", func() bool { return closed(h.Done()) })
-	if err := h.Err(); !errors.Is(err, lock.ErrLost) || !errors.Is(err, fencing.ErrSessionMismatch) {
-		t.Fatalf("Err = %v, want ErrLost and SESSION_MISMATCH", err)
+	if err := h.Err(); !errors.Is(err, lock.ErrLost) || !errors.Is(err, fencing.ErrDriverMismatch) {
+		t.Fatalf("Err = %v, want ErrLost and DRIVER_MISMATCH", err)
 	}
 	if g := grantOf(t, h.Grant()); g.Spec.Renewals != 0 {
 		t.Fatalf("the handle renewed a grant another session drives: renewals %d", g.Spec.Renewals)
 	}
-	if err := h.Release(t.Context()); !errors.Is(err, fencing.ErrSessionMismatch) {
-		t.Fatalf("Release: %v, want SESSION_MISMATCH", err)
+	if err := h.Release(t.Context()); !errors.Is(err, fencing.ErrDriverMismatch) {
+		t.Fatalf("Release: %v, want DRIVER_MISMATCH", err)
 	}
 }
 
@@ -108,7 +108,7 @@ func TestRenewRefusalsEndTheHandle(t *testing.T) {
 			ns := namespace(t)
 			hclk := newHandleClock()
 			fa := &faulty{WithWatch: as(t, "ref-a")}
-			h, err := lock.NewClient(fa, lock.WithNamespace(ns), lock.WithClock(hclk)).Acquire(t.Context(), "b10/refused", lock.WithTTL(30*time.Second))
+			h, err := newTestClient(t, fa, lock.WithNamespace(ns), lock.WithClock(hclk)).Acquire(t.Context(), "b10/refused", lock.WithTTL(30*time.Second))
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -135,7 +135,7 @@ func TestReleaseRefusalsMatch(t *testing.T) {
 	ns := namespace(t)
 	for _, r := range []fencing.Reason{fencing.ReasonExpired, fencing.ReasonNotOwner, fencing.ReasonRevoked, fencing.ReasonAlreadyEnded} {
 		fa := &faulty{WithWatch: as(t, "relref-a")}
-		h, err := lock.NewClient(fa, lock.WithNamespace(ns)).Acquire(t.Context(), "b10/rel-"+strings.ToLower(strings.ReplaceAll(string(r), "_", "-")))
+		h, err := newTestClient(t, fa, lock.WithNamespace(ns)).Acquire(t.Context(), "b10/rel-"+strings.ToLower(strings.ReplaceAll(string(r), "_", "-")))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -150,7 +150,7 @@ func TestReleaseRefusalsMatch(t *testing.T) {
 	}
 
 	fa := &faulty{WithWatch: as(t, "relref-a")}
-	h, err := lock.NewClient(fa, lock.WithNamespace(ns)).Acquire(t.Context(), "b10/rel-rbac")
+	h, err := newTestClient(t, fa, lock.WithNamespace(ns)).Acquire(t.Context(), "b10/rel-rbac")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -170,7 +170,7 @@ func TestReleaseRefusalsMatch(t *testing.T) {
 // UNKNOWN_GRANT; both need the exact acquisition (its UID).
 func TestRenewReleaseNonexistent(t *testing.T) {
 	ns := namespace(t)
-	locks := lock.NewClient(as(t, "none-a"), lock.WithNamespace(ns))
+	locks := newTestClient(t, as(t, "none-a"), lock.WithNamespace(ns))
 	key := types.NamespacedName{Namespace: ns, Name: "nonexistent"}
 	_, rerr := locks.Renew(t.Context(), key, "0d4f0a8e-0000-4000-8000-000000000000")
 	lerr := locks.Release(t.Context(), key, "0d4f0a8e-0000-4000-8000-000000000000")
@@ -201,7 +201,7 @@ func TestAcquireOfAGrantThatExpiredMeanwhile(t *testing.T) {
 		wake(t, key)
 		waitPhase(t, key, lockingv1alpha1.PhaseExpired)
 	}
-	h, err := lock.NewClient(fa, lock.WithNamespace(ns)).Acquire(t.Context(), "b10/exp", lock.WithRequestID(rid), lock.WithTTL(2*time.Second))
+	h, err := newTestClient(t, fa, lock.WithNamespace(ns)).Acquire(t.Context(), "b10/exp", lock.WithRequestID(rid), lock.WithTTL(2*time.Second))
 	if h != nil || !errors.Is(err, fencing.ErrExpired) || errors.Is(err, lock.ErrLost) || strings.Contains(err.Error(), "ownership lost") {
 		t.Fatalf("Acquire = %v, %v; want EXPIRED without 'ownership lost'", h, err)
 	}
@@ -213,7 +213,7 @@ func TestCreateRefusalMatches(t *testing.T) {
 	fa := &faulty{WithWatch: as(t, "create-a")}
 	// An identity that is not a GuardPolicy's holder is refused NOT_OWNER;
 	// reproduce the refusal the webhook sends for it.
-	_, err := lock.NewClient(&refusingCreates{faulty: fa, err: admissionRefusal(fencing.ReasonNotOwner, "x")}, lock.WithNamespace(ns)).
+	_, err := newTestClient(t, &refusingCreates{faulty: fa, err: admissionRefusal(fencing.ReasonNotOwner, "x")}, lock.WithNamespace(ns)).
 		Acquire(t.Context(), "b10/create")
 	if !errors.Is(err, fencing.ErrNotOwner) || fencing.ReasonOf(err) != fencing.ReasonNotOwner {
 		t.Fatalf("Acquire refused at create: %v, want NOT_OWNER", err)
@@ -227,7 +227,7 @@ func TestWithLogger(t *testing.T) {
 	var mu = make(chan struct{}, 1)
 	mu <- struct{}{}
 	l := funcLogger(func(msg string) { <-mu; lines = append(lines, msg); mu <- struct{}{} })
-	h, err := lock.NewClient(as(t, "log-a"), lock.WithNamespace(ns), lock.WithLogger(l)).Acquire(t.Context(), "b10/log")
+	h, err := newTestClient(t, as(t, "log-a"), lock.WithNamespace(ns), lock.WithLogger(l)).Acquire(t.Context(), "b10/log")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -281,7 +281,7 @@ func TestConfigureTransport(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	h, err := lock.NewClient(c, lock.WithNamespace(ns)).Acquire(t.Context(), "b10/transport")
+	h, err := newTestClient(t, c, lock.WithNamespace(ns)).Acquire(t.Context(), "b10/transport")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -320,7 +320,7 @@ func TestPartitionHealSettlesQuickly(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	h, err := lock.NewClient(c, lock.WithNamespace(ns)).Acquire(t.Context(), "b10/heal", lock.WithTTL(4*time.Second))
+	h, err := newTestClient(t, c, lock.WithNamespace(ns)).Acquire(t.Context(), "b10/heal", lock.WithTTL(4*time.Second))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -40,7 +40,7 @@ func release(t *testing.T, h *lock.Handle, want fencing.Reason) {
 func TestAcquireStampRelease(t *testing.T) {
 	ns := namespace(t)
 	c := as(t, "basic-a")
-	locks := lock.NewClient(c, lock.WithNamespace(ns))
+	locks := newTestClient(t, c, lock.WithNamespace(ns))
 	h, err := locks.Acquire(t.Context(), "invoice-batch/basic", lock.WithTTL(30*time.Second))
 	if err != nil {
 		t.Fatal(err)
@@ -128,7 +128,7 @@ func TestC06HolderClockSkewAndRate(t *testing.T) {
 		hclk.Step(d * 3 / 2)
 	}
 	fa := &faulty{WithWatch: as(t, "c06-a")}
-	a, err := lock.NewClient(fa, lock.WithNamespace(ns)).Acquire(t.Context(), res, lock.WithTTL(10*time.Second), lock.WithClock(hclk))
+	a, err := newTestClient(t, fa, lock.WithNamespace(ns)).Acquire(t.Context(), res, lock.WithTTL(10*time.Second), lock.WithClock(hclk))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -138,7 +138,7 @@ func TestC06HolderClockSkewAndRate(t *testing.T) {
 	}
 	bDone := make(chan result, 1)
 	go func() {
-		h, err := lock.NewClient(as(t, "c06-b"), lock.WithNamespace(ns)).Acquire(t.Context(), res, lock.WithTTL(10*time.Second), lock.WithRequestID("c06-b"))
+		h, err := newTestClient(t, as(t, "c06-b"), lock.WithNamespace(ns)).Acquire(t.Context(), res, lock.WithTTL(10*time.Second), lock.WithRequestID("c06-b"))
 		bDone <- result{h, err}
 	}()
 	keyB := keyOf(ns, "c06-b")
@@ -219,7 +219,7 @@ func TestC08RenewAfterExpiry(t *testing.T) {
 				hclk.Step(d)
 			}
 			fa := &faulty{WithWatch: as(t, "c08-a")}
-			locks := lock.NewClient(fa, lock.WithNamespace(ns), lock.WithClock(hclk))
+			locks := newTestClient(t, fa, lock.WithNamespace(ns), lock.WithClock(hclk))
 			// Detached: the late renew below is sent from outside the handle.
 			a, err := locks.Acquire(t.Context(), res, lock.WithTTL(2*time.Second), lock.WithDetachedGrant())
 			if err != nil {
@@ -240,7 +240,7 @@ func TestC08RenewAfterExpiry(t *testing.T) {
 			eventually(t, "A reads that its grant expired", func() bool { return a.State() == holder.Expired })
 			if taken {
 				at(3)
-				b, err := lock.NewClient(as(t, "c08-b"), lock.WithNamespace(ns)).Acquire(t.Context(), res, lock.WithTTL(10*time.Second))
+				b, err := newTestClient(t, as(t, "c08-b"), lock.WithNamespace(ns)).Acquire(t.Context(), res, lock.WithTTL(10*time.Second))
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -301,7 +301,7 @@ func TestC10AmbiguousRenew(t *testing.T) {
 				elapsed += d
 			}
 			fa := &faulty{WithWatch: as(t, "c10-a")}
-			locks := lock.NewClient(fa, lock.WithNamespace(ns), lock.WithClock(hclk))
+			locks := newTestClient(t, fa, lock.WithNamespace(ns), lock.WithClock(hclk))
 			a, err := locks.Acquire(t.Context(), "ledger/c10", lock.WithTTL(9*time.Second)) // margin 1 s, renew every 3 s
 			if err != nil {
 				t.Fatal(err)
@@ -330,11 +330,11 @@ func TestC10AmbiguousRenew(t *testing.T) {
 			if want := 11*time.Second - elapsed; a.Remaining() != want {
 				t.Fatalf("Remaining = %s, want %s (from the first attempt's send time)", a.Remaining(), want)
 			}
-			_, err = lock.NewClient(as(t, "c10-b"), lock.WithNamespace(ns)).Renew(t.Context(), a.Grant(), a.UID())
-			if !errors.Is(err, fencing.ErrSessionMismatch) {
-				t.Fatalf("renew of a handle's grant from elsewhere: %v, want SESSION_MISMATCH", err)
+			_, err = newTestClient(t, as(t, "c10-b"), lock.WithNamespace(ns)).Renew(t.Context(), a.Grant(), a.UID())
+			if !errors.Is(err, fencing.ErrDriverMismatch) {
+				t.Fatalf("renew of a handle's grant from elsewhere: %v, want DRIVER_MISMATCH", err)
 			}
-			if err := lock.NewClient(as(t, "c10-b"), lock.WithNamespace(ns)).Release(t.Context(), a.Grant(), a.UID()); !errors.Is(err, fencing.ErrNotOwner) {
+			if err := newTestClient(t, as(t, "c10-b"), lock.WithNamespace(ns)).Release(t.Context(), a.Grant(), a.UID()); !errors.Is(err, fencing.ErrNotOwner) {
 				t.Fatalf("release by another identity: %v; want NOT_OWNER", err)
 			}
 			fa.loseRenewReplies = 0
@@ -367,7 +367,7 @@ func TestLostAcquireResponse(t *testing.T) {
 	ns := namespace(t)
 	const res, rid = "ledger/lost", "settlement-7-run-1"
 	fa := &faulty{WithWatch: as(t, "lost-a"), loseCreateReplies: 1}
-	locks := lock.NewClient(fa, lock.WithNamespace(ns))
+	locks := newTestClient(t, fa, lock.WithNamespace(ns))
 	h, err := locks.Acquire(t.Context(), res, lock.WithRequestID(rid))
 	if err != nil {
 		t.Fatal(err)
@@ -383,12 +383,12 @@ func TestLostAcquireResponse(t *testing.T) {
 		t.Fatalf("grant renewals %d, fence %d; want confirmed by a renew, fence 1", g.Spec.Renewals, g.Status.FenceToken)
 	}
 	// Another process with the same request ID is not a second holder.
-	_, err = lock.NewClient(as(t, "lost-a"), lock.WithNamespace(ns)).Acquire(t.Context(), res, lock.WithRequestID(rid))
-	if !errors.Is(err, fencing.ErrSessionMismatch) || fencing.ReasonOf(err) != fencing.ReasonSessionMismatch {
-		t.Fatalf("a second process with the same request ID: %v, want SESSION_MISMATCH", err)
+	_, err = newTestClient(t, as(t, "lost-a"), lock.WithNamespace(ns)).Acquire(t.Context(), res, lock.WithRequestID(rid))
+	if !errors.Is(err, fencing.ErrDriverMismatch) || fencing.ReasonOf(err) != fencing.ReasonDriverMismatch {
+		t.Fatalf("a second process with the same request ID: %v, want DRIVER_MISMATCH", err)
 	}
 	// One that proves it is the same attempt (its session) resumes it.
-	again, err := lock.NewClient(as(t, "lost-a"), lock.WithNamespace(ns)).Acquire(t.Context(), res, lock.WithRequestID(rid), lock.WithSession(h.Session()))
+	again, err := newTestClient(t, as(t, "lost-a"), lock.WithNamespace(ns)).Acquire(t.Context(), res, lock.WithRequestID(rid), lock.WithDriverToken(h.DriverToken()))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -409,7 +409,7 @@ func TestLostAcquireResponse(t *testing.T) {
 func TestReleaseOfEarlierAcquisition(t *testing.T) {
 	ns := namespace(t)
 	const res = "ledger/release"
-	locks := lock.NewClient(as(t, "rel-a"), lock.WithNamespace(ns))
+	locks := newTestClient(t, as(t, "rel-a"), lock.WithNamespace(ns))
 	h1, err := locks.Acquire(t.Context(), res)
 	if err != nil {
 		t.Fatal(err)
@@ -468,11 +468,11 @@ func TestReleaseOfEarlierAcquisition(t *testing.T) {
 func TestTryAcquire(t *testing.T) {
 	ns := namespace(t)
 	const res = "ledger/try"
-	a, err := lock.NewClient(as(t, "try-a"), lock.WithNamespace(ns)).Acquire(t.Context(), res)
+	a, err := newTestClient(t, as(t, "try-a"), lock.WithNamespace(ns)).Acquire(t.Context(), res)
 	if err != nil {
 		t.Fatal(err)
 	}
-	b := lock.NewClient(as(t, "try-b"), lock.WithNamespace(ns))
+	b := newTestClient(t, as(t, "try-b"), lock.WithNamespace(ns))
 	if _, err := b.TryAcquire(t.Context(), res, lock.WithRequestID("try-b-1")); !errors.Is(err, lock.ErrBusy) {
 		t.Fatalf("TryAcquire of a held resource: %v, want ErrBusy", err)
 	}
@@ -494,11 +494,11 @@ func TestTryAcquire(t *testing.T) {
 func TestAcquireWaitLimitAndCancel(t *testing.T) {
 	ns := namespace(t)
 	const res = "ledger/wait"
-	a, err := lock.NewClient(as(t, "wait-a"), lock.WithNamespace(ns)).Acquire(t.Context(), res, lock.WithTTL(60*time.Second))
+	a, err := newTestClient(t, as(t, "wait-a"), lock.WithNamespace(ns)).Acquire(t.Context(), res, lock.WithTTL(60*time.Second))
 	if err != nil {
 		t.Fatal(err)
 	}
-	b := lock.NewClient(as(t, "wait-b"), lock.WithNamespace(ns))
+	b := newTestClient(t, as(t, "wait-b"), lock.WithNamespace(ns))
 	errc := make(chan error, 1)
 	go func() {
 		_, err := b.Acquire(t.Context(), res, lock.WithWait(2*time.Second), lock.WithRequestID("wait-b-1"))
@@ -541,14 +541,14 @@ func TestAcquireWaitLimitAndCancel(t *testing.T) {
 func TestGrantedAfterLongWait(t *testing.T) {
 	ns := namespace(t)
 	const res = "ledger/long"
-	a, err := lock.NewClient(as(t, "long-a"), lock.WithNamespace(ns)).Acquire(t.Context(), res)
+	a, err := newTestClient(t, as(t, "long-a"), lock.WithNamespace(ns)).Acquire(t.Context(), res)
 	if err != nil {
 		t.Fatal(err)
 	}
 	hclk := clocktesting.NewFakeClock(clk.Now())
 	got := make(chan *lock.Handle, 1)
 	go func() {
-		h, err := lock.NewClient(as(t, "long-b"), lock.WithNamespace(ns), lock.WithClock(hclk)).
+		h, err := newTestClient(t, as(t, "long-b"), lock.WithNamespace(ns), lock.WithClock(hclk)).
 			Acquire(t.Context(), res, lock.WithTTL(10*time.Second), lock.WithRequestID("long-b"))
 		if err != nil {
 			t.Error(err)
@@ -577,7 +577,7 @@ func TestWatchTransitions(t *testing.T) {
 	go func() {
 		_ = lock.WatchTransitions(ctx, admin, func(tr lock.Transition) error { trs <- tr; return nil }, client.InNamespace(ns))
 	}()
-	locks := lock.NewClient(as(t, "watch-a"), lock.WithNamespace(ns))
+	locks := newTestClient(t, as(t, "watch-a"), lock.WithNamespace(ns))
 	h, err := locks.Acquire(t.Context(), "ledger/watch")
 	if err != nil {
 		t.Fatal(err)

@@ -45,8 +45,9 @@ type settings struct {
 	clk            clock.WithTicker
 	progress       func(*lockingv1alpha1.LockGrant)
 	logger         *logr.Logger
-	session        string
+	driver         string
 	detached       bool
+	session        sessionSettings // session.go
 	err            error
 }
 
@@ -107,9 +108,9 @@ func WithWait(d time.Duration) Option {
 //
 // A request ID makes a retry of one attempt idempotent; it never lets a
 // second live process hold the same grant. Each Acquire binds the grant to
-// its session (WithSession); another Acquire that finds the grant by its ID
+// its driver token (WithDriverToken); another Acquire that finds the grant by its ID
 // while it is Pending or Held gets an error matching
-// fencing.ErrSessionMismatch, and one that finds it ended gets the reason it
+// fencing.ErrDriverMismatch, and one that finds it ended gets the reason it
 // ended (fencing.ErrExpired, fencing.ErrAlreadyEnded, fencing.ErrRevoked):
 // the ID is spent, use a new one for a new acquisition.
 func WithRequestID(id string) Option {
@@ -199,30 +200,30 @@ func WithProgress(fn func(*lockingv1alpha1.LockGrant)) Option {
 	return func(s *settings) { s.progress = fn }
 }
 
-var sessionRE = regexp.MustCompile(`^[A-Za-z0-9_-]{16,128}$`)
+var driverTokenRE = regexp.MustCompile(`^[A-Za-z0-9_-]{16,128}$`)
 
-// WithSession sets the session token the grant is bound to (annotation
-// locking.lockwarden.io/session): 16 to 128 letters, digits, "_" or "-".
+// WithDriverToken sets the driver token the grant is bound to (annotation
+// locking.lockwarden.io/driver): 16 to 128 letters, digits, "_" or "-".
 // Only a Handle with this token renews and releases the grant; Acquire with
 // the same request ID and token resumes the same attempt (for example a
-// process that saved Handle.Session before it restarted). Default: a random
+// process that saved Handle.DriverToken before it restarted). Default: a random
 // token for each Acquire, which no other process knows.
-func WithSession(token string) Option {
+func WithDriverToken(token string) Option {
 	return func(s *settings) {
-		if !sessionRE.MatchString(token) {
-			s.fail("session %q is not 16 to 128 letters, digits, '_' or '-'", token)
+		if !driverTokenRE.MatchString(token) {
+			s.fail("driver token %q is not 16 to 128 letters, digits, '_' or '-'", token)
 		}
-		s.session, s.detached = token, false
+		s.driver, s.detached = token, false
 	}
 }
 
-// WithDetachedGrant makes a grant bound to no session: it outlives the
+// WithDetachedGrant makes a grant bound to no driver token: it outlives the
 // process, any process of its owner may renew it (Client.Renew) and
 // release it, and an Acquire with the same request ID finds it and follows
 // it again. For grants held by hand (kubectl lock acquire). The Handle
-// still renews it while the program runs. Default: bound to the session.
+// still renews it while the program runs. Default: bound to a new driver token.
 func WithDetachedGrant() Option {
-	return func(s *settings) { s.session, s.detached = "", true }
+	return func(s *settings) { s.driver, s.detached = "", true }
 }
 
 // WithLogger sets the logger the library logs to (state changes at V(1),

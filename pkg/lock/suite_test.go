@@ -21,6 +21,7 @@ import (
 
 	lockingv1alpha1 "github.com/lockwarden/lockwarden/api/v1alpha1"
 	"github.com/lockwarden/lockwarden/internal/testenv"
+	"github.com/lockwarden/lockwarden/pkg/lock"
 )
 
 // The library's envtest: a real kube-apiserver and etcd from bin/, the
@@ -177,4 +178,13 @@ func closed(ch <-chan struct{}) bool {
 	default:
 		return false
 	}
+}
+
+// newTestClient is lock.NewClient whose session is closed when the test
+// ends, as a program closes its Client before it exits.
+func newTestClient(t *testing.T, c client.WithWatch, opts ...lock.Option) *lock.Client {
+	t.Helper()
+	l := lock.NewClient(c, opts...)
+	t.Cleanup(func() { _ = l.Close(context.Background()) })
+	return l
 }

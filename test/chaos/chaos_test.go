@@ -49,6 +49,7 @@ func TestChaos(t *testing.T) {
 		"accepted fences never decrease per object ",
 		"no acknowledged write lost ",
 		"no write of an expired or superseded grant accepted ",
+		"no request asserting nothing accepted (patch, delete) ",
 		"at most one Held grant per resource at any controller time ",
 		"linearizable: fenced lock per resource (porcupine) ",
 		"linearizable: CAS register per object (porcupine) ",

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	authorizationv1 "k8s.io/api/authorization/v1"
+	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/klog/v2"
@@ -83,6 +84,9 @@ type Validator struct {
 	Reader client.Reader
 	// Authorizer answers SubjectAccessReviews for forced releases.
 	Authorizer client.Client
+	// Sessions reads session Leases directly from the API server: a Lease
+	// created a moment before the request must be found.
+	Sessions client.Reader
 }
 
 // ForceReleaseVerb is the RBAC verb on lockgrants that lets an identity
@@ -99,8 +103,8 @@ const AdministerVerb = "administer"
 var _ admission.Validator[*lockingv1alpha1.LockGrant] = &Validator{}
 
 // NewValidator returns the validating webhook of LockGrants.
-func NewValidator(s *runtime.Scheme, clk clock.PassiveClock, r client.Reader, authz client.Client) *admission.Webhook {
-	return admission.WithValidator(s, &Validator{Clock: clk, Reader: r, Authorizer: authz})
+func NewValidator(s *runtime.Scheme, clk clock.PassiveClock, r client.Reader, authz client.Client, sessions client.Reader) *admission.Webhook {
+	return admission.WithValidator(s, &Validator{Clock: clk, Reader: r, Authorizer: authz, Sessions: sessions})
 }
 
 // ValidateCreate checks that the owner is the requester and that the
@@ -122,10 +126,49 @@ func (v *Validator) ValidateCreate(ctx context.Context, g *lockingv1alpha1.LockG
 			return nil, apierrors.NewBadRequest(fmt.Sprintf("INVALID_SPEC: a LockGrant with requestID %q must be named %q (or use generateName)", g.Spec.RequestID, want))
 		}
 	}
+	if g.Spec.Session != nil {
+		if err := v.checkSession(ctx, g); err != nil {
+			return nil, err
+		}
+	}
 	if g.Spec.Policy != "" {
 		return nil, v.checkPolicy(ctx, g)
 	}
 	return nil, nil
+}
+
+// checkSession refuses a request that names a session Lease that is not
+// the requester's: it must exist in the grant's namespace with the UID the
+// request names (SESSION_EXPIRED otherwise), carry the session label and a
+// lease duration (INVALID_SPEC), and name the owner as its holder
+// (NOT_OWNER). Whether the session is still live is the controller's
+// decision, by its own observations.
+func (v *Validator) checkSession(ctx context.Context, g *lockingv1alpha1.LockGrant) error {
+	ref := g.Spec.Session
+	l := &coordinationv1.Lease{}
+	err := v.Sessions.Get(ctx, types.NamespacedName{Namespace: g.Namespace, Name: ref.Name}, l)
+	switch {
+	case apierrors.IsNotFound(err):
+		return deny(g.Name, &fencing.Error{Reason: fencing.ReasonSessionExpired,
+			Detail: fmt.Sprintf("session Lease %s/%s does not exist", g.Namespace, ref.Name)})
+	case err != nil:
+		return fmt.Errorf("reading session Lease %s/%s: %w", g.Namespace, ref.Name, err)
+	case string(l.UID) != ref.UID:
+		return deny(g.Name, &fencing.Error{Reason: fencing.ReasonSessionExpired,
+			Detail: fmt.Sprintf("session Lease %s/%s has uid %s, not %s: it was replaced", g.Namespace, ref.Name, l.UID, ref.UID)})
+	case l.Labels[lockingv1alpha1.SessionLabel] != "true":
+		return apierrors.NewBadRequest(fmt.Sprintf("INVALID_SPEC: Lease %s/%s is not a session: it needs the label %s=true", g.Namespace, ref.Name, lockingv1alpha1.SessionLabel))
+	case l.Spec.LeaseDurationSeconds == nil || *l.Spec.LeaseDurationSeconds < 1:
+		return apierrors.NewBadRequest(fmt.Sprintf("INVALID_SPEC: session Lease %s/%s has no spec.leaseDurationSeconds", g.Namespace, ref.Name))
+	case l.Spec.HolderIdentity == nil || *l.Spec.HolderIdentity != g.Spec.Owner:
+		holder := ""
+		if l.Spec.HolderIdentity != nil {
+			holder = *l.Spec.HolderIdentity
+		}
+		return deny(g.Name, &fencing.Error{Reason: fencing.ReasonNotOwner,
+			Detail: fmt.Sprintf("session Lease %s/%s is held by %q, not by the requester %q", g.Namespace, ref.Name, holder, g.Spec.Owner)})
+	}
+	return nil
 }
 
 // checkPolicy refuses a request its GuardPolicy does not allow.

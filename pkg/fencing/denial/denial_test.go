@@ -21,7 +21,7 @@ var allReasons = []fencing.Reason{
 	fencing.ReasonNotOwner, fencing.ReasonStaleOwner, fencing.ReasonExpired, fencing.ReasonNotHeld,
 	fencing.ReasonAlreadyEnded, fencing.ReasonFenceRegression, fencing.ReasonRevoked, fencing.ReasonBadSignature,
 	fencing.ReasonRevokedEpoch, fencing.ReasonInvalidSegment, fencing.ReasonSequenceGap, fencing.ReasonSegmentConflict,
-	fencing.ReasonMutationUnknown, fencing.ReasonSessionMismatch,
+	fencing.ReasonMutationUnknown, fencing.ReasonDriverMismatch,
 }
 
 // What the webhooks encode, the decoder reads back: for every reason, from

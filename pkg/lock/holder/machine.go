@@ -67,7 +67,7 @@ func (s State) Final() bool { return s == Expired || s == Released }
 // Reasons a machine gives for being Expired or Released, beyond the
 // fencing package's refusal codes (fencing.ReasonExpired,
 // fencing.ReasonNotOwner, fencing.ReasonAlreadyEnded, fencing.ReasonRevoked,
-// fencing.ReasonSessionMismatch, ...).
+// fencing.ReasonDriverMismatch, ...).
 const (
 	// ReasonReleased: the registry reports the grant Released.
 	ReasonReleased = "RELEASED"
@@ -351,7 +351,7 @@ func (m *Machine) Observe(now Mono, f Facts) State {
 // its reason code, and returns the new state. ALREADY_ENDED ends the
 // machine as Released; NOT_HELD (still queued) changes nothing; every other
 // refusal (EXPIRED, NOT_OWNER, REVOKED, STALE_OWNER, UNKNOWN_GRANT,
-// SESSION_MISMATCH, ...) ends it as Expired with that reason: the registry
+// DRIVER_MISMATCH, ...) ends it as Expired with that reason: the registry
 // will not extend this lease, so the holder fails closed. A refusal is the
 // registry's judgement, not an assumption.
 func (m *Machine) Refused(now Mono, r fencing.Reason) State {

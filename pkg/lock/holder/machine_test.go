@@ -241,14 +241,14 @@ func TestMachine(t *testing.T) {
 				{3.5, refused(fencing.ReasonRevoked), E, 0, no},
 			}
 		}, string(fencing.ReasonRevoked)},
-		{"renew refused SESSION_MISMATCH: a second driver stops", func(t *testing.T) []step {
+		{"renew refused DRIVER_MISMATCH: a second driver stops", func(t *testing.T) []step {
 			return []step{
 				{0, created(0), R, 0, nil},
 				{0.1, held(0, 0), H, 0, nil},
 				{3.4, renewSent(t, 1), N, 0, nil},
-				{3.5, refused(fencing.ReasonSessionMismatch), E, 0, no},
+				{3.5, refused(fencing.ReasonDriverMismatch), E, 0, no},
 			}
-		}, string(fencing.ReasonSessionMismatch)},
+		}, string(fencing.ReasonDriverMismatch)},
 		{"renew refused NOT_HELD changes nothing", func(t *testing.T) []step {
 			return []step{
 				{0, created(0), R, 0, nil},

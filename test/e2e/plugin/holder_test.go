@@ -17,7 +17,7 @@ import (
 )
 
 // Two `kubectl lock run` with one request ID, started a second apart (a
-// retried cron job): the second is refused SESSION_MISMATCH (exit code 3)
+// retried cron job): the second is refused DRIVER_MISMATCH (exit code 3)
 // and never runs its command; the first runs alone and ends normally.
 func TestRunOneHolderPerRequestID(t *testing.T) {
 	ns := namespace(t)
@@ -29,8 +29,8 @@ func TestRunOneHolderPerRequestID(t *testing.T) {
 	a := kubectlLock(t, "alice", env, args...)
 	eventually(t, 30*time.Second, "the first run's command starts", func() bool { return fileHas(log, "start 1") })
 	b := kubectlLock(t, "alice", env, args...)
-	if code := b.wait(t, 30*time.Second); code != 3 || !strings.Contains(b.stderr.String(), "SESSION_MISMATCH") {
-		t.Fatalf("the second run exited %d, want 3 with SESSION_MISMATCH:\n%s", code, b.stderr)
+	if code := b.wait(t, 30*time.Second); code != 3 || !strings.Contains(b.stderr.String(), "DRIVER_MISMATCH") {
+		t.Fatalf("the second run exited %d, want 3 with DRIVER_MISMATCH:\n%s", code, b.stderr)
 	}
 	touch(t, filepath.Join(dir, "go-1"))
 	if code := a.wait(t, 30*time.Second); code != 0 {

@@ -68,6 +68,11 @@ func run(m *testing.M) int {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
 	}
+	// kubectl lock run keeps a session, as it would in a real cluster.
+	if err := tenv.GrantUsersSessions(context.Background(), ""); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
 	for _, name := range []string{"alice", "bob"} {
 		u, err := env.AddUser(envtest.User{Name: name, Groups: []string{"system:authenticated"}}, nil)
 		if err != nil {

@@ -1,0 +1,59 @@
+package fencing
+
+import (
+	"time"
+)
+
+// SessionMargin is added to a session's duration before the registry
+// counts it lapsed. It covers the delay between the client's renewal being
+// stored and the registry observing it, and the drift of the two clocks'
+// rates over one session duration.
+const SessionMargin = time.Second
+
+// Session is what the registry knows about a client's session (a
+// coordination.k8s.io/v1 Lease the client renews while it runs), the way
+// etcd ties a waiter's key to its session lease and Chubby its handles to
+// a session.
+//
+// The liveness rule judges time by the registry's clock only: ObservedAt is
+// when the registry first saw the session's current version, never a time
+// the client wrote. A client that renews at least once per Duration, with
+// each renewal stored within SessionMargin, is never judged lapsed, however
+// far its wall clock is off.
+type Session struct {
+	// UID is the Lease's UID.
+	UID string
+	// Holder is the Lease's spec.holderIdentity.
+	Holder string
+	// Duration is the Lease's spec.leaseDurationSeconds.
+	Duration time.Duration
+	// ObservedAt is when the registry first observed the Lease's current
+	// version (its resourceVersion), by the registry's clock. A registry
+	// that restarts observes every session afresh: it may keep a dead
+	// session a little longer, never drop a live one earlier.
+	ObservedAt time.Time
+}
+
+// LapsesAt is the instant from which the session is lapsed unless a newer
+// version is observed: ObservedAt + Duration + SessionMargin.
+func (s Session) LapsesAt() time.Time { return s.ObservedAt.Add(s.Duration + SessionMargin) }
+
+// CheckSession reports whether the session a request names keeps it alive
+// at now: s is the session as the registry knows it (nil when the Lease
+// does not exist), uid the Lease UID the request names and owner the
+// request's owner. It returns nil, or an *Error with ReasonSessionExpired
+// when the Lease is gone or replaced by another UID, when it does not name
+// the owner as its holder, or when it lapsed (now at or after LapsesAt).
+func CheckSession(s *Session, uid, owner string, now time.Time) error {
+	switch {
+	case s == nil:
+		return refuse(ReasonSessionExpired, "the session Lease does not exist")
+	case s.UID != uid:
+		return refuse(ReasonSessionExpired, "the session Lease was replaced (uid %s, the request names %s)", s.UID, uid)
+	case s.Holder != owner:
+		return refuse(ReasonSessionExpired, "the session Lease is held by %q, not by the owner %q", s.Holder, owner)
+	case Expired(s.LapsesAt(), now):
+		return refuse(ReasonSessionExpired, "the session Lease lapsed at %s: no renewal seen for %s", s.LapsesAt().UTC().Format(time.RFC3339Nano), s.Duration+SessionMargin)
+	}
+	return nil
+}

@@ -1,0 +1,171 @@
+package chart
+
+import (
+	"reflect"
+	"slices"
+	"strings"
+	"testing"
+
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+
+	"github.com/lockwarden/lockwarden/internal/testenv"
+)
+
+const haValues = "charts/lockwarden/ci/ha-certmanager-values.yaml"
+
+func render(t *testing.T, root string, values ...string) []*unstructured.Unstructured {
+	args := []string{"template", "lockwarden", "charts/lockwarden", "--namespace", "lockwarden-system"}
+	for _, v := range values {
+		args = append(args, "-f", v)
+	}
+	return testenv.Objects(t, testenv.Helm(t, root, args...))
+}
+
+func TestLint(t *testing.T) {
+	root := testenv.Repo(t, "../..")
+	testenv.Helm(t, root, "lint", "--strict", "charts/lockwarden")
+	testenv.Helm(t, root, "lint", "--strict", "charts/lockwarden", "-f", haValues)
+}
+
+// webhooks returns every webhook configuration's webhooks, keyed by
+// configuration kind and name, without what the chart and kustomize set
+// differently on purpose (labels, annotations).
+func webhooks(objs []*unstructured.Unstructured) map[string]any {
+	out := map[string]any{}
+	for _, o := range objs {
+		if o.GetKind() == "ValidatingWebhookConfiguration" || o.GetKind() == "MutatingWebhookConfiguration" {
+			out[o.GetKind()+"/"+o.GetName()] = o.Object["webhooks"]
+		}
+	}
+	return out
+}
+
+// TestWebhooksMatchConfig: the chart registers exactly the webhooks
+// config/default does (paths, rules, selectors, failure policies), pointing
+// at the same Service in the release's namespace.
+func TestWebhooksMatchConfig(t *testing.T) {
+	root := testenv.Repo(t, "../..")
+	want := webhooks(testenv.Objects(t, testenv.Kustomize(t, root, "config/default")))
+	if len(want) == 0 {
+		t.Fatal("config/default has no webhook configurations")
+	}
+	for _, values := range [][]string{nil, {haValues}} {
+		got := webhooks(render(t, root, values...))
+		if !reflect.DeepEqual(got, want) {
+			t.Errorf("values %v: the chart's webhook configurations differ from config/default's; run `make chart`\nchart:  %v\nconfig: %v", values, got, want)
+		}
+	}
+}
+
+// TestCRDsKeptOnUninstall: with the default values every CRD carries
+// helm.sh/resource-policy: keep, so `helm uninstall` leaves every
+// FenceCounter and the FenceIssuer; the CRDs are config/'s.
+func TestCRDsKeptOnUninstall(t *testing.T) {
+	root := testenv.Repo(t, "../..")
+	config := testenv.Objects(t, testenv.Kustomize(t, root, "config/crd"))
+	objs := render(t, root)
+	for _, c := range config {
+		got := testenv.Find(t, objs, "CustomResourceDefinition", c.GetName())
+		if got.GetAnnotations()["helm.sh/resource-policy"] != "keep" {
+			t.Errorf("CRD %s: annotations %v, want helm.sh/resource-policy: keep", c.GetName(), got.GetAnnotations())
+		}
+		if !reflect.DeepEqual(got.Object["spec"], c.Object["spec"]) {
+			t.Errorf("CRD %s: the chart's spec differs from config/crd; run `make chart`", c.GetName())
+		}
+	}
+	off := testenv.Objects(t, testenv.Helm(t, root, "template", "lockwarden", "charts/lockwarden", "--set", "crds.keep=false"))
+	for _, o := range off {
+		if o.GetKind() == "CustomResourceDefinition" && o.GetAnnotations()["helm.sh/resource-policy"] == "keep" {
+			t.Errorf("crds.keep=false: CRD %s still kept", o.GetName())
+		}
+	}
+}
+
+func managerArgs(t *testing.T, objs []*unstructured.Unstructured) []string {
+	t.Helper()
+	d := testenv.Find(t, objs, "Deployment", "lockwarden-controller-manager")
+	containers, _, _ := unstructured.NestedSlice(d.Object, "spec", "template", "spec", "containers")
+	args, _, _ := unstructured.NestedStringSlice(containers[0].(map[string]any), "args")
+	return args
+}
+
+// TestManagerFlags: the chart's manager runs with config/default's flags
+// (plus the leader election timings and retention it makes settable), and
+// with cert-manager it leaves the certificate to cert-manager.
+func TestManagerFlags(t *testing.T) {
+	root := testenv.Repo(t, "../..")
+	cfg := managerArgs(t, testenv.Objects(t, testenv.Kustomize(t, root, "config/default")))
+	chart := managerArgs(t, render(t, root))
+	for _, a := range cfg {
+		if !slices.Contains(chart, a) {
+			t.Errorf("config/default runs the manager with %s; the chart does not (chart: %v)", a, chart)
+		}
+	}
+	ha := render(t, root, haValues)
+	for _, a := range managerArgs(t, ha) {
+		if strings.HasPrefix(a, "--webhook-cert-secret") {
+			t.Errorf("with cert-manager the manager must not rotate its own certificate: %s", a)
+		}
+	}
+	for _, kind := range []string{"ValidatingWebhookConfiguration", "MutatingWebhookConfiguration"} {
+		for _, o := range ha {
+			if o.GetKind() == kind && o.GetAnnotations()["cert-manager.io/inject-ca-from"] != "lockwarden-system/lockwarden-webhook-server-cert" {
+				t.Errorf("%s %s: annotations %v, want cert-manager.io/inject-ca-from", kind, o.GetName(), o.GetAnnotations())
+			}
+		}
+	}
+	testenv.Find(t, ha, "Certificate", "lockwarden-webhook-server-cert")
+	testenv.Find(t, ha, "ServiceMonitor", "lockwarden-controller-manager")
+	testenv.Find(t, ha, "PrometheusRule", "lockwarden-alerts")
+	testenv.Find(t, ha, "NetworkPolicy", "lockwarden-controller-manager")
+	pdb := testenv.Find(t, ha, "PodDisruptionBudget", "lockwarden-controller-manager")
+	if v, _, _ := num(pdb.Object, "spec", "minAvailable"); v != 2 {
+		t.Errorf("PDB minAvailable = %d, want 2 from the HA values", v)
+	}
+}
+
+// TestProductionDefaults: non-root numeric user, metrics over HTTPS with the
+// metrics-reader role, two replicas behind a PDB, the manager's Secret
+// rights in a Role of its namespace.
+func TestProductionDefaults(t *testing.T) {
+	root := testenv.Repo(t, "../..")
+	objs := render(t, root)
+	d := testenv.Find(t, objs, "Deployment", "lockwarden-controller-manager")
+	if uid, _, _ := num(d.Object, "spec", "template", "spec", "securityContext", "runAsUser"); uid != 65532 {
+		t.Errorf("runAsUser = %d, want 65532", uid)
+	}
+	if r, _, _ := num(d.Object, "spec", "replicas"); r != 2 {
+		t.Errorf("replicas = %d, want 2", r)
+	}
+	args := managerArgs(t, objs)
+	if !slices.Contains(args, "--metrics-bind-address=:8443") || slices.Contains(args, "--metrics-secure=false") {
+		t.Errorf("metrics must be served over HTTPS on :8443 by default: %v", args)
+	}
+	testenv.Find(t, objs, "ClusterRole", "lockwarden-metrics-reader")
+	testenv.Find(t, objs, "PodDisruptionBudget", "lockwarden-controller-manager")
+	role := testenv.Find(t, objs, "Role", "lockwarden-manager-role")
+	if role.GetNamespace() != "lockwarden-system" {
+		t.Errorf("manager Role in namespace %q", role.GetNamespace())
+	}
+	cr := testenv.Find(t, objs, "ClusterRole", "lockwarden-manager-role")
+	rules, _, _ := unstructured.NestedSlice(cr.Object, "rules")
+	for _, r := range rules {
+		res, _, _ := unstructured.NestedStringSlice(r.(map[string]any), "resources")
+		if slices.Contains(res, "secrets") || slices.Contains(res, "configmaps") {
+			t.Errorf("the manager's ClusterRole grants %v cluster-wide", res)
+		}
+	}
+}
+
+// num reads an integer field of a decoded manifest (JSON numbers decode as
+// float64).
+func num(obj map[string]any, fields ...string) (int64, bool, error) {
+	v, ok, err := unstructured.NestedFieldNoCopy(obj, fields...)
+	switch n := v.(type) {
+	case int64:
+		return n, ok, err
+	case float64:
+		return int64(n), ok, err
+	}
+	return 0, ok, err
+}
