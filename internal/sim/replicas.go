@@ -1,6 +1,7 @@
 package sim
 
 import (
+	"math/rand/v2"
 	"slices"
 	"strconv"
 	"time"
@@ -28,14 +29,30 @@ type replica struct {
 	skew time.Duration
 	// pending marks a pass already scheduled per resource.
 	pending map[string]bool
+	// rng draws the replica's own delays, apart from the world's stream, so
+	// that the replicas leave the rest of a round's schedule as it was.
+	rng *rand.Rand
 }
+
+// between returns a uniformly random duration in [lo, hi] from the
+// replica's own stream.
+func (rp *replica) between(lo, hi time.Duration) time.Duration {
+	return lo + time.Duration(rp.rng.Int64N(int64(hi-lo)+1))
+}
+
+// replicaRound reports whether a mixed-schedule round plays two replicas:
+// every other round, by a bit of its seed, so that choosing draws nothing
+// from the round's random stream.
+func replicaRound(seed uint64) bool { return seed>>17&1 == 1 }
 
 // newReplicas returns two replicas whose clocks are skewed within the
 // bound, one of them possibly ahead and the other behind.
 func (w *world) newReplicas() []*replica {
 	rs := make([]*replica, 2)
 	for i := range rs {
-		rs[i] = &replica{skew: w.between(-MaxReplicaSkew, MaxReplicaSkew), pending: map[string]bool{}}
+		rp := &replica{pending: map[string]bool{}, rng: rand.New(rand.NewPCG(w.seed, 0x5e11ca+uint64(i)))}
+		rp.skew = rp.between(-MaxReplicaSkew, MaxReplicaSkew)
+		rs[i] = rp
 	}
 	return rs
 }
@@ -51,8 +68,9 @@ type pass struct {
 }
 
 // gather reads a resource's grants and counter and decides on them at the
-// replica's clock.
-func (r *registry) gather(resource string, now time.Time) pass {
+// replica's clock, now+skew. The replica observed each session Lease by its
+// own clock too, so their observation times carry the same skew.
+func (r *registry) gather(resource string, now, skew time.Duration) pass {
 	ps := pass{resource: resource, read: map[types.UID]*lockingv1alpha1.LockGrant{}}
 	var grants []lockingv1alpha1.LockGrant
 	for _, g := range r.grants {
@@ -68,9 +86,13 @@ func (r *registry) gather(resource string, now time.Time) pass {
 		ps.counterRV = c.ResourceVersion
 	}
 	ps.params = issuer.Params{Epoch: r.epoch, Revoked: slices.Clone(r.revoked), KeyID: r.keyID, Key: r.key}
+	sessions := r.sessionFacts(now)
+	for _, ss := range sessions {
+		ss.ObservedAt = ss.ObservedAt.Add(skew)
+	}
 	ps.plan = grantplan.Decide(grantplan.Facts{
-		Now: now, Resource: resource, Counter: counter, Grants: grants,
-		Epoch: r.epoch, Revoked: ps.params.Revoked, Params: ps.params,
+		Now: r.wall(now + skew), Resource: resource, Counter: counter, Grants: grants,
+		Epoch: r.epoch, Revoked: ps.params.Revoked, Params: ps.params, Sessions: sessions,
 	})
 	return ps
 }
@@ -162,12 +184,16 @@ func (r *registry) apply(ps pass) (requeue time.Duration, conflict bool) {
 // kickReplicas schedules a pass over resource on every replica, each after
 // its own delay, as both replicas' watches see the same event.
 func (w *world) kickReplicas(resource string) {
+	if w.replicas == nil {
+		w.replicas = w.newReplicas()
+		w.rep.Faults[string(FaultReplicas)]++
+	}
 	for _, rp := range w.replicas {
 		if rp.pending[resource] {
 			continue
 		}
 		rp.pending[resource] = true
-		w.s.after(w.between(time.Millisecond, 15*time.Millisecond), func() { w.replicaPass(rp, resource) })
+		w.s.after(rp.between(time.Millisecond, 15*time.Millisecond), func() { w.replicaPass(rp, resource) })
 	}
 }
 
@@ -175,12 +201,12 @@ func (w *world) kickReplicas(resource string) {
 // plan after a network hop, during which the other replica may act.
 func (w *world) replicaPass(rp *replica, resource string) {
 	rp.pending[resource] = false
-	if w.fault[FaultControllerCrash] && w.chance(0.05) {
+	if w.fault[FaultControllerCrash] && rp.rng.Float64() < 0.05 {
 		w.reg.crashNext = true
 		w.rep.Faults[string(FaultControllerCrash)]++
 	}
-	ps := w.reg.gather(resource, w.reg.wall(w.s.now+rp.skew))
-	w.s.after(w.between(0, 5*time.Millisecond), func() {
+	ps := w.reg.gather(resource, w.s.now, rp.skew)
+	w.s.after(rp.between(time.Millisecond, 40*time.Millisecond), func() {
 		requeue, conflict := w.reg.apply(ps)
 		if conflict {
 			w.rep.Faults["replica-conflict"]++
