@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"k8s.io/utils/clock"
+	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
 
 	"github.com/lockwarden/lockwarden/controllers/guardpolicy"
@@ -31,6 +32,11 @@ type Options struct {
 	// WebhookConfiguration is the ValidatingWebhookConfiguration of the
 	// static guarded-write webhook, which policy webhooks copy.
 	WebhookConfiguration string
+	// GrantsOnEveryReplica runs the LockGrant controller on every replica,
+	// outside leader election, so that grants and expiries do not wait for
+	// a failover (docs/ha.md). The issuer and GuardPolicy controllers stay
+	// with the leader.
+	GrantsOnEveryReplica bool
 }
 
 // Setup registers every controller with mgr.
@@ -42,6 +48,7 @@ func Setup(ctx context.Context, mgr ctrl.Manager, o Options) error {
 		Recorder:               mgr.GetEventRecorder("lockwarden"),
 		Keyring:                o.Keyring,
 		FinishedGrantRetention: o.FinishedGrantRetention,
+		NeedLeaderElection:     needLeader(o.GrantsOnEveryReplica),
 	}).SetupWithManager(ctx, mgr); err != nil {
 		return fmt.Errorf("setting up the LockGrant controller: %w", err)
 	}
@@ -50,6 +57,14 @@ func Setup(ctx context.Context, mgr ctrl.Manager, o Options) error {
 	}
 	if err := (&guardpolicy.Reconciler{Client: mgr.GetClient(), APIReader: mgr.GetAPIReader(), TemplateConfig: o.WebhookConfiguration}).SetupWithManager(mgr); err != nil {
 		return fmt.Errorf("setting up the GuardPolicy controller: %w", err)
+	}
+	return nil
+}
+
+// needLeader is nil (the leader only) unless every replica runs it.
+func needLeader(everyReplica bool) *bool {
+	if everyReplica {
+		return ptr.To(false)
 	}
 	return nil
 }

@@ -86,7 +86,7 @@ func (m *cpuMeter) sample(mgr *managerProc) map[string]float64 {
 		out[name] = cpuSeconds(pid)
 	}
 	if mgr != nil {
-		out["manager"] = cpuSeconds(mgr.pid())
+		out["manager"] = mgr.cpuSeconds()
 	}
 	return out
 }

@@ -31,6 +31,7 @@ type options struct {
 	timeout     time.Duration
 	quick       bool
 	phases      string // comma-separated phase keys; empty: all
+	replicas    int    // manager replicas, all granting
 
 	handoffs        int           // handoffs per system (lockwarden, etcd mutex, Lease lock, leader election 1s)
 	leDefaultRounds int           // handoffs of leader election at its defaults 15s/10s/2s
@@ -97,6 +98,7 @@ func main() {
 	flag.DurationVar(&o.timeout, "timeout", 40*time.Minute, "Deadline of the whole run.")
 	flag.BoolVar(&o.quick, "quick", false, "Smaller sizes, for a run of about 2-3 minutes (fewer than the 300 handoffs issue 7 asks for); sizes given explicitly still win.")
 	flag.StringVar(&o.phases, "phases", "", "Comma-separated phases to run, of floors,handoff,traced,expiry,throughput,admission,scale,deadwaiters (default: all).")
+	flag.IntVar(&o.replicas, "replicas", 1, "Manager replicas, each granting (--grants-on-every-replica); the API server calls the first one's webhooks, and the manager's CPU is that of all of them.")
 	flag.IntVar(&o.handoffs, "handoffs", 0, "Handoffs measured per system (default 300; quick 50).")
 	flag.IntVar(&o.leDefaultRounds, "le-default-rounds", 0, "Handoffs of client-go leader election at its defaults 15s/10s/2s (default 5; quick 1).")
 	flag.IntVar(&o.tracedHandoffs, "traced-handoffs", 0, "Extra lockwarden handoffs measured one by one with the API server's and the manager's metrics, for the path breakdown (default 60; quick 10).")

@@ -95,7 +95,7 @@ func run(ctx context.Context, o options) (err error) {
 			log = filepath.Join(dir, fmt.Sprintf("manager-%d.log", restarts))
 		}
 		restarts++
-		m, err := startManager(o.manager, cp.adminKubeconfig, log, webhookPort, retention)
+		m, err := startManager(o.manager, cp.adminKubeconfig, log, webhookPort, retention, o.replicas)
 		if err != nil {
 			return err
 		}

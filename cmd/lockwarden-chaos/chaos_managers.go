@@ -41,11 +41,15 @@ func (c *chaos) killReplica(ctx context.Context) {
 	if c.float() >= 0.75 {
 		target = (leader + 1) % len(c.replicas)
 	}
+	r := c.replicas[target]
+	if c.float() < 0.3 {
+		c.freezeReplica(ctx, r)
+		return
+	}
 	sig, sigName := syscall.SIGKILL, "SIGKILL"
 	if c.float() >= 0.6 {
 		sig, sigName = syscall.SIGTERM, "SIGTERM"
 	}
-	r := c.replicas[target]
 	role := "follower"
 	if target == leader {
 		role = "leader"

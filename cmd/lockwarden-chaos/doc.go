@@ -16,11 +16,11 @@
 //     CRDs and config/local applied by kubectl (internal/localcp; webhook
 //     URLs moved from localhost:9443 to a free port, so a demo or another
 //     test may run beside it);
-//   - two manager replicas (bin/manager processes) with --leader-elect in
-//     lockwarden-system. Both serve the webhooks; a small TCP balancer on
-//     the webhook URL's port sends each connection to whichever replica
-//     accepts it, so that killing one replica forces a leader failover while
-//     admission keeps being served;
+//   - two manager replicas (bin/manager processes) with --leader-elect and
+//     --grants-on-every-replica in lockwarden-system: both grant, renew and
+//     expire, and the leader also keeps the issuer's keys. Both serve the
+//     webhooks; a small TCP balancer on the webhook URL's port sends each
+//     connection to the next replica that accepts it;
 //   - worker processes (this binary re-executed as the hidden `worker`
 //     subcommand), each with an envtest client certificate for
 //     system:serviceaccount:chaos:worker-N, except worker-1, which runs as
@@ -45,7 +45,8 @@
 // precondition, leaving the fence as the only thing that can stop it; adds
 // latency to, blackholes, resets or cuts a worker's traffic to the API
 // server; and kills a manager replica (SIGKILL or SIGTERM, mostly the
-// leader) and starts it again, forcing leader failover. Faults are random
+// leader) and starts it again, or freezes one (SIGSTOP) past every timeout
+// and resumes it. Faults are random
 // from --seed; the run is not deterministic (real processes and a real
 // scheduler), but every action is in the history. Workers add faults of
 // their own: once a grant has ended, a worker sometimes sends what a replica

@@ -53,6 +53,8 @@ func newReplica(index int, bin, kubeconfig, dir string) (*replica, error) {
 		Args: []string{
 			"--leader-elect",
 			"--leader-election-namespace=" + localcp.SystemNamespace,
+			// Both replicas grant; the leader only keeps the issuer's keys.
+			"--grants-on-every-replica=true",
 			"--namespace=" + localcp.SystemNamespace,
 			"--webhook-host=127.0.0.1",
 			// Keep every finished grant: the checker lists them at the end.

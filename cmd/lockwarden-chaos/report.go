@@ -31,6 +31,8 @@ type Report struct {
 	// Handoff latencies, from the predecessor's release request or expiry
 	// to the successor's grantedAt, for successors already waiting.
 	HandoffRelease, HandoffExpiry []time.Duration
+	// Longest is the longest of those handoffs, with its cause.
+	Longest stall
 	// Unknown are the times from a local deadline to the read that settled
 	// OWNERSHIP_UNKNOWN; Unresolved counts those never settled.
 	Unknown    []time.Duration
@@ -139,6 +141,9 @@ func (r *Report) stats(w *world) {
 		switch e.Op {
 		case NoteFault:
 			kind, _, _ := strings.Cut(e.Detail, " ")
+			if kind == "freeze" && strings.Contains(e.Detail, "manager-") {
+				kind = "freeze-manager"
+			}
 			if kind == "freeze" && strings.Contains(e.Detail, "before its write") {
 				kind = "freeze-before-write"
 			}
@@ -190,6 +195,11 @@ func (r *Report) handoffs(w *world) {
 				continue // nobody was waiting
 			}
 			d := max(s.grantedAt.Sub(from), 0)
+			how := "release"
+			if p.phase == "Expired" {
+				how = "expiry"
+			}
+			r.noteStall(w, res, how, p.name, from, *s.grantedAt)
 			if p.phase == "Expired" {
 				r.HandoffExpiry = append(r.HandoffExpiry, d)
 			} else {
@@ -242,6 +252,7 @@ func (r *Report) Print(out io.Writer) {
 	fmt.Fprintf(out, "Final counters: %s\n", strings.Join(objs, " "))
 	fmt.Fprintf(out, "Handoff latency, release -> successor Held: %s\n", dist(r.HandoffRelease))
 	fmt.Fprintf(out, "Handoff latency, expiry  -> successor Held: %s\n", dist(r.HandoffExpiry))
+	r.printTargets(out)
 	fmt.Fprintf(out, "OWNERSHIP_UNKNOWN, local deadline -> settled: %s; settled as %s; unresolved %d\n",
 		dist(r.Unknown), counts(r.UnknownEnd), r.Unresolved)
 
@@ -272,10 +283,16 @@ func dist(ds []time.Duration) string {
 	if len(ds) == 0 {
 		return "n=0"
 	}
-	s := slices.Clone(ds)
-	slices.Sort(s)
+	s := sorted(ds)
 	return fmt.Sprintf("n=%d p50=%s p99=%s max=%s", len(s),
 		percentile(s, 0.50).Round(time.Millisecond), percentile(s, 0.99).Round(time.Millisecond), s[len(s)-1].Round(time.Millisecond))
+}
+
+// sorted returns a sorted copy of ds.
+func sorted(ds []time.Duration) []time.Duration {
+	s := slices.Clone(ds)
+	slices.Sort(s)
+	return s
 }
 
 // percentile returns the nearest-rank q-quantile of sorted s.

@@ -75,6 +75,7 @@ type options struct {
 	leaseDuration           time.Duration
 	renewDeadline           time.Duration
 	retryPeriod             time.Duration
+	grantsOnEveryReplica    bool
 }
 
 func main() {
@@ -96,9 +97,10 @@ func main() {
 	flag.StringVar(&o.mutatingConfig, "mutating-webhook-configuration", "lockwarden-mutating-webhook-configuration", "MutatingWebhookConfiguration to inject the CA into.")
 	flag.StringVar(&o.validatingConfig, "validating-webhook-configuration", "lockwarden-validating-webhook-configuration", "ValidatingWebhookConfiguration to inject the CA into.")
 	flag.DurationVar(&o.retention, "finished-grant-retention", time.Hour, "How long a LockGrant is kept after it ended (Released, Expired, TimedOut) before it is deleted; 0 keeps them forever.")
-	flag.DurationVar(&o.leaseDuration, "leader-election-lease-duration", 15*time.Second, "How long a standby replica waits before taking over from a leader that stopped renewing: the longest pause in granting, expiring and releasing after a leader dies.")
+	flag.DurationVar(&o.leaseDuration, "leader-election-lease-duration", 15*time.Second, "How long a standby replica waits before taking over from a leader that stopped renewing: the longest pause in key generation and GuardPolicy webhook updates after a leader dies (and in granting, with --grants-on-every-replica=false).")
 	flag.DurationVar(&o.renewDeadline, "leader-election-renew-deadline", 10*time.Second, "How long the leader retries renewing its leadership before it stops leading.")
 	flag.DurationVar(&o.retryPeriod, "leader-election-retry-period", 2*time.Second, "How often replicas try to acquire or renew leadership.")
+	flag.BoolVar(&o.grantsOnEveryReplica, "grants-on-every-replica", true, "Run the LockGrant controller (grants, renewals, expiries, releases) on every replica, not only on the elected leader, so that a replica that dies or freezes does not pause granting until a failover (docs/ha.md). Key generation and GuardPolicy webhooks stay with the leader.")
 	flag.StringVar(&o.namespace, "namespace", defaultNamespace(), "The manager's namespace, where the signing keys Secret and the trust bundle ConfigMap live (default: $POD_NAMESPACE, else lockwarden-system).")
 	zapOpts := zap.Options{}
 	zapOpts.BindFlags(flag.CommandLine)
@@ -201,6 +203,7 @@ func run(o options) error {
 	if err := controllers.Setup(ctx, mgr, controllers.Options{
 		Clock: clk, Keyring: keyring, Namespace: o.namespace,
 		FinishedGrantRetention: o.retention, WebhookConfiguration: o.validatingConfig,
+		GrantsOnEveryReplica: o.grantsOnEveryReplica,
 	}); err != nil {
 		return err
 	}
@@ -236,7 +239,7 @@ func run(o options) error {
 	}); err != nil {
 		return err
 	}
-	ctrl.Log.Info("Starting manager", "version", version.Get().Version, "revision", version.Get().Revision, "webhookPort", o.webhookPort, "leaderElection", o.leaderElect)
+	ctrl.Log.Info("Starting manager", "version", version.Get().Version, "revision", version.Get().Revision, "webhookPort", o.webhookPort, "leaderElection", o.leaderElect, "grantsOnEveryReplica", o.grantsOnEveryReplica)
 	if err := mgr.Start(ctx); err != nil {
 		return err
 	}

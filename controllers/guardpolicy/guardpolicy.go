@@ -251,6 +251,10 @@ func webhookName(p *lockingv1alpha1.GuardPolicy) string {
 	return p.Name + ".guardpolicy.locking.lockwarden.io"
 }
 
+// webhookTimeoutSeconds bounds what a frozen manager replica costs a
+// guarded write, as in config/webhook/manifests.yaml (docs/ha.md).
+const webhookTimeoutSeconds int32 = 1
+
 func validating(p *lockingv1alpha1.GuardPolicy, cc admissionregistrationv1.WebhookClientConfig) admissionregistrationv1.ValidatingWebhook {
 	return admissionregistrationv1.ValidatingWebhook{
 		Name: webhookName(p), ClientConfig: cc, Rules: rules(p, admissionregistrationv1.Delete),
@@ -259,7 +263,7 @@ func validating(p *lockingv1alpha1.GuardPolicy, cc admissionregistrationv1.Webho
 		NamespaceSelector:       namespaceSelector(p),
 		ObjectSelector:          objectSelector(p),
 		SideEffects:             ptr.To(admissionregistrationv1.SideEffectClassNone),
-		TimeoutSeconds:          ptr.To[int32](10),
+		TimeoutSeconds:          ptr.To(webhookTimeoutSeconds),
 		AdmissionReviewVersions: []string{"v1"},
 	}
 }
@@ -275,7 +279,7 @@ func mutating(p *lockingv1alpha1.GuardPolicy, cc admissionregistrationv1.Webhook
 		NamespaceSelector:       namespaceSelector(p),
 		ObjectSelector:          objectSelector(p),
 		SideEffects:             ptr.To(admissionregistrationv1.SideEffectClassNoneOnDryRun),
-		TimeoutSeconds:          ptr.To[int32](10),
+		TimeoutSeconds:          ptr.To(webhookTimeoutSeconds),
 		AdmissionReviewVersions: []string{"v1"},
 		ReinvocationPolicy:      ptr.To(admissionregistrationv1.NeverReinvocationPolicy),
 	}

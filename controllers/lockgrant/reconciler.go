@@ -59,6 +59,13 @@ type Reconciler struct {
 	// keeps finished grants forever. The FenceCounter is never deleted, so
 	// fences keep increasing after their grants are gone.
 	FinishedGrantRetention time.Duration
+	// NeedLeaderElection, when false, runs this controller on every manager
+	// replica at once, not only on the elected leader: the counter's
+	// compare-and-swap and the resourceVersion preconditions on every
+	// status write serialize replicas (docs/ha.md), so a replica that dies
+	// costs no failover wait. nil keeps controller-runtime's default (only
+	// the leader runs it).
+	NeedLeaderElection *bool
 
 	// sessionsSeen holds the controller's observations of session Leases.
 	sessionsSeen sessionTracker
@@ -109,7 +116,7 @@ func (r *Reconciler) SetupWithManager(ctx context.Context, mgr ctrl.Manager) err
 		// Session Leases: their changes are the controller's observations of
 		// client liveness; an ended session withdraws its requests.
 		Watches(&coordinationv1.Lease{}, r.sessionEvents(), builder.WithPredicates(predicate.NewPredicateFuncs(isSession))).
-		WithOptions(controller.Options{MaxConcurrentReconciles: 16}).
+		WithOptions(controller.Options{MaxConcurrentReconciles: 16, NeedLeaderElection: r.NeedLeaderElection}).
 		Complete(r)
 }
 
@@ -162,6 +169,9 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reco
 		}
 		params = f.Params
 		p = grantplan.Decide(f)
+		if p, err = r.endHolderFirst(ctx, f.Counter, p); err != nil {
+			return err
+		}
 		revision, err = r.writeCounter(ctx, req, f.Counter, p.Counter)
 		return err
 	})
@@ -286,6 +296,34 @@ func (r *Reconciler) refreshHolder(ctx context.Context, f *grantplan.Facts, ns s
 		f.Grants = append(f.Grants, *fresh)
 	}
 	return nil
+}
+
+// endHolderFirst writes the end (expired, released, revoked) of the
+// counter's holder before the counter moves on, conditional on the
+// holder's resourceVersion as decided on. Another replica that renews the
+// same holder at the same time writes with that resourceVersion too: one
+// of the two gets a Conflict, so a renew is never reported while the
+// resource has already gone to the next waiter. A Conflict here makes the
+// whole pass gather again. The returned plan no longer lists that status.
+func (r *Reconciler) endHolderFirst(ctx context.Context, counter *lockingv1alpha1.FenceCounter, p grantplan.Plan) (grantplan.Plan, error) {
+	if counter == nil || counter.Spec.Holder == nil || p.Counter == nil {
+		return p, nil
+	}
+	for i, g := range p.Statuses {
+		if string(g.UID) != counter.Spec.Holder.UID || !g.Status.Phase.Final() {
+			continue
+		}
+		if err := r.Client.Status().Update(ctx, g); err != nil && !apierrors.IsNotFound(err) {
+			if apierrors.IsConflict(err) {
+				return p, err
+			}
+			return p, fmt.Errorf("ending holder grant %s: %w", g.Name, err)
+		}
+		r.emit(g, p.Events)
+		p.Statuses = append(p.Statuses[:i:i], p.Statuses[i+1:]...)
+		return p, nil
+	}
+	return p, nil
 }
 
 // writeCounter applies the counter's new spec by compare-and-swap: an update

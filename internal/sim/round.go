@@ -16,6 +16,9 @@ func Round(seed uint64, faults []Fault) *Report {
 		for _, i := range perm[:n] {
 			faults = append(faults, Faults[i])
 		}
+		if replicaRound(seed) {
+			faults = append(faults, FaultReplicas)
+		}
 	}
 	for _, f := range faults {
 		w.fault[f] = true

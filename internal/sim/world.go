@@ -70,6 +70,11 @@ const (
 )
 
 // Faults lists every fault kind.
+// FaultReplicas runs two controller replicas, each deciding at its own
+// skewed clock, on the same resources at once (replicas.go). Not in Faults:
+// every other mixed-schedule round plays it besides its kinds.
+const FaultReplicas Fault = "replicas"
+
 var Faults = []Fault{
 	FaultPause, FaultLostRenew, FaultReleaseReacquire, FaultSegmentDisorder, FaultLateMessage, FaultRestore,
 	FaultLostAck, FaultForgedFence, FaultTamperedRecord, FaultReplay, FaultRevokedEpoch, FaultControllerCrash,
@@ -99,6 +104,9 @@ type world struct {
 
 	// pending marks a reconcile already scheduled per resource.
 	pending map[string]bool
+	// replicas are the manager replicas, each deciding at its own clock
+	// (replicas.go).
+	replicas []*replica
 	// resurrected are grants a restore brought back to life; restoredAt is
 	// when the registry was restored (0: never); recovered says the
 	// operator has since bumped the epoch past every epoch ever used.
@@ -164,6 +172,10 @@ func (w *world) netDelay() time.Duration { return w.between(time.Millisecond, 40
 
 // kick schedules a controller pass over resource, as a watch event does.
 func (w *world) kick(resource string) {
+	if w.fault[FaultReplicas] {
+		w.kickReplicas(resource)
+		return
+	}
 	if w.pending[resource] {
 		return
 	}
@@ -179,7 +191,12 @@ func (w *world) reconcile(resource string) {
 		w.reg.crashNext = true
 		w.rep.Faults[string(FaultControllerCrash)]++
 	}
-	requeue := w.reg.reconcile(resource, w.s.now)
+	w.afterPass(resource, w.reg.reconcile(resource, w.s.now))
+}
+
+// afterPass updates the oracle's history after a controller pass, checks
+// that at most one grant holds, and notifies the owners.
+func (w *world) afterPass(resource string, requeue time.Duration) {
 	held := 0
 	for _, g := range w.reg.grants {
 		if g.Spec.Resource != resource || g.Status.Phase != lockingv1alpha1.PhaseHeld || g.Status.ExpiresAt == nil {
