@@ -22,9 +22,9 @@ IMAGE_REPO ?= ghcr.io/lockwarden/lockwarden
 IMG ?= $(IMAGE_REPO):$(VERSION)
 # The architectures of `make image` and of the plugin archives.
 IMAGE_ARCHS ?= amd64 arm64
-# windows/amd64 joins once cmd/kubectl-lock builds there (`run` uses Unix
-# process groups and signals today).
-PLUGIN_PLATFORMS ?= linux/amd64 linux/arm64 darwin/amd64 darwin/arm64
+# On Windows, `run` has no process group and no SIGTERM: the command is
+# killed at the grace deadline.
+PLUGIN_PLATFORMS ?= linux/amd64 linux/arm64 darwin/amd64 darwin/arm64 windows/amd64
 VERSION_LDFLAGS = -X github.com/lockwarden/lockwarden/internal/version.Version=$(VERSION) -X github.com/lockwarden/lockwarden/internal/version.Revision=$(REVISION)
 # make uninstall / make undeploy keep the CRDs (and with them every
 # FenceCounter and the FenceIssuer) unless DELETE_CRDS=true.

@@ -221,7 +221,7 @@ func (a *app) run(resource string, argv []string, o acquireOptions, grace time.D
 	)
 	interactive := isTerminal(a.streams.In)
 	if !interactive {
-		child.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+		newProcessGroup(child)
 	}
 	if err := child.Start(); err != nil {
 		_ = release(releaseTimeout)
@@ -235,7 +235,7 @@ func (a *app) run(resource string, argv []string, o acquireOptions, grace time.D
 		if interactive {
 			_ = child.Process.Signal(s)
 		} else {
-			_ = syscall.Kill(-child.Process.Pid, s)
+			_ = signalGroup(child.Process, s)
 		}
 	}
 	exited := make(chan error, 1)
