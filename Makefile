@@ -125,12 +125,12 @@ tools: ## Build the local control plane, controller-gen and helm into bin/ (once
 	hack/build-tools.sh
 
 .PHONY: demo
-demo: tools build ## Play the paused-holder story on a local control plane, and stop everything after.
-	$(LOCALBIN)/lockwarden-demo --assets $(LOCALBIN) --manager $(LOCALBIN)/manager
+demo: tools build ## Play the paused-holder story on a local control plane, and stop everything after (WEBHOOK_PORT, default 9443).
+	$(LOCALBIN)/lockwarden-demo --assets $(LOCALBIN) --manager $(LOCALBIN)/manager $(if $(WEBHOOK_PORT),--webhook-port $(WEBHOOK_PORT))
 
 .PHONY: playground
-playground: tools build ## Start a local control plane with the manager for the README walkthrough; Ctrl-C stops it.
-	$(LOCALBIN)/lockwarden-demo --assets $(LOCALBIN) --manager $(LOCALBIN)/manager --serve
+playground: tools build ## Start a local control plane with the manager for the README walkthrough; Ctrl-C stops it (WEBHOOK_PORT, default 9443).
+	$(LOCALBIN)/lockwarden-demo --assets $(LOCALBIN) --manager $(LOCALBIN)/manager --serve $(if $(WEBHOOK_PORT),--webhook-port $(WEBHOOK_PORT))
 
 # Sizes of make bench; empty means the bench's defaults (BENCH_QUICK=1: its quick ones).
 BENCH_QUICK ?=

@@ -70,7 +70,7 @@ func TestFitGrace(t *testing.T) {
 func TestVersion(t *testing.T) {
 	var out bytes.Buffer
 	code := execute([]string{"version"}, genericiooptions.IOStreams{In: &bytes.Buffer{}, Out: &out, ErrOut: &out})
-	if code != 0 || !strings.HasPrefix(out.String(), "kubectl-lock ") || !strings.Contains(out.String(), "(commit ") {
+	if code != 0 || !strings.HasPrefix(out.String(), "kubectl-lockwarden ") || !strings.Contains(out.String(), "(revision ") {
 		t.Fatalf("version exited %d and printed %q", code, out.String())
 	}
 }

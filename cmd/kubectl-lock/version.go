@@ -2,15 +2,11 @@ package main
 
 import (
 	"fmt"
-	"runtime"
-	"runtime/debug"
 
 	"github.com/spf13/cobra"
-)
 
-// version is set at build time with
-// -ldflags "-X main.version=v0.3.0"; otherwise the module's version.
-var version = ""
+	"github.com/lockwarden/lockwarden/internal/version"
+)
 
 func (a *app) versionCmd() *cobra.Command {
 	return &cobra.Command{
@@ -24,22 +20,9 @@ func (a *app) versionCmd() *cobra.Command {
 	}
 }
 
-// versionString is "kubectl-lock VERSION (commit REVISION, GOVERSION)",
-// from the build's own record (debug.ReadBuildInfo).
+// versionString is "kubectl-lockwarden VERSION (revision REVISION,
+// GOVERSION)": the version `make build` and the release archives stamp
+// into internal/version, as the manager's --version prints it.
 func versionString() string {
-	v, rev := version, "unknown"
-	if bi, ok := debug.ReadBuildInfo(); ok {
-		if v == "" {
-			v = bi.Main.Version
-		}
-		for _, s := range bi.Settings {
-			if s.Key == "vcs.revision" {
-				rev = s.Value
-			}
-		}
-	}
-	if v == "" {
-		v = "(devel)"
-	}
-	return fmt.Sprintf("kubectl-lock %s (commit %s, %s)", v, rev, runtime.Version())
+	return "kubectl-lockwarden " + version.Get().String()
 }
