@@ -171,17 +171,23 @@ func (r *registry) reconcile(resource string, now time.Duration) time.Duration {
 		if cur == nil {
 			continue
 		}
-		wasHeld, wasFinal := cur.Status.Phase == lockingv1alpha1.PhaseHeld, cur.Status.Phase.Final()
-		cur.Status = *g.Status.DeepCopy()
-		r.rv++
-		if !wasHeld && cur.Status.Phase == lockingv1alpha1.PhaseHeld && r.onIssue != nil {
-			r.onIssue(cur)
-		}
-		if !wasFinal && cur.Status.Phase.Final() && r.onEnd != nil {
-			r.onEnd(cur)
-		}
+		r.setStatus(cur, g)
 	}
 	return p.RequeueAfter
+}
+
+// setStatus writes g's status onto the stored grant cur and tells the
+// oracle about a grant that became Held or ended.
+func (r *registry) setStatus(cur, g *lockingv1alpha1.LockGrant) {
+	wasHeld, wasFinal := cur.Status.Phase == lockingv1alpha1.PhaseHeld, cur.Status.Phase.Final()
+	cur.Status = *g.Status.DeepCopy()
+	r.rv++
+	if !wasHeld && cur.Status.Phase == lockingv1alpha1.PhaseHeld && r.onIssue != nil {
+		r.onIssue(cur)
+	}
+	if !wasFinal && cur.Status.Phase.Final() && r.onEnd != nil {
+		r.onEnd(cur)
+	}
 }
 
 // snapshot is a copy of the registry's state, as an etcd snapshot.

@@ -114,15 +114,7 @@ func (r *registry) writeStatus(ps pass, g *lockingv1alpha1.LockGrant) bool {
 	if !ok {
 		return false
 	}
-	wasHeld, wasFinal := cur.Status.Phase == lockingv1alpha1.PhaseHeld, cur.Status.Phase.Final()
-	cur.Status = *g.Status.DeepCopy()
-	r.rv++
-	if !wasHeld && cur.Status.Phase == lockingv1alpha1.PhaseHeld && r.onIssue != nil {
-		r.onIssue(cur)
-	}
-	if !wasFinal && cur.Status.Phase.Final() && r.onEnd != nil {
-		r.onEnd(cur)
-	}
+	r.setStatus(cur, g)
 	return true
 }
 
