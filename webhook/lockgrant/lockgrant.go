@@ -97,8 +97,8 @@ type Validator struct {
 const ForceReleaseVerb = "force-release"
 
 // AdministerVerb is the RBAC verb on lockgrants that lets an identity change
-// the labels or annotations of a grant it does not own (for example clear a
-// fence-regression report). Without it, only the owner may: a
+// the labels, annotations, finalizers or owner references of a grant it does
+// not own (for example clear a fence-regression report). Without it, only the owner may: a
 // fence-regression report raises an alarm in the owner's name.
 const AdministerVerb = "administer"
 
@@ -196,7 +196,9 @@ func (v *Validator) checkPolicy(ctx context.Context, g *lockingv1alpha1.LockGran
 // spec.release) while fencing.CheckRenew / fencing.CheckRelease allow it.
 // Once a grant has ended, its owner cannot change it any more: a late renew
 // or a retried release is refused with the reason the grant ended. Changes
-// by other identities to spec are refused with NOT_OWNER.
+// by other identities to spec, labels, annotations, finalizers or owner
+// references are refused with NOT_OWNER (metadata: unless they have the
+// administer verb).
 func (v *Validator) ValidateUpdate(ctx context.Context, oldG, newG *lockingv1alpha1.LockGrant) (admission.Warnings, error) {
 	user, err := requester(ctx)
 	if err != nil {
@@ -216,8 +218,8 @@ func (v *Validator) ValidateUpdate(ctx context.Context, oldG, newG *lockingv1alp
 	release := newG.Spec.Release
 	specChanged := renew || newG.Spec.Release != oldG.Spec.Release
 	if user != g.Owner && metadataChanged(oldG, newG) {
-		// Labels and annotations (a fence-regression report above all) of a
-		// grant speak for its owner: others need the administer verb.
+		// A grant's metadata (a fence-regression report above all) speaks
+		// for its owner: others need the administer verb.
 		allowed, err := v.authorized(ctx, newG, AdministerVerb)
 		if err != nil {
 			return nil, err
