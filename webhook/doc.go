@@ -66,7 +66,7 @@ func Setup(mgr ctrl.Manager, clk clock.PassiveClock, bundle func(context.Context
 
 	checker := &guard.Checker{Reader: reader, Clock: clk, Bundle: bundle}
 	recorder := mgr.GetEventRecorder("lockwarden-guard")
-	label := &admission.Webhook{Handler: &guard.LabelHandler{Checker: checker}}
+	label := &admission.Webhook{Handler: &guard.LabelHandler{Checker: checker, Policies: mgr.GetClient()}}
 	srv.Register(GuardMutatePath, label)
 	srv.Register(GuardDeletePath, label)
 	srv.Register(GuardSubresourcePath, &admission.Webhook{Handler: &guard.SubresourceHandler{Metadata: meta, Policies: mgr.GetClient()}})

@@ -96,8 +96,7 @@ func ParseClaim(c Claim, objNamespace string) (Assertion, error) {
 // Accepted is what the enforcement point recorded on an object at the last
 // write it accepted: the grant, its fence, the write's intent, the proof it
 // carried and its write ID. Only the enforcement point writes it, in the
-// same write it accepts; the write ID (the claim's, or one the enforcement
-// point drew) makes every record unique.
+// same write it accepts.
 type Accepted struct {
 	// Grant is "NAMESPACE/NAME" of the grant.
 	Grant string
@@ -110,7 +109,7 @@ type Accepted struct {
 	// only with a proof that verifies and names its resource, grant and
 	// fence.
 	Proof Proof
-	// WriteID tells one accepted write from the next.
+	// WriteID is the accepted claim's write ID, or empty.
 	WriteID string
 }
 
@@ -122,13 +121,6 @@ func AcceptedOf(grant, fence, intent, proof, writeID string) Accepted {
 		return Accepted{}
 	}
 	return Accepted{Grant: grant, Fence: f, Intent: intent, Proof: Proof(proof), WriteID: writeID}
-}
-
-// claim is the claim a record stands for: a record written by another
-// enforcement point in the same request (a label and a policy guarding one
-// object) is that request's claim, consumed.
-func (a Accepted) claim() Claim {
-	return Claim{Grant: a.Grant, Fence: FormatFence(a.Fence), Proof: string(a.Proof), Intent: a.Intent, WriteID: a.WriteID}
 }
 
 // GuardedRequest is everything CheckGuardedRequest needs to decide on one
@@ -161,12 +153,6 @@ type GuardedRequest struct {
 	// Record is the stored object's record (AcceptedOf); ignored unless
 	// StoredGuarded.
 	Record Accepted
-	// NewRecord is the record on the object as the request would leave it.
-	// When the request sets no claim but a record that differs from the
-	// stored one, another enforcement point consumed the request's claim
-	// in this same request (an object guarded by a label and a policy, or
-	// two policies): that record is then judged as the request's claim.
-	NewRecord Accepted
 	// VerifyRecord is true where a record counts only with a proof that
 	// verifies (objects under a GuardPolicy, whose Shadow mode or a
 	// widened selector may have let anyone write one).
@@ -203,30 +189,26 @@ func (r GuardedRequest) Target() (namespace, name string, ok bool) {
 			return "", "", false
 		}
 		ns, n, found := strings.Cut(r.Record.Grant, "/")
-		return ns, n, found
+		return ns, n, found && ns == r.ObjectNamespace
 	}
-	a, err := ParseClaim(r.claim(), r.ObjectNamespace)
+	a, err := ParseClaim(r.Claim, r.ObjectNamespace)
 	if err != nil {
 		return "", "", false
 	}
 	return a.GrantNamespace, a.GrantName, true
 }
 
-// claim is what the request claims: its own claim, or a record another
-// enforcement point wrote in this request from the claim it consumed.
-func (r GuardedRequest) claim() Claim {
-	if r.Claim.IsZero() && r.NewRecord.Fence > 0 && r.NewRecord != r.Record {
-		return r.NewRecord.claim()
-	}
-	return r.Claim
-}
-
 // recorded is the fence the stored object accepted last, as far as the
-// enforcement point can trust it: 0 unless the stored object was guarded
-// and, where it must be verified, its proof verifies for exactly this
-// resource, grant and fence.
+// enforcement point can trust it: 0 unless the stored object was guarded,
+// the record names a grant of the object's own namespace (fences of another
+// namespace are another resource's) and, where it must be verified, its
+// proof verifies for exactly this namespace, resource, grant, fence and
+// policy.
 func (r GuardedRequest) recorded() int64 {
 	if !r.StoredGuarded || r.Record.Fence == 0 {
+		return 0
+	}
+	if ns, _, _ := strings.Cut(r.Record.Grant, "/"); ns != r.ObjectNamespace {
 		return 0
 	}
 	if !r.VerifyRecord {
@@ -236,7 +218,8 @@ func (r GuardedRequest) recorded() int64 {
 		return 0
 	}
 	rec, err := r.Bundle.VerifyProof(r.Record.Proof)
-	if err != nil || rec.Resource != r.Resource || rec.Fence != r.Record.Fence || rec.Namespace+"/"+rec.Grant != r.Record.Grant {
+	if err != nil || rec.Namespace != r.ObjectNamespace || rec.Resource != r.Resource || rec.Fence != r.Record.Fence ||
+		rec.Namespace+"/"+rec.Grant != r.Record.Grant || (r.Policy != "" && rec.Policy != r.Policy) {
 		return 0
 	}
 	return r.Record.Fence
@@ -305,7 +288,7 @@ func CheckGuardedRequest(r GuardedRequest) (Accepted, error) {
 	if r.Operation == OpDelete {
 		return Accepted{}, checkDelete(r, recorded)
 	}
-	claim := r.claim()
+	claim := r.Claim
 	switch {
 	case claim.IsZero():
 		return Accepted{}, refuse(ReasonNoFence, "the write asserts no grant and fence of its own; set them in this write (each accepted write consumes them)")

@@ -306,3 +306,118 @@ func TestOnlyTheOwnerChangesAGrantsFinalizers(t *testing.T) {
 	cur.OwnerReferences = []metav1.OwnerReference{{APIVersion: "v1", Kind: "ConfigMap", Name: "x", UID: "0d4f0a8e-0000-4000-8000-000000000000"}}
 	wantReason(t, "another identity adding an owner reference", c.c.Update(t.Context(), cur), "NOT_OWNER")
 }
+
+// A record planted while a Shadow policy admitted everything, naming a real
+// grant (and its real proof) of the same resource ID in another namespace,
+// neither locks the holder out nor lets its planter delete the object:
+// fences of another namespace are another resource's.
+func TestRecordFromAnotherNamespace(t *testing.T) {
+	ns, ns2, tl := namespace(t), namespace(t), startTimeline()
+	tl.at(0)
+	a, b := as(t, "xns-a"), as(t, "xns-b")
+	p := newPolicy(t, "other-namespace-record", ns, lockingv1alpha1.ModeShadow, "xns-a")
+	res := "settlement/" + ns + "/cm-x"
+	var foreign *lockingv1alpha1.LockGrant
+	for range 5 { // push the other namespace's fence above the holder's
+		g, err := acquire(t, b, ns2, 60, func(g *lockingv1alpha1.LockGrant) { g.Spec.Resource = res })
+		if err != nil {
+			t.Fatal(err)
+		}
+		foreign = waitPhase(t, g, lockingv1alpha1.PhaseHeld)
+		if err := release(t, b, foreign); err != nil {
+			t.Fatal(err)
+		}
+	}
+	planted := map[string]string{
+		lockingv1alpha1.AcceptedGrantAnnotation: ns2 + "/" + foreign.Name, lockingv1alpha1.AcceptedFenceAnnotation: fenceOf(foreign),
+		lockingv1alpha1.AcceptedProofAnnotation: foreign.Status.Proof, lockingv1alpha1.AcceptedIntentAnnotation: fencing.IntentDelete,
+	}
+	waitUntil(t, "Shadow admits the planted record", func() (bool, error) {
+		if err := writeCM(t, b, ns, "cm-x", "planted", planted, map[string]string{"app": p.Name}); err != nil {
+			return false, err
+		}
+		return configMap(t, ns, "cm-x").Annotations[lockingv1alpha1.ShadowDenialAnnotation] != "", nil
+	})
+	setMode(t, p, lockingv1alpha1.ModeEnforce)
+	g := policyAcquire(t, a, ns, res, p.Name)
+	waitUntil(t, "Enforce refuses a write without a claim", func() (bool, error) {
+		return reason(writeCM(t, b, ns, "cm-x", "x", nil, nil)) == "NO_FENCE", nil
+	})
+	rv := configMap(t, ns, "cm-x").ResourceVersion
+	if err := deleteAt(t, b, ns, "cm-x", rv); err == nil {
+		t.Fatal("the planter deleted the object under a record of another namespace")
+	}
+	proven := map[string]string{lockingv1alpha1.GrantAnnotation: g.Name, lockingv1alpha1.FenceAnnotation: fenceOf(g), lockingv1alpha1.ProofAnnotation: g.Status.Proof}
+	if err := writeCM(t, a, ns, "cm-x", "proven", proven, nil); err != nil {
+		t.Fatalf("the holder was locked out by another namespace's record: %v", err)
+	}
+}
+
+// A replica sharing the holder's identity that sends back a record it read
+// earlier (a re-read and update, no claim) is refused: only a claim set by
+// the request authorizes it.
+func TestResentRecordIsNoClaim(t *testing.T) {
+	ns, tl := namespace(t), startTimeline()
+	tl.at(0)
+	a := as(t, "rr-a")
+	g := mustAcquire(t, a, ns, 60)
+	if err := write(t, a, ns, "cm-r", g, fenceOf(g), "first"); err != nil {
+		t.Fatal(err)
+	}
+	old := configMap(t, ns, "cm-r")
+	if err := writeCM(t, a, ns, "cm-r", "second", map[string]string{lockingv1alpha1.GrantAnnotation: g.Name, lockingv1alpha1.FenceAnnotation: fenceOf(g), lockingv1alpha1.WriteIDAnnotation: "w2"}, nil); err != nil {
+		t.Fatal(err)
+	}
+	stale := old.DeepCopy()
+	stale.ResourceVersion = ""
+	stale.Data = map[string]string{"result": "stale"}
+	stale.Annotations[lockingv1alpha1.AcceptedWriteIDAnnotation] = "w1"
+	wantReason(t, "replacing with an older record", a.c.Update(t.Context(), stale), "NO_FENCE")
+	intent := configMap(t, ns, "cm-r")
+	intent.Annotations[lockingv1alpha1.AcceptedIntentAnnotation] = fencing.IntentDelete
+	wantReason(t, "planting a delete intent without a claim", a.c.Update(t.Context(), intent), "NO_FENCE")
+}
+
+// A Namespace object is cluster-scoped: it cannot be guarded.
+func TestNamespaceObjectCannotBeGuarded(t *testing.T) {
+	ns := namespace(t)
+	cur := &corev1.Namespace{}
+	if err := admin.Get(t.Context(), client.ObjectKey{Name: ns}, cur); err != nil {
+		t.Fatal(err)
+	}
+	cur.Labels[lockingv1alpha1.GuardedLabel] = "true"
+	if cur.Annotations == nil {
+		cur.Annotations = map[string]string{}
+	}
+	cur.Annotations[lockingv1alpha1.ResourceAnnotation] = resource
+	cur.Annotations[lockingv1alpha1.GrantAnnotation] = "g"
+	cur.Annotations[lockingv1alpha1.FenceAnnotation] = "1"
+	wantReason(t, "guarding a Namespace", admin.Update(t.Context(), cur), "NO_RESOURCE")
+}
+
+// An object covered by two Enforce policies is refused with a reason that
+// says so, by either webhook.
+func TestTwoEnforcePoliciesOnOneObject(t *testing.T) {
+	ns, tl := namespace(t), startTimeline()
+	tl.at(0)
+	a := as(t, "two-a")
+	p1 := newPolicy(t, "two-first", ns, lockingv1alpha1.ModeEnforce, "two-a")
+	p2 := newPolicy(t, "two-second", ns, lockingv1alpha1.ModeEnforce, "two-a")
+	for _, p := range []*lockingv1alpha1.GuardPolicy{p1, p2} {
+		cur := &lockingv1alpha1.GuardPolicy{}
+		if err := admin.Get(t.Context(), client.ObjectKeyFromObject(p), cur); err != nil {
+			t.Fatal(err)
+		}
+		cur.Spec.Selector = &metav1.LabelSelector{MatchLabels: map[string]string{"app": "two"}}
+		if err := admin.Update(t.Context(), cur); err != nil {
+			t.Fatal(err)
+		}
+		waitPolicyReady(t, cur)
+	}
+	g := policyAcquire(t, a, ns, "settlement/"+ns+"/cm-2", p1.Name)
+	proven := map[string]string{lockingv1alpha1.GrantAnnotation: g.Name, lockingv1alpha1.FenceAnnotation: fenceOf(g), lockingv1alpha1.ProofAnnotation: g.Status.Proof}
+	waitUntil(t, "the write is refused for its two policies", func() (bool, error) {
+		err := writeCM(t, a, ns, "cm-2", "x", proven, map[string]string{"app": "two"})
+		return err != nil && strings.Contains(err.Error(), "takes one policy"), nil
+	})
+}

@@ -28,7 +28,6 @@ package guard
 
 import (
 	"context"
-	"crypto/rand"
 	"encoding/json"
 	"fmt"
 
@@ -125,9 +124,9 @@ type guarding struct {
 func (c *Checker) gather(ctx context.Context, w write, g guarding) (fencing.GuardedRequest, error) {
 	r := fencing.GuardedRequest{
 		Operation: fencing.Operation(w.req.Operation), Subresource: w.req.SubResource,
-		Resource: g.resource, ObjectNamespace: w.req.Namespace, Caller: w.req.UserInfo.Username,
+		Resource: g.resource, ObjectNamespace: objectNamespace(w.req), Caller: w.req.UserInfo.Username,
 		Claim: claimOf(w.new), StoredClaim: claimOf(w.old),
-		StoredGuarded: g.storedGuarded, Record: recordOf(w.old), NewRecord: recordOf(w.new),
+		StoredGuarded: g.storedGuarded, Record: recordOf(w.old),
 		VerifyRecord: g.policy != nil, Unguards: g.unguard,
 		Now: c.Clock.Now(),
 	}
@@ -148,7 +147,7 @@ func (c *Checker) gather(ctx context.Context, w write, g guarding) (fencing.Guar
 			return r, err
 		}
 	}
-	if r.Claim.Proof != "" || r.Record.Proof != "" || r.NewRecord.Proof != "" {
+	if r.Claim.Proof != "" || r.Record.Proof != "" {
 		bundle, err := c.Bundle(ctx)
 		if err != nil {
 			return r, fmt.Errorf("reading the trust bundle: %w", err)
@@ -249,10 +248,7 @@ func consume(req admission.Request, rec fencing.Accepted) admission.Response {
 	}
 	optional(lockingv1alpha1.AcceptedIntentAnnotation, rec.Intent)
 	optional(lockingv1alpha1.AcceptedProofAnnotation, string(rec.Proof))
-	if rec.WriteID == "" {
-		rec.WriteID = rand.Text()
-	}
-	ann[lockingv1alpha1.AcceptedWriteIDAnnotation] = rec.WriteID
+	optional(lockingv1alpha1.AcceptedWriteIDAnnotation, rec.WriteID)
 	meta["annotations"] = ann
 	out, err := json.Marshal(obj)
 	if err != nil {
@@ -307,4 +303,14 @@ func policyGuarding(w write, pol *lockingv1alpha1.GuardPolicy, newCovered bool) 
 	// whether the policy covered the object when it was written cannot be
 	// known now (Shadow mode, a widened selector).
 	return guarding{resource: resource, storedGuarded: w.old != nil, unguard: !newCovered, policy: pol}, nil
+}
+
+// objectNamespace is the namespace the object lives in, "" for a
+// cluster-scoped object. A Namespace object's admission request names the
+// namespace itself, but the object is cluster-scoped.
+func objectNamespace(req admission.Request) string {
+	if req.Resource.Group == "" && req.Resource.Resource == "namespaces" {
+		return ""
+	}
+	return req.Namespace
 }

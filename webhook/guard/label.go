@@ -7,6 +7,7 @@ import (
 
 	admissionv1 "k8s.io/api/admission/v1"
 	"k8s.io/apimachinery/pkg/runtime/schema"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
 
 	lockingv1alpha1 "github.com/lockwarden/lockwarden/api/v1alpha1"
@@ -21,7 +22,16 @@ import (
 // as status), which checks and consumes the claim, and the validating one for
 // deletes. A label value other than "true" guards nothing, and the write is
 // admitted with a warning that says so.
-type LabelHandler struct{ *Checker }
+//
+// An object labeled guarded and also covered by an Enforce GuardPolicy is
+// judged here alone, under that policy's rules (its resource ID, proofs,
+// verified records); the policy's own webhook leaves it to this one, so that
+// one webhook consumes each claim.
+type LabelHandler struct {
+	*Checker
+	// Policies reads GuardPolicies (a cache is fine); nil: none apply.
+	Policies client.Reader
+}
 
 var _ admission.Handler = &LabelHandler{}
 
@@ -46,6 +56,18 @@ func (h *LabelHandler) Handle(ctx context.Context, req admission.Request) admiss
 		g, err := labelGuarding(w)
 		if err != nil {
 			return err
+		}
+		pols, err := enforcing(ctx, h.Policies, req, w.old, w.new)
+		if err != nil {
+			return err
+		}
+		if err := onePolicy(pols); err != nil {
+			return err
+		}
+		if len(pols) == 1 {
+			if g, err = policyGuarding(w, pols[0], labeled(w.new)); err != nil {
+				return err
+			}
 		}
 		rec, err = h.decide(ctx, w, g)
 		return err

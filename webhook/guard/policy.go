@@ -2,6 +2,7 @@ package guard
 
 import (
 	"context"
+	"fmt"
 	"net/http"
 	"strings"
 
@@ -81,8 +82,21 @@ func (h *PolicyHandler) Handle(ctx context.Context, req admission.Request) admis
 	if !oldCovered && !newCovered {
 		return admission.Allowed("")
 	}
+	if labeled(w.old) || labeled(w.new) {
+		return admission.Allowed("") // the label webhook judges it, under this policy's rules
+	}
+	pols, err := enforcing(ctx, h.Policies, req, w.old, w.new)
+	if err != nil {
+		return admission.Errored(http.StatusInternalServerError, err)
+	}
+	if h.Shadow && len(pols) > 0 {
+		return admission.Allowed("") // an Enforce policy decides
+	}
 	var rec fencing.Accepted
 	decision := func() error {
+		if err := onePolicy(pols); err != nil {
+			return err
+		}
 		g, err := policyGuarding(w, pol, newCovered)
 		if err != nil {
 			return err
@@ -145,4 +159,47 @@ func WithPath(ctx context.Context, r *http.Request) context.Context {
 func pathOf(ctx context.Context) string {
 	p, _ := ctx.Value(pathKey{}).(string)
 	return p
+}
+
+// enforcing returns the Enforce GuardPolicies that cover the object of req,
+// stored or new; nil when policies is nil.
+func enforcing(ctx context.Context, policies client.Reader, req admission.Request, objs ...*object) ([]*lockingv1alpha1.GuardPolicy, error) {
+	if policies == nil {
+		return nil, nil
+	}
+	var list lockingv1alpha1.GuardPolicyList
+	if err := policies.List(ctx, &list); err != nil {
+		return nil, fmt.Errorf("listing GuardPolicies: %w", err)
+	}
+	var out []*lockingv1alpha1.GuardPolicy
+	for i := range list.Items {
+		p := &list.Items[i]
+		if p.Spec.Mode != lockingv1alpha1.ModeEnforce {
+			continue
+		}
+		for _, o := range objs {
+			if o == nil {
+				continue
+			}
+			if ok, err := policy.Covers(p, req.Resource.Group, req.Resource.Resource, req.Namespace, o.Labels); err == nil && ok {
+				out = append(out, p)
+				break
+			}
+		}
+	}
+	return out, nil
+}
+
+// onePolicy refuses an object covered by more than one Enforce policy: each
+// would map it to a resource and require proofs of its own.
+func onePolicy(pols []*lockingv1alpha1.GuardPolicy) error {
+	if len(pols) < 2 {
+		return nil
+	}
+	names := make([]string, len(pols))
+	for i, p := range pols {
+		names[i] = p.Name
+	}
+	return &fencing.Error{Reason: fencing.ReasonBindingMismatch, Detail: fmt.Sprintf(
+		"the object is covered by the Enforce GuardPolicies %s; a guarded object takes one policy: make their selectors disjoint", strings.Join(names, ", "))}
 }
