@@ -51,7 +51,7 @@ const (
 	// AcceptedProofAnnotation and AcceptedWriteIDAnnotation complete the
 	// record: the proof the accepted write carried (on objects under a
 	// GuardPolicy the record counts only when it verifies), and the write's
-	// ID (its claim's, or one admission drew), unique per accepted write.
+	// ID (its claim's write-id, when it had one).
 	AcceptedProofAnnotation   = "locking.lockwarden.io/accepted-proof"
 	AcceptedWriteIDAnnotation = "locking.lockwarden.io/accepted-write-id"
 
