@@ -13,13 +13,13 @@ import (
 // intruder is an identity that holds no grant.
 const intruder = "system:serviceaccount:billing:c"
 
-// The requests of this file go through the doors issue #10 found open:
+// The requests of this file go the ways around a guarded object:
 // replicas sharing one identity, writes that assert nothing, unguarded
 // look-alikes, subresources and deletes. Each is sent as the client would
 // (kubectl patch, a RetryOnConflict loop, kubectl delete, kubectl scale,
 // an eviction) by a sender the oracle knows the truth about.
 
-// scheduleDoors plans the round's requests of the issue #10 faults.
+// scheduleDoors plans the round's requests of the guarded-object faults.
 func (w *world) scheduleDoors() {
 	plan := []struct {
 		f    Fault

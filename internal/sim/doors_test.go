@@ -86,10 +86,10 @@ const (
 	identityB = "system:serviceaccount:billing:b"
 )
 
-// The reproductions of issue #10, through the simulation's enforcement
+// The ways around a guarded object, through the simulation's enforcement
 // point: replicas of one identity, writes that assert nothing, a record the
 // guard never wrote, subresources and deletes.
-func TestIssue10Doors(t *testing.T) {
+func TestWaysAroundAGuardedObject(t *testing.T) {
 	t.Run("a superseded replica of the holder's identity", func(t *testing.T) {
 		s := newScript(t)
 		obj := s.w.resource

@@ -164,7 +164,7 @@ const (
 	// brokenAcceptAll accepts every request to a guarded object.
 	brokenAcceptAll
 	// brokenTrustInherited keeps the claim on the object and takes a claim
-	// the stored object carried as asserted (the guard before issue #10).
+	// the stored object carried as asserted (a guard that reads the stored state as the write's claim).
 	brokenTrustInherited
 	// brokenTrustRecord takes the record of an object that was not guarded
 	// as the enforcement point's own.

@@ -114,7 +114,7 @@ func TestOracleCatchesABrokenEnforcementPoint(t *testing.T) {
 }
 
 // An enforcement point that takes a claim the stored object carried as
-// asserted, and leaves the claim on the object (the guard before issue #10),
+// asserted, and leaves the claim on the object (a guard that reads the stored state as the write's claim),
 // is caught once replicas share one identity: a superseded replica's merge
 // patch or re-read update rides on the holder's claim. With an identity per
 // worker the same guard is refused NOT_OWNER, which is why only the shared

@@ -59,6 +59,10 @@ func TestCheckGuardedRequest(t *testing.T) {
 		{"the guard's own record still refuses an older fence", with(update(claimA2, a2()), func(r *fencing.GuardedRequest) {
 			r.Record = fencing.Accepted{Grant: "billing/x", Fence: 3}
 		}), fencing.ReasonStaleOwner},
+		{"a record naming a grant of another namespace is nobody's", with(update(claimA2, a2()), func(r *fencing.GuardedRequest) {
+			r.Record = fencing.Accepted{Grant: "other/x", Fence: 1 << 40}
+		}), ""},
+		{"a delete under a record of another namespace", del("41", fencing.Accepted{Grant: "other/a2", Fence: 2, Intent: "delete"}), fencing.ReasonNoFence},
 		{"proof required under a policy", with(update(claimA2, a2()), func(r *fencing.GuardedRequest) { r.RequireProof, r.Policy = true, "p" }), fencing.ReasonNoFence},
 		{"scale cannot carry a claim", with(update(claimA2, a2()), func(r *fencing.GuardedRequest) { r.Opaque, r.Subresource = true, "scale" }), fencing.ReasonNoFence},
 		{"eviction cannot carry a claim", with(del("41", fencing.Accepted{Grant: "billing/a2", Fence: 2, Intent: "delete"}), func(r *fencing.GuardedRequest) {
@@ -99,5 +103,10 @@ func TestGuardedRequestTarget(t *testing.T) {
 	}
 	if _, _, ok := (fencing.GuardedRequest{Operation: fencing.OpDelete, Record: d.Record}).Target(); ok {
 		t.Fatal("a record on an unguarded object named a grant to read")
+	}
+	other := d
+	other.ObjectNamespace = "payroll"
+	if _, _, ok := other.Target(); ok {
+		t.Fatal("a record naming a grant of another namespace named a grant to read")
 	}
 }
