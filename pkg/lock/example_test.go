@@ -7,9 +7,12 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
+	"k8s.io/client-go/util/retry"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/builder"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -105,6 +108,75 @@ func ExampleHandle_Stamp() {
 	fmt.Println("guarded:", cm.Labels[lockingv1alpha1.GuardedLabel], "fence:", cm.Annotations[lockingv1alpha1.AcceptedFenceAnnotation])
 	// Output:
 	// guarded: true fence: 1
+}
+
+// Write a guarded object under the lock: create it when it does not exist
+// yet, update it otherwise, and stamp every attempt anew (admission consumes
+// each write's claim, so a retry after a conflict needs its own). This is the
+// README's Go example; it needs a cluster, so it is compiled but not run.
+func ExampleHandle_Stamp_createOrUpdate() {
+	ctx := context.Background()
+	s := runtime.NewScheme()
+	if err := clientgoscheme.AddToScheme(s); err != nil {
+		fmt.Println(err)
+		return
+	}
+	if err := lockingv1alpha1.AddToScheme(s); err != nil {
+		fmt.Println(err)
+		return
+	}
+	cfg, err := ctrl.GetConfig()
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	cfg, err = lock.ConfigureTransport(cfg) // notice a dead connection within about 2 s
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	c, err := client.NewWithWatch(cfg, client.Options{Scheme: s})
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+
+	locks := lock.NewClient(c, lock.WithNamespace("billing"))
+	defer locks.Close(context.WithoutCancel(ctx)) //nolint:errcheck // example
+	h, err := locks.Acquire(ctx, "invoice-batch/2026-07-19", lock.WithTTL(30*time.Second), lock.WithWait(time.Minute))
+	if err != nil {
+		fmt.Println("not acquired:", err) // lock.ErrWaitTimeout after the wait, ctx.Err(), ...
+		return
+	}
+	defer h.Release(context.WithoutCancel(ctx)) //nolint:errcheck // example
+
+	key := types.NamespacedName{Namespace: "billing", Name: "settlement-2026-07-19"}
+	err = retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		cm := &corev1.ConfigMap{}
+		err := c.Get(h.Context(), key, cm)
+		exists := err == nil
+		if err != nil && !apierrors.IsNotFound(err) {
+			return err
+		}
+		cm.Namespace, cm.Name = key.Namespace, key.Name
+		cm.Data = map[string]string{"state": "settled"}
+		// This write's claim: grant, fence, proof and a fresh write ID. An
+		// error means the holder may not start an effect now.
+		if err := h.Stamp(cm); err != nil {
+			return err
+		}
+		// h.Context() is cancelled as soon as ownership is in doubt.
+		if exists {
+			return c.Update(h.Context(), cm)
+		}
+		return c.Create(h.Context(), cm)
+	})
+	if err != nil {
+		// A refusal names its reason: errors.Is(denial.Wrap(err), fencing.ErrStaleOwner), ...
+		fmt.Println("not written:", err)
+		return
+	}
+	fmt.Println("written under fence", h.Fence())
 }
 
 // TryAcquire does not wait in the queue.
