@@ -1,5 +1,5 @@
-// Command settlement is the invoice-batch settlement worker of seed 000,
-// written against lockwarden: it acquires a lease on the batch through the
+// Command settlement is an invoice-batch settlement worker written against
+// lockwarden: it acquires a lease on the batch through the
 // Kubernetes API server, then settles the batch in a PostgreSQL database as
 // a fenced multi-segment operation through pkg/store/postgres.
 //

@@ -68,7 +68,7 @@ func openDB(t *testing.T) *sql.DB {
 	return db
 }
 
-// C11 through the worker: W1 settles two segments and is superseded; its
+// A retry of a batch by a new owner, through the worker: W1 settles two segments and is superseded; its
 // third segment is refused. W2 reruns the same batch: the first two
 // segments are answered with W1's receipts, the rest are settled, and
 // every invoice is settled exactly once.

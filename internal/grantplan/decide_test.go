@@ -98,7 +98,7 @@ func TestDecideRenew(t *testing.T) {
 	if s == nil || s.Phase != lockingv1alpha1.PhaseHeld || !s.ExpiresAt.Time.Equal(sec(9)) || s.FenceToken != 1 || s.ObservedRenewals != 1 {
 		t.Fatalf("renew at 4 = %+v, want Held fence 1 until 9", s)
 	}
-	// C08: a renew that arrives after expiry fails and never re-acquires.
+	// A renew that arrives after expiry fails and never re-acquires.
 	p = Decide(Facts{Now: sec(5.5), Resource: res, Counter: counter(1, &a), Grants: []lockingv1alpha1.LockGrant{a}})
 	s = statusOf(p, "a")
 	if s == nil || s.Phase != lockingv1alpha1.PhaseExpired || s.ObservedRenewals != 1 {

@@ -1,5 +1,5 @@
-// Package sim is lockwarden's deterministic fault simulation: the release
-// gate of seed 000. One round plays a few workers contending for a resource
+// Package sim is lockwarden's deterministic fault simulation: the fault
+// gate a release must pass (docs/faults.md). One round plays a few workers contending for a resource
 // on a virtual clock, with a seeded scheduler and injected faults, through
 // the code the operator really runs:
 //

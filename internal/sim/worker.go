@@ -19,7 +19,7 @@ type worker struct {
 	// id tells the worker apart from replicas that share its name.
 	id int
 	// rate is how fast this process's monotonic clock runs against the
-	// registry's (C06: clocks differ in rate; only durations are compared).
+	// registry's (clocks differ in rate; only durations are compared).
 	rate float64
 
 	m        *holder.Machine
@@ -173,7 +173,7 @@ func (k *worker) adopt(m *holder.Machine, uid types.UID, sentAt holder.Mono) {
 }
 
 // startOperation picks the operation this acquisition writes: a new one, or
-// (C11) the retry of an operation an earlier holder left unfinished.
+// the retry of an operation an earlier holder left unfinished.
 func (k *worker) startOperation() {
 	w := k.w
 	st := w.stores[w.resource]
@@ -268,7 +268,7 @@ func (k *worker) release() {
 		w.kick(w.resource)
 		if w.fault[FaultReleaseReacquire] && w.chance(0.5) {
 			// The reply is lost; the owner acquires again at once and
-			// retries the release of the earlier grant later (C03).
+			// retries the release of the earlier grant later.
 			w.rep.Faults[string(FaultReleaseReacquire)]++
 			k.later(0, func() {
 				if k.m == m {

@@ -13,7 +13,7 @@ import (
 // Fault is one kind of fault the simulation injects.
 type Fault string
 
-// The fault matrix of seed 000.
+// The fault matrix: the kinds of fault a round can inject (docs/faults.md).
 const (
 	// FaultPause freezes a holder between its validity check and its
 	// write, past its TTL (GC pause, SIGSTOP, VM migration).
@@ -21,7 +21,8 @@ const (
 	// FaultLostRenew loses renew responses; the holder must read the grant.
 	FaultLostRenew Fault = "lost-renew"
 	// FaultReleaseReacquire loses a release reply; the owner re-acquires
-	// and then retries the release of its earlier grant (C03).
+	// and then retries the release of its earlier grant, which must not free
+	// the new one.
 	FaultReleaseReacquire Fault = "release-reacquire"
 	// FaultSegmentDisorder sends segments out of order, twice, and again
 	// with another payload.

@@ -65,7 +65,7 @@ func TestVectors(t *testing.T) {
 	epoch := sampleRecord()
 	epoch.IssuerEpoch, epoch.Fence = 3, 3<<fencing.EpochBits|1
 	want := map[string]vector{
-		"settlement.json":     makeVector("seed 000's settlement grant", sampleRecord(), testKey("lockwarden-test-key-1")),
+		"settlement.json":     makeVector("an invoice-batch settlement grant", sampleRecord(), testKey("lockwarden-test-key-1")),
 		"no-policy-utf8.json": makeVector("no policy, no operation root, a non-ASCII owner", unicode, testKey("lockwarden-test-key-1")),
 		"epoch-3.json":        makeVector("first fence of issuer epoch 3", epoch, testKey("lockwarden-test-key-2")),
 	}

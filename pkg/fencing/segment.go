@@ -154,7 +154,7 @@ type SegmentDecision struct {
 //  7. A fence larger than the ledger's: only segment 1 of the segment's
 //     root, else ReasonSequenceGap. New: VerdictApply, and the ledger moves
 //     to the new fence. Already accepted (a retry of the operation by a new
-//     owner, C11): VerdictDuplicate, and the ledger moves to the new fence
+//     owner): VerdictDuplicate, and the ledger moves to the new fence
 //     with LastSeq = RootLastSeq, so the new owner continues where the
 //     operation stands.
 //

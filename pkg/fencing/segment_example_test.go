@@ -7,7 +7,7 @@ import (
 	"github.com/lockwarden/lockwarden/pkg/fencing"
 )
 
-// A retry of operation P by a new owner (case C11): W1 wrote segment 1
+// A retry of operation P by a new owner: W1 wrote segment 1
 // under fence 1 and froze; W2 got fence 2 for the same operation and resends
 // segment 1 with the same payload. It gets W1's receipt back, nothing is
 // applied a second time, and the resource now expects segment 2 under
@@ -36,7 +36,7 @@ func ExampleCheckSegment() {
 	// next: fence 2, segment 2 of P
 }
 
-// The coordinator was restored from an old snapshot (case C04): its counter
+// The coordinator was restored from an old snapshot: its counter
 // went back to 2 and it issues fence 3 a second time, to a new grant. The
 // resource accepted fence 3 from another grant before the restore, so it
 // refuses, and keeps its highest fence.

@@ -152,15 +152,15 @@ func steps(s ...[]byte) []byte {
 // segment, applies a segment twice or out of order, or answers a resend
 // with anything but the original receipt.
 func FuzzSegmentSequences(f *testing.F) {
-	// C11: W1 writes P/1 and freezes past its lease; W2 resends P/1 and
+	// A new owner retries an operation: W1 writes P/1 and freezes past its lease; W2 resends P/1 and
 	// writes P/2; W1 wakes and writes P/2, P/3; W2 skips to P/4; W2 resends
 	// P/2 with another payload.
 	f.Add(steps(acq(0), wr(0, 0, 1, 0), []byte{opTick, 11}, acq(1), wr(1, 0, 1, 0), wr(1, 0, 2, 0),
 		wr(0, 0, 2, 0), wr(0, 0, 3, 0), wr(1, 0, 4, 0), wr(1, 0, 2, 1)))
-	// C04: fences 1, 2, snapshot, fence 3 written, restore, fence 3 again.
+	// A restore from an old snapshot: fences 1, 2, snapshot, fence 3 written, restore, fence 3 again.
 	f.Add(steps(acq(0), acq(1), []byte{opSnapshot}, acq(2), wr(2, 0, 1, 0), []byte{opRestore}, wr(1, 1, 1, 0),
 		acq(0), wr(3, 1, 1, 0), acq(0), wr(4, 1, 1, 0)))
-	// C05: A writes X/1, releases; B writes Y/1; A's X/2 arrives.
+	// A release while an operation is still writing: A writes X/1, releases; B writes Y/1; A's X/2 arrives.
 	f.Add(steps(acq(0), wr(0, 0, 1, 0), []byte{opRelease}, acq(1), wr(1, 1, 1, 0), wr(0, 0, 2, 0)))
 	f.Fuzz(func(t *testing.T, ops []byte) {
 		m := &segmentModel{t: t, now: t0, grants: map[string]*fencing.Grant{}, receipts: map[string]fencing.Receipt{}, effects: map[string]int{}}

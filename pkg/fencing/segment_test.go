@@ -79,13 +79,14 @@ func TestCheckSegment(t *testing.T) {
 			want: fencing.ReasonSequenceGap,
 		},
 		{
-			// C05: A released; B took fence 2 and wrote. A's segment 2 arrives.
+			// A released; B took fence 2 and wrote. A's segment 2 arrives.
 			name: "smaller fence after release",
 			w:    fencing.SegmentWrite{Caller: "A", Segment: seg(a, "X", 2, dig1), Grant: ended(held("uid-a", "A", 1), fencing.StateReleased), Counter: current(b), Ledger: fencing.Ledger{Fence: 2, GrantUID: "uid-b", Root: "Y", LastSeq: 1}, RootLastSeq: 1},
 			want: fencing.ReasonStaleOwner,
 		},
 		{
-			// C01 variant for segments: B is granted but has not written yet.
+			// A holder paused past its lease, for segments: B is granted but has
+			// not written yet.
 			name: "smaller fence than the registry's, before the successor wrote",
 			w:    fencing.SegmentWrite{Caller: "A", Segment: seg(a, "X", 2, dig1), Grant: ended(held("uid-a", "A", 1), fencing.StateExpired), Counter: current(b), Ledger: ledgerA("X", 1), RootLastSeq: 1},
 			want: fencing.ReasonStaleOwner,
@@ -96,14 +97,14 @@ func TestCheckSegment(t *testing.T) {
 			want: fencing.ReasonStaleOwner,
 		},
 		{
-			// C04: the registry was restored and names a grant of fence 2 as
+			// The registry was restored and names a grant of fence 2 as
 			// the holder, but the resource accepted fence 3.
 			name: "registry's current grant below the ledger",
 			w:    fencing.SegmentWrite{Caller: "B", Segment: seg(b, "Y", 2, dig1), Grant: b, Counter: current(b), Ledger: fencing.Ledger{Fence: 3, GrantUID: "uid-c", Root: "Z", LastSeq: 1}},
 			want: fencing.ReasonFenceRegression,
 		},
 		{
-			// C04: after the restore the next grant gets fence 3 again.
+			// After the restore the next grant gets fence 3 again.
 			name: "equal fence from another grant",
 			w: func() fencing.SegmentWrite {
 				c2 := held("uid-c2", "C", 3)
@@ -135,7 +136,7 @@ func TestCheckSegment(t *testing.T) {
 			want: fencing.ReasonSequenceGap,
 		},
 		{
-			// C11: W2 retries operation P under fence 2 and resends segment 1.
+			// W2 retries operation P under fence 2 and resends segment 1.
 			name:    "a larger fence resends segment 1 and takes the operation over",
 			w:       fencing.SegmentWrite{Caller: "B", Segment: seg(b, "P", 1, dig1), Grant: b, Counter: current(b), Ledger: ledgerA("P", 1), Prior: receipt(a, "P", 1, dig1), RootLastSeq: 1},
 			verdict: fencing.VerdictDuplicate, next: fencing.Ledger{Fence: 2, GrantUID: "uid-b", Root: "P", LastSeq: 1},
@@ -151,7 +152,7 @@ func TestCheckSegment(t *testing.T) {
 			want: fencing.ReasonSegmentConflict,
 		},
 		{
-			// C04 recovery: the issuer epoch was bumped.
+			// Recovery from a restore: the issuer epoch was bumped.
 			name: "a fence of a later issuer epoch resumes traffic",
 			w: func() fencing.SegmentWrite {
 				e := held("uid-e", "E", 1<<fencing.EpochBits|1)

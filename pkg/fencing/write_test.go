@@ -35,13 +35,13 @@ func TestCheckWrite(t *testing.T) {
 		{"object accepted a newer fence", fencing.Write{Resource: res, Caller: "A", Fence: 1, Recorded: 2, Grant: heldA(), Counter: holderA, Now: at(5)}, fencing.ReasonStaleOwner},
 		{"expiry is at expiresAt, equality included", fencing.Write{Resource: res, Caller: "A", Fence: 1, Grant: heldA(), Counter: holderA, Now: at(10)}, fencing.ReasonExpired},
 		{
-			// C01 variant: B was granted fence 2 but has not written yet.
+			// A holder paused past its lease: B was granted fence 2 but has not written yet.
 			"superseded before the successor wrote",
 			fencing.Write{Resource: res, Caller: "A", Fence: 1, Recorded: 1, Grant: func() *fencing.Grant { g := heldA(); g.State = fencing.StateExpired; return g }(), Counter: &fencing.Counter{Fence: 2, HolderUID: "uid-b"}, Now: at(12.5)},
 			fencing.ReasonStaleOwner,
 		},
 		{
-			// C07: a goroutine of the first term writes fence 5 under the second grant.
+			// The same owner re-acquired: a goroutine of the first term writes fence 5 under the second grant.
 			"old fence under a newer grant of the same owner",
 			fencing.Write{Resource: res, Caller: "A", Fence: 5, Grant: &fencing.Grant{UID: "uid-a2", Resource: res, Owner: "A", State: fencing.StateHeld, Fence: 6, ExpiresAt: at(20)}, Counter: &fencing.Counter{Fence: 6, HolderUID: "uid-a2"}, Now: at(5)},
 			fencing.ReasonStaleOwner,

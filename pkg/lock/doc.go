@@ -34,14 +34,15 @@
 //     is the monotonic time at which the create or the last confirmed renew
 //     was sent, plus the TTL, minus a safety margin (default: a tenth of the
 //     TTL, at least 1 s, at most half the TTL). Wall clocks, the registry's
-//     expiresAt and the arrival time of replies are never used (C06). The
+//     expiresAt and the arrival time of replies are never used, so clocks
+//     that differ in offset or rate do not matter beyond the margin. The
 //     handle renews a third of the TTL after each confirmed send, and
-//     resends a renew whose outcome is unknown with the same renewals value
-//     (C10).
+//     resends a renew whose outcome is unknown (lost reply, timeout) with
+//     the same renewals value, so a retry never renews twice.
 //   - Done closes, and Context is cancelled, the moment the deadline passes
 //     without a confirmed renew (ErrOwnershipUnknown), or the registry says
 //     the acquisition ended (ErrLost wrapping the refusal, e.g.
-//     fencing.ErrExpired: a renew after expiry never re-acquires, C08), or
+//     fencing.ErrExpired: a renew after expiry never re-acquires), or
 //     on Release (ErrReleased). The handle then renews no more; it keeps
 //     reading the grant until it is final, which State reports.
 //   - Every refusal matches its fencing sentinel (errors.Is with

@@ -186,7 +186,8 @@ func (h *Handle) NextSegment() (Segment, error) {
 
 // ResumeSegmentsAfter makes the next segment seq+1: for a holder that
 // takes over an operation another grant started, once the store said how
-// far it got (field case C11). It never moves the sequence back.
+// far it got (a retry of an operation an earlier holder left unfinished).
+// It never moves the sequence back.
 func (h *Handle) ResumeSegmentsAfter(seq int64) {
 	for {
 		cur := h.seq.Load()

@@ -420,7 +420,7 @@ func (h *Handle) run(ctx context.Context) {
 			default:
 				// Outcome unknown (lost reply, timeout, 409, 5xx): read the
 				// grant to learn the truth, and resend the same renewals
-				// value unless the read settles it first (C10).
+				// value unless the read settles it first.
 				h.log.V(1).Info("Renew outcome unknown", "grant", h.key, "error", r.err.Error())
 				readAt, hasRead = now, true
 				retryAt, hasRetry = now+holder.Mono(retryWait), true

@@ -115,11 +115,11 @@ func TestAcquireStampRelease(t *testing.T) {
 	release(t, h, fencing.ReasonAlreadyEnded)
 }
 
-// C06: the holder's wall clock is 30 s behind the controller's and runs 1.5x
+// The holder's wall clock is 30 s behind the controller's and runs 1.5x
 // fast. Whenever the holder believes it may act, the controller's lease is
 // live; when renewals stop getting through, the holder stops before the
 // controller's expiry, and the successor is granted only after it.
-func TestC06HolderClockSkewAndRate(t *testing.T) {
+func TestHolderClockSkewAndRate(t *testing.T) {
 	ns := namespace(t)
 	const res = "ledger/c06"
 	hclk := clocktesting.NewFakeClock(clk.Now().Add(-30 * time.Second))
@@ -201,11 +201,11 @@ func TestC06HolderClockSkewAndRate(t *testing.T) {
 	release(t, b.h, "")
 }
 
-// C08: A's renew is delayed past the lease. The handle stops at its local
+// A's renew is delayed past the lease. The handle stops at its local
 // deadline, learns by reading that the grant expired, and a renew sent then
 // is refused EXPIRED, never re-acquiring; the lapse is on A's grant, and A
 // gets a new fence when it acquires again. Whether or not B took R meanwhile.
-func TestC08RenewAfterExpiry(t *testing.T) {
+func TestRenewAfterExpiry(t *testing.T) {
 	for _, taken := range []bool{false, true} {
 		name := map[bool]string{false: "free", true: "taken"}[taken]
 		t.Run(name, func(t *testing.T) {
@@ -276,12 +276,12 @@ func TestC08RenewAfterExpiry(t *testing.T) {
 	}
 }
 
-// C10 and renew conflicts: a renew whose reply is lost, or that meets a 409
+// A renew whose reply is lost, or that meets a 409
 // Conflict, is resent with the same renewals value: applied exactly once,
 // the same fence, no NOT_OWNER for the true owner, and a deadline counted
 // from the first attempt's send time. Another identity's renew fails
 // NOT_OWNER.
-func TestC10AmbiguousRenew(t *testing.T) {
+func TestAmbiguousRenew(t *testing.T) {
 	for _, tc := range []struct {
 		name   string
 		inject func(*faulty)
@@ -403,7 +403,7 @@ func TestLostAcquireResponse(t *testing.T) {
 	release(t, again, fencing.ReasonAlreadyEnded)
 }
 
-// C03/C09 from the holder's side: a release of an earlier acquisition
+// From the holder's side: a release of an earlier acquisition
 // never ends a later one, also when the later one reuses the earlier's name;
 // a release after the lease ran out says so.
 func TestReleaseOfEarlierAcquisition(t *testing.T) {
@@ -450,7 +450,7 @@ func TestReleaseOfEarlierAcquisition(t *testing.T) {
 	}
 	release(t, h3, "")
 
-	// C09: a release that arrives after the lease ran out.
+	// A release that arrives after the lease ran out.
 	hclk := clocktesting.NewFakeClock(clk.Now())
 	h4, err := locks.Acquire(t.Context(), res, lock.WithTTL(2*time.Second), lock.WithClock(hclk))
 	if err != nil {

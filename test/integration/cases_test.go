@@ -9,10 +9,10 @@ import (
 	lockingv1alpha1 "github.com/lockwarden/lockwarden/api/v1alpha1"
 )
 
-// C01: a holder paused past its lease writes late; the write is refused,
+// A holder paused past its lease writes late; the write is refused,
 // also when it arrives after the successor was granted but before the
 // successor wrote anything.
-func TestC01PausePastLease(t *testing.T) {
+func TestPausePastLease(t *testing.T) {
 	ns, tl := namespace(t), startTimeline()
 	a, b := as(t, "c01-a"), as(t, "c01-b")
 	const obj = "batch"
@@ -44,8 +44,8 @@ func TestC01PausePastLease(t *testing.T) {
 	}
 }
 
-// C02: a waiter whose own wait limit passed is never granted later.
-func TestC02WaiterDeadline(t *testing.T) {
+// A waiter whose own wait limit passed is never granted later.
+func TestWaiterDeadline(t *testing.T) {
 	ns, tl := namespace(t), startTimeline()
 	tl.at(0)
 	g1 := mustAcquire(t, as(t, "c02-p1"), ns, 20)
@@ -70,11 +70,11 @@ func TestC02WaiterDeadline(t *testing.T) {
 	}
 }
 
-// C03: a release whose reply was lost, retried after a new acquisition,
+// A release whose reply was lost, retried after a new acquisition,
 // fails and leaves the new grant Held. Releases name one acquisition: a
 // retry aimed at a name that now belongs to a newer grant is refused by
 // the UID precondition.
-func TestC03LostReleaseReply(t *testing.T) {
+func TestLostReleaseReply(t *testing.T) {
 	ns, tl := namespace(t), startTimeline()
 	a := as(t, "c03-a")
 	tl.at(0)
@@ -113,9 +113,9 @@ func TestC03LostReleaseReply(t *testing.T) {
 	}
 }
 
-// C07: the same owner re-acquires and gets a new fence; a write left over
+// The same owner re-acquires and gets a new fence; a write left over
 // from the first term is refused, after a release and after an expiry.
-func TestC07SameOwnerReacquires(t *testing.T) {
+func TestSameOwnerReacquires(t *testing.T) {
 	ns, tl := namespace(t), startTimeline()
 	a := as(t, "c07-a")
 	const obj = "report"
@@ -152,9 +152,9 @@ func TestC07SameOwnerReacquires(t *testing.T) {
 	}
 }
 
-// C08: a renew after expiry fails, never silently re-acquires, and the
+// A renew after expiry fails, never silently re-acquires, and the
 // lapse is visible on the grant; whether or not someone else took R.
-func TestC08RenewAfterExpiry(t *testing.T) {
+func TestRenewAfterExpiry(t *testing.T) {
 	for _, takenMeanwhile := range []bool{false, true} {
 		name := "free"
 		if takenMeanwhile {
@@ -190,11 +190,11 @@ func TestC08RenewAfterExpiry(t *testing.T) {
 	}
 }
 
-// C09: a delayed release that lands after expiry fails and the successor
+// A delayed release that lands after expiry fails and the successor
 // stays Held; an administrator's forced release (deleting the grant, an
 // audited action that needs delete rights) hands the resource on with a
 // higher fence.
-func TestC09LateReleaseAfterExpiry(t *testing.T) {
+func TestLateReleaseAfterExpiry(t *testing.T) {
 	ns, tl := namespace(t), startTimeline()
 	a, b := as(t, "c09-a"), as(t, "c09-b")
 	tl.at(0)
@@ -227,7 +227,8 @@ func TestC09LateReleaseAfterExpiry(t *testing.T) {
 }
 
 // Renew by another identity fails NOT_OWNER; a retried renew by the true
-// owner succeeds with the same fence (C10, the server side).
+// owner succeeds with the same fence (the server side of a renew whose
+// reply was lost).
 func TestRenewRetrySameFence(t *testing.T) {
 	ns, tl := namespace(t), startTimeline()
 	a := as(t, "c10-a")

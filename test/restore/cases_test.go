@@ -9,11 +9,11 @@ import (
 	lockingv1alpha1 "github.com/lockwarden/lockwarden/api/v1alpha1"
 )
 
-// C05 on Kubernetes objects: A releases while its operation X is still
+// On Kubernetes objects: A releases while its operation X is still
 // writing; B writes its own operation Y; A's late segment 2 of X is refused
 // STALE_OWNER, and X is visible as partially applied (segment 1 only, under
 // A's fence), so that B can reconcile it.
-func TestC05FastReleaseDuringMultiSegmentOperation(t *testing.T) {
+func TestFastReleaseDuringMultiSegmentOperation(t *testing.T) {
 	logManagerOnFailure(t)
 	ctx := t.Context()
 	ns := namespace(t, "c05-")
@@ -61,13 +61,13 @@ func TestC05FastReleaseDuringMultiSegmentOperation(t *testing.T) {
 	}
 }
 
-// C11 on Kubernetes objects: W2 retries operation P while W1's attempt is
+// On Kubernetes objects: W2 retries operation P while W1's attempt is
 // still running. What plays the role of the receipt is the stored object
 // (see segments_test.go): W2's resend of segment 1 is answered with it,
 // unchanged. W1's late segments are refused STALE_OWNER, a skipped segment
 // SEQUENCE_GAP, a changed payload SEGMENT_CONFLICT; every segment takes
 // effect exactly once.
-func TestC11RetryWhileOriginalRuns(t *testing.T) {
+func TestRetryWhileOriginalRuns(t *testing.T) {
 	logManagerOnFailure(t)
 	ctx := t.Context()
 	ns := namespace(t, "c11-")

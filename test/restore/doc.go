@@ -1,7 +1,7 @@
 // Package restore tests what happens when the lock registry goes back in
 // time: the control plane's etcd is restored from an old snapshot, so
 // FenceCounters reissue fences that protected resources have already
-// accepted (failure case C04). It runs the product as a user would: etcd and
+// accepted. It runs the product as a user would: etcd and
 // kube-apiserver from bin/ (envtest), config/local applied with kubectl, the
 // real manager binary as a process, the examples/settlement worker as a
 // process, and a real PostgreSQL (internal/pgtest).
@@ -18,8 +18,11 @@
 //     new fences are larger than everything issued before the restore, the
 //     store accepts them, and a grant held before the restore is Revoked and
 //     can never renew or write again.
-//   - Cases C04, C05 and C11 against Kubernetes guarded objects. (Against
-//     PostgreSQL they are in pkg/store/postgres.)
+//   - Against Kubernetes guarded objects (against PostgreSQL they are in
+//     pkg/store/postgres): a restore that makes the registry reissue an
+//     accepted fence; a holder that releases while its operation is still
+//     writing, and its successor's writes; a new owner that retries an
+//     operation while the earlier attempt still runs.
 //
 // The whole package shares one control plane and one manager (TestMain).
 // The manager's webhooks listen on a free port, not on config/local's 9443,

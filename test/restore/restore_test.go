@@ -34,7 +34,7 @@ import (
 var batchKey = postgres.Key{Namespace: billing, Resource: batchID}
 
 const (
-	// billing is the namespace of C04's grants and objects.
+	// billing is the namespace of the restore test's grants and objects.
 	billing = "billing"
 	// batch is the invoice batch of the settlement worker; its resource is
 	// the one PostgreSQL protects.
@@ -54,7 +54,7 @@ const (
 	bumpRevision = 1_000_000_000
 )
 
-// C04 end to end: the control plane is restored from an old etcd snapshot.
+// The control plane is restored from an old etcd snapshot, end to end.
 //
 //	fences 1, 2 of invoice-batch/2026-07-19 accepted by PostgreSQL (and by a guarded ConfigMap); released
 //	a grant of another resource is Held (TTL 10 min)
@@ -67,7 +67,7 @@ const (
 //	RECOVERY: kubectl patch fenceissuer default --type=merge -p '{"spec":{"epoch":1,"revokedEpochs":[0]}}'
 //	  the grant held across the restore is Revoked; it can never renew or write again
 //	  the next fence is 1<<40|1; PostgreSQL and the guarded objects accept it
-func TestC04RestoreFromOldSnapshot(t *testing.T) {
+func TestRestoreFromOldSnapshot(t *testing.T) {
 	logManagerOnFailure(t)
 	ctx := t.Context()
 	dsn := pgtest.Database(t)
@@ -292,7 +292,7 @@ func TestC04RestoreFromOldSnapshot(t *testing.T) {
 	release(t, w, nextHeld)
 }
 
-// ledgerStore is the PostgreSQL side of C04: the store, with metrics and
+// ledgerStore is the PostgreSQL side of the restore test: the store, with metrics and
 // a regression hook, on a database that also holds the worker's tables.
 type ledgerStore struct {
 	db    *sql.DB

@@ -30,7 +30,7 @@ package restore
 //     keys are always exactly 1..n (SEQUENCE_GAP).
 //
 // Since segments live in the object, a restore of etcd rolls segments, the
-// recorded fence and the registry back together (see TestC04RestoreFromOldSnapshot).
+// recorded fence and the registry back together (see TestRestoreFromOldSnapshot).
 
 import (
 	"context"

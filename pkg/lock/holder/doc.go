@@ -40,16 +40,14 @@
 // ends no later than the registry's expiry as long as the holder's clock
 // runs no slower than (TTL-margin)/TTL of the controller's rate (90% with
 // the default margin of TTL/10). A faster holder clock only ends the
-// deadline earlier. Wall-clock offsets and jumps do not enter at all (field
-// case C06).
+// deadline earlier. Wall-clock offsets and jumps do not enter at all.
 //
 // The time a reply arrives is never used: a reply can be delayed by any
 // amount, and the lease may have been extended long before it arrives.
 // When a renew's outcome is unknown at the deadline the state becomes
 // OWNERSHIP_UNKNOWN: the holder must stop producing effects (effects already
 // sent are not undone), and the machine leaves that state only through
-// Observe, that is by reading the grant, never by assuming success or loss
-// (field case C10).
+// Observe, that is by reading the grant, never by assuming success or loss.
 //
 // # Assumptions
 //

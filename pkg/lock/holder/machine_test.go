@@ -117,7 +117,7 @@ func TestMachine(t *testing.T) {
 				{8, held(2, 2), H, 16.8, yes},
 			}
 		}, ""},
-		{"a retried renew keeps the first attempt's send time (C10)", func(t *testing.T) []step {
+		{"a retried renew keeps the first attempt's send time", func(t *testing.T) []step {
 			return []step{
 				{0, created(0), R, 0, nil},
 				{0.1, held(0, 0), H, 9, nil},
@@ -147,7 +147,7 @@ func TestMachine(t *testing.T) {
 				{11.5, held(1, 1), E, 0, no}, // final stays final
 			}
 		}, string(fencing.ReasonExpired)},
-		{"renew after the lease ran out is refused, never re-acquires (C08)", func(t *testing.T) []step {
+		{"renew after the lease ran out is refused, never re-acquires", func(t *testing.T) []step {
 			return []step{
 				{0, created(0), R, 0, nil},
 				{0.1, held(0, 0), H, 0, nil},

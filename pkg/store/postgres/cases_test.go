@@ -13,9 +13,9 @@ import (
 	"github.com/lockwarden/lockwarden/pkg/store/postgres"
 )
 
-// C11: a retry runs while the original attempt is still running. Every
+// A retry runs while the original attempt is still running. Every
 // segment takes effect exactly once, with the payload first accepted.
-func TestC11RetryWhileOriginalRuns(t *testing.T) {
+func TestRetryWhileOriginalRuns(t *testing.T) {
 	e := newEnv(t)
 	e.reg.at(0)
 	w1 := e.reg.acquire(key, "w1", 10)
@@ -78,10 +78,10 @@ func TestC11RetryWhileOriginalRuns(t *testing.T) {
 	}
 }
 
-// C05: A releases while its operation X is still writing; B writes its
+// A releases while its operation X is still writing; B writes its
 // own operation Y; A's late segment is refused, and X is visible as
 // partially applied so that B can reconcile it.
-func TestC05FastReleaseDuringMultiSegmentOperation(t *testing.T) {
+func TestFastReleaseDuringMultiSegmentOperation(t *testing.T) {
 	e := newEnv(t)
 	e.reg.at(0)
 	a := e.reg.acquire(key, "a", 15)
@@ -113,11 +113,11 @@ func TestC05FastReleaseDuringMultiSegmentOperation(t *testing.T) {
 	}
 }
 
-// C04: the registry is restored from an old snapshot and issues a fence
+// The registry is restored from an old snapshot and issues a fence
 // again. The store refuses FENCE_REGRESSION, keeps its highest fence, and
 // raises the alarm (alarm row, metric, hook). A fence of a later issuer
 // epoch resumes traffic without anyone clearing the recorded fence.
-func TestC04RegistryRestoredFromOldSnapshot(t *testing.T) {
+func TestRegistryRestoredFromOldSnapshot(t *testing.T) {
 	reg := prometheus.NewRegistry()
 	metrics, err := postgres.NewMetrics(reg)
 	if err != nil {

@@ -1,6 +1,8 @@
 // Package postgres is a fenced-write store for PostgreSQL: the enforcement
-// point of lockwarden's fencing rules (seed 000's applyFencedMutation) for
-// data that lives in a database rather than in Kubernetes objects.
+// point of lockwarden's fencing rules (pkg/fencing's CheckSegment) for data
+// that lives in a database rather than in Kubernetes objects. The resource
+// checks the fencing token itself, as Kleppmann's "How to do distributed
+// locking" (2016) asks of a storage service.
 //
 // A worker that holds a LockGrant writes a long operation as segments. For
 // each segment, Store.Apply runs, in ONE transaction: a lock on the

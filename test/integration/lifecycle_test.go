@@ -6,10 +6,10 @@ import (
 	lockingv1alpha1 "github.com/lockwarden/lockwarden/api/v1alpha1"
 )
 
-// TestSeedSequence plays seed 002's sequence through the real API server:
+// TestLeaseLifecycleSequence plays one resource's life through the real API server:
 // renewal, expiry at equality, fencing, a third acquirer kept out,
 // same-owner re-acquisition and late release/renew of an earlier grant.
-func TestSeedSequence(t *testing.T) {
+func TestLeaseLifecycleSequence(t *testing.T) {
 	ns, tl := namespace(t), startTimeline()
 	a, b, c := as(t, "seed-a"), as(t, "seed-b"), as(t, "seed-c")
 	const obj = "settlement"

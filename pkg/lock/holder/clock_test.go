@@ -145,11 +145,11 @@ func runWorld(t *testing.T, rate float64, net func(now float64, toRegistry bool)
 	return w
 }
 
-// C06: the holder's wall clock is 30 s behind and runs 1.5x fast. Its local
+// The holder's wall clock is 30 s behind and runs 1.5x fast. Its local
 // validity must end no later than the controller's expiry, under any
 // network: the machine works on monotonic send times only, never on the
 // wall clock and never on a reply's arrival.
-func TestC06ClockSkewAndRate(t *testing.T) {
+func TestClockSkewAndRate(t *testing.T) {
 	nets := map[string]func(now float64, toRegistry bool) float64{
 		"prompt":            func(float64, bool) float64 { return 0.02 },
 		"slow replies (3s)": func(_ float64, toRegistry bool) float64 { return map[bool]float64{true: 0.02, false: 3}[toRegistry] },
@@ -201,7 +201,7 @@ func TestC06ClockSkewAndRate(t *testing.T) {
 // The margin is what absorbs a slow holder clock; below the documented rate
 // (TTL-margin)/TTL = 0.9 with the default margin the bound no longer holds.
 // This pins the assumption the package documents.
-func TestC06SlowClockOutsideTheMargin(t *testing.T) {
+func TestSlowClockOutsideTheMargin(t *testing.T) {
 	m, _ := holder.New(holder.Config{TTL: 10 * time.Second})
 	const rate = 0.8
 	m.Created(0)
