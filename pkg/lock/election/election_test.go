@@ -13,8 +13,13 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/rest"
 	clocktesting "k8s.io/utils/clock/testing"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/manager"
+	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
 	lockingv1alpha1 "github.com/lockwarden/lockwarden/api/v1alpha1"
 	"github.com/lockwarden/lockwarden/pkg/fencing"
@@ -322,5 +327,34 @@ func TestHealthCheck(t *testing.T) {
 	<-a.done
 	if err := a.e.Check(nil); err != nil || a.stoppedCount() != 1 {
 		t.Fatalf("after the work stopped: Check %v, OnStoppedLeading %d times", err, a.stoppedCount())
+	}
+}
+
+// A term whose controllers cannot be built stops the manager with the
+// error, instead of leading with nothing running.
+func TestSetupErrorStopsTheManager(t *testing.T) {
+	ns := namespace(t)
+	rc := rest.CopyConfig(env.Config)
+	rc.Impersonate = rest.ImpersonationConfig{UserName: "system:serviceaccount:ops:broken", Groups: []string{"system:serviceaccounts"}}
+	mgr, err := ctrl.NewManager(rc, ctrl.Options{Scheme: env.Scheme, Metrics: metricsserver.Options{BindAddress: "0"},
+		Cache: cache.Options{DefaultNamespaces: map[string]cache.Config{ns: {}}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	broken := errors.New("the reconciler's dependencies are missing")
+	var stopped int
+	e, err := election.AddToManager(mgr, election.Config{Client: as(t, "broken"), Namespace: ns, Resource: "controllers/broken", Identity: "a",
+		LeaseDuration: 30 * time.Second, Callbacks: election.Callbacks{OnStoppedLeading: func() { stopped++ }}},
+		func(manager.Manager, *election.Term) error { return broken })
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer cancel()
+	if err := mgr.Start(ctx); !errors.Is(err, broken) {
+		t.Fatalf("mgr.Start = %v; want the setup error", err)
+	}
+	if e.IsLeader() || stopped != 1 {
+		t.Fatalf("after the manager stopped: IsLeader %v, OnStoppedLeading %d times", e.IsLeader(), stopped)
 	}
 }
