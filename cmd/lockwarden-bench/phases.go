@@ -42,7 +42,7 @@ const (
 	nsScale      = "bench-scale"
 )
 
-var benchNamespaces = []string{nsFloor, nsHandoff, nsTraced, nsExpiry, nsThroughput, nsAdmission, nsScale, nsDeadWaiters}
+var benchNamespaces = []string{nsFloor, nsHandoff, nsTraced, nsExpiry, nsThroughput, nsAdmission, nsScale, nsDeadWaiters, nsFailover}
 
 // bench holds what every phase uses, and collects the results.
 type bench struct {

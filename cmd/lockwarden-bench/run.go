@@ -123,6 +123,7 @@ func run(ctx context.Context, o options) (err error) {
 		{"throughput", "Cycle throughput", b.throughput},
 		{"admission", "Admission overhead", b.admission},
 		{"deadwaiters", "Handoff past waiters that died in the queue", b.deadWaiters},
+		{"failover", "Leader failover: fenced election beside client-go leader election", b.failover},
 		{"scale", fmt.Sprintf("Scale: %d live grants", o.scale), b.scale},
 	}
 	for _, p := range phases {

@@ -7,6 +7,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"maps"
 	"time"
 
 	"github.com/go-logr/logr"
@@ -95,8 +96,14 @@ func (c *Client) acquire(ctx context.Context, resource string, try bool, opts []
 			Policy:               s.policy,
 		},
 	}
+	if len(s.annotations) > 0 {
+		g.Annotations = maps.Clone(s.annotations)
+	}
 	if s.driver != "" {
-		g.Annotations = map[string]string{lockingv1alpha1.DriverAnnotation: s.driver}
+		if g.Annotations == nil {
+			g.Annotations = map[string]string{}
+		}
+		g.Annotations[lockingv1alpha1.DriverAnnotation] = s.driver
 	}
 	// Session hook (session.go): the request lives as long as its client.
 	sess, err := c.sessionFor(ctx, s)

@@ -76,4 +76,11 @@
 // reports every phase change of a set of grants, and PhaseChanged is a
 // controller-runtime predicate for controllers that reconcile LockGrants.
 // All of them watch; none polls.
+//
+// # Leader election
+//
+// Package election (pkg/lock/election) builds fenced leader election for
+// controllers on Acquire: client-go's callbacks, one grant and fence per
+// term, a client that stamps every guarded write with the term's claim, and
+// a controller-runtime runnable.
 package lock

@@ -3,6 +3,7 @@ package lock
 import (
 	"fmt"
 	"regexp"
+	"strings"
 	"time"
 
 	"github.com/go-logr/logr"
@@ -47,6 +48,7 @@ type settings struct {
 	logger         *logr.Logger
 	driver         string
 	detached       bool
+	annotations    map[string]string
 	session        sessionSettings // session.go
 	err            error
 }
@@ -224,6 +226,22 @@ func WithDriverToken(token string) Option {
 // still renews it while the program runs. Default: bound to a new driver token.
 func WithDetachedGrant() Option {
 	return func(s *settings) { s.driver, s.detached = "", true }
+}
+
+// WithAnnotations puts extra annotations on the grant when it is created,
+// for the requester's own bookkeeping (the elector of package election
+// records its candidate's identity there). Keys in lockwarden's own
+// domain (locking.lockwarden.io/) are refused: they carry the protocol.
+// Default: none.
+func WithAnnotations(ann map[string]string) Option {
+	return func(s *settings) {
+		for k := range ann {
+			if strings.HasPrefix(k, lockingv1alpha1.GroupVersion.Group+"/") {
+				s.fail("annotation %q is in lockwarden's own domain", k)
+			}
+		}
+		s.annotations = ann
+	}
 }
 
 // WithLogger sets the logger the library logs to (state changes at V(1),
