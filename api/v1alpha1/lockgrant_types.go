@@ -214,8 +214,11 @@ type LockGrantStatus struct {
 	// +kubebuilder:validation:Minimum=0
 	FenceToken int64 `json:"fenceToken,omitempty"`
 
-	// queuePosition is the number of requests ahead of this one while it is
-	// Pending: 0 means it is next. Unset in every other phase.
+	// queuePosition is the number of requests that were ahead of this one
+	// when it joined the queue, and 0 once it is next in line. It is not
+	// rewritten while requests ahead leave, so that a handoff costs the
+	// same writes whatever the queue's length; `kubectl lockwarden status`
+	// shows every waiter's live position. Unset in every other phase.
 	// +optional
 	// +kubebuilder:validation:Minimum=0
 	QueuePosition *int32 `json:"queuePosition,omitempty"`

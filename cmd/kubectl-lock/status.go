@@ -20,6 +20,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	lockingv1alpha1 "github.com/lockwarden/lockwarden/api/v1alpha1"
+	"github.com/lockwarden/lockwarden/internal/grantplan"
 )
 
 // resourceStatus is what `kubectl lock status` reports about one resource.
@@ -135,6 +136,7 @@ func readStatus(ctx context.Context, c client.Client, ns, resource string) (*res
 		return nil, err
 	}
 	st := &resourceStatus{Resource: resource, Namespace: ns, Queue: []queuedRequest{}}
+	live := livePositions(list.Items)
 	for _, g := range list.Items {
 		if g.Spec.Resource != resource {
 			continue
@@ -145,10 +147,11 @@ func readStatus(ctx context.Context, c client.Client, ns, resource string) (*res
 				GrantedAt: g.Status.GrantedAt, ExpiresAt: g.Status.ExpiresAt, Renewals: g.Status.ObservedRenewals}
 			st.HighestFence = max(st.HighestFence, g.Status.FenceToken)
 		case lockingv1alpha1.PhasePending:
-			q := queuedRequest{Grant: g.Name, Owner: g.Spec.Owner, RequestedAt: g.Annotations[lockingv1alpha1.RequestedAtAnnotation], WaitTimeoutSeconds: g.Spec.WaitTimeoutSeconds}
-			if g.Status.QueuePosition != nil {
-				q.Position = *g.Status.QueuePosition
+			if g.Spec.Release {
+				continue // withdrawn; the controller ends it next
 			}
+			q := queuedRequest{Grant: g.Name, Owner: g.Spec.Owner, RequestedAt: g.Annotations[lockingv1alpha1.RequestedAtAnnotation], WaitTimeoutSeconds: g.Spec.WaitTimeoutSeconds}
+			q.Position = live[g.UID]
 			st.Queue = append(st.Queue, q)
 		default:
 			st.HighestFence = max(st.HighestFence, g.Status.FenceToken)
@@ -232,6 +235,15 @@ func (a *app) listCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
+			// Live queue positions count every waiter of a resource, not
+			// only those the filters keep.
+			queues := items
+			if selector != "" {
+				if queues, err = a.listGrants(all); err != nil {
+					return err
+				}
+			}
+			live := livePositions(queues)
 			list := &lockingv1alpha1.LockGrantList{}
 			for _, g := range items {
 				if (resource == "" || g.Spec.Resource == resource) &&
@@ -253,7 +265,7 @@ func (a *app) listCmd() *cobra.Command {
 				}
 				return printer.PrintObj(list, a.streams.Out)
 			}
-			printList(a, list.Items, all)
+			printList(a, list.Items, live, all)
 			return nil
 		},
 	}
@@ -267,7 +279,7 @@ func (a *app) listCmd() *cobra.Command {
 	return cmd
 }
 
-func printList(a *app, items []lockingv1alpha1.LockGrant, all bool) {
+func printList(a *app, items []lockingv1alpha1.LockGrant, live map[types.UID]int32, all bool) {
 	if len(items) == 0 {
 		fmt.Fprintln(a.streams.ErrOut, "No grants found.")
 		return
@@ -283,10 +295,32 @@ func printList(a *app, items []lockingv1alpha1.LockGrant, all bool) {
 			fmt.Fprintf(w, "%s\t", g.Namespace)
 		}
 		queue := "-"
-		if g.Status.QueuePosition != nil {
-			queue = fmt.Sprint(*g.Status.QueuePosition)
+		if pos, ok := live[g.UID]; ok {
+			queue = fmt.Sprint(pos)
 		}
 		fmt.Fprintf(w, "%s\t%s\t%s\t%d\t%s\t%s\t%s\t%s\n", g.Name, g.Spec.Resource, g.Status.Phase, g.Status.FenceToken,
 			g.Spec.Owner, timestamp(g.Status.ExpiresAt), queue, duration.HumanDuration(time.Since(g.CreationTimestamp.Time)))
 	}
+}
+
+// livePositions is every Pending request's position in its resource's
+// queue, computed from the grants listed in the order the controller serves
+// them (status.queuePosition is written only when a request joins the queue
+// and when it becomes next).
+func livePositions(items []lockingv1alpha1.LockGrant) map[types.UID]int32 {
+	queues := map[types.NamespacedName][]lockingv1alpha1.LockGrant{}
+	for _, g := range items {
+		if g.Status.Phase == lockingv1alpha1.PhasePending && !g.Spec.Release {
+			k := types.NamespacedName{Namespace: g.Namespace, Name: g.Spec.Resource}
+			queues[k] = append(queues[k], g)
+		}
+	}
+	out := map[types.UID]int32{}
+	for _, q := range queues {
+		slices.SortFunc(q, grantplan.FIFO)
+		for i, g := range q {
+			out[g.UID] = int32(i)
+		}
+	}
+	return out
 }

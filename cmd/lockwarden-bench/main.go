@@ -47,6 +47,7 @@ type options struct {
 	retention       time.Duration // --finished-grant-retention of the scale phase
 	gcTimeout       time.Duration // how long to wait past the retention for the collection
 
+	longQueue        int           // requests in line in the long-queue phase
 	deadWaiterRounds int           // handoffs per k of the dead-waiter phase
 	deadWaiterLead   time.Duration // how long before the release the dead waiters die
 }
@@ -80,6 +81,7 @@ func (o *options) defaults() {
 	set(&o.floors, p.floors)
 	set(&o.scale, p.scale)
 	set(&o.grantsPerRes, 10)
+	set(&o.longQueue, 200)
 	set(&o.deadWaiterRounds, map[bool]int{false: 5, true: 2}[o.quick])
 	setD(&o.deadWaiterLead, 5*time.Second)
 	set(&o.probes, p.probes)
@@ -97,7 +99,7 @@ func main() {
 	flag.StringVar(&o.out, "out", "results", "Directory under which the run's folder (a UTC timestamp) is written.")
 	flag.DurationVar(&o.timeout, "timeout", 40*time.Minute, "Deadline of the whole run.")
 	flag.BoolVar(&o.quick, "quick", false, "Smaller sizes, for a run of about 2-3 minutes (fewer than the 300 handoffs issue 7 asks for); sizes given explicitly still win.")
-	flag.StringVar(&o.phases, "phases", "", "Comma-separated phases to run, of floors,handoff,traced,expiry,throughput,admission,scale,deadwaiters,failover (default: all).")
+	flag.StringVar(&o.phases, "phases", "", "Comma-separated phases to run, of floors,handoff,traced,expiry,throughput,admission,deadwaiters,longqueue,failover,scale (default: all).")
 	flag.IntVar(&o.replicas, "replicas", 1, "Manager replicas, each granting (--grants-on-every-replica); the API server calls the first one's webhooks, and the manager's CPU is that of all of them.")
 	flag.IntVar(&o.handoffs, "handoffs", 0, "Handoffs measured per system (default 300; quick 50).")
 	flag.IntVar(&o.leDefaultRounds, "le-default-rounds", 0, "Handoffs of client-go leader election at its defaults 15s/10s/2s (default 5; quick 1).")
@@ -112,6 +114,7 @@ func main() {
 	flag.IntVar(&o.probes, "probes", 0, "Request-to-Held probes on free resources at scale (default 200; quick 30).")
 	flag.DurationVar(&o.retention, "retention", 0, "--finished-grant-retention of the manager in the scale phase (default 20s; quick 10s).")
 	flag.DurationVar(&o.gcTimeout, "gc-timeout", 0, "How long past the retention to wait for finished grants to be collected (default 4m; quick 2m).")
+	flag.IntVar(&o.longQueue, "long-queue", 0, "Requests in line on one resource in the long-queue phase, each released once Held (default 200; at least 152).")
 	flag.IntVar(&o.deadWaiterRounds, "dead-waiter-rounds", 0, "Handoffs per case of the dead-waiter phase: k = 1 and 5 dead waiters ahead, killed --dead-waiter-lead and 0 s before the release (default 5; quick 2).")
 	flag.DurationVar(&o.deadWaiterLead, "dead-waiter-lead", 0, "How long before the holder's release the dead waiters die, in the first pair of cases (default 5s, as in the issue's reproduction).")
 	flag.Parse()

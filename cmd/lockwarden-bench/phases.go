@@ -42,7 +42,7 @@ const (
 	nsScale      = "bench-scale"
 )
 
-var benchNamespaces = []string{nsFloor, nsHandoff, nsTraced, nsExpiry, nsThroughput, nsAdmission, nsScale, nsDeadWaiters, nsFailover}
+var benchNamespaces = []string{nsFloor, nsHandoff, nsTraced, nsExpiry, nsThroughput, nsAdmission, nsScale, nsDeadWaiters, nsLongQueue, nsFailover}
 
 // bench holds what every phase uses, and collects the results.
 type bench struct {
@@ -284,6 +284,10 @@ func (b *bench) expiry(ctx context.Context) error {
 // on o.parallel resources in parallel (one worker each), for lockwarden,
 // the etcd mutex and the Lease lock.
 func (b *bench) throughput(ctx context.Context) error {
+	api, err := newAPIScraper(b.cp)
+	if err != nil {
+		return err
+	}
 	for _, width := range []int{1, b.o.parallel} {
 		type sys struct {
 			name string
@@ -309,9 +313,25 @@ func (b *bench) throughput(ctx context.Context) error {
 			}
 			lat := &series{system: sy.name, metric: fmt.Sprintf("cycle latency, %d resource(s)", width)}
 			fmt.Printf("    %-32s %d resource(s), %s\n", sy.name, width, b.o.window)
+			api0, err := api.scrape(ctx)
+			if err != nil {
+				return err
+			}
 			cpu0 := b.cpu.sample(b.mgr)
 			rate, err := cycles(ctx, clients, resources, b.o.window, lat)
-			b.res.cpu = append(b.res.cpu, cpuPerOp(fmt.Sprintf("%s, acquire+release cycle, %d resource(s)", sy.name, width), cpu0, b.cpu.sample(b.mgr), len(lat.ms)+width))
+			row := cpuPerOp(fmt.Sprintf("%s, acquire+release cycle, %d resource(s)", sy.name, width), cpu0, b.cpu.sample(b.mgr), len(lat.ms)+width)
+			b.res.cpu = append(b.res.cpu, row)
+			if width == 1 && err == nil {
+				// API writes per cycle on a free resource, from the API
+				// server's own counters (everything written in the window,
+				// the controller's writes included), and CPU per cycle.
+				api1, serr := api.scrape(ctx)
+				if serr != nil {
+					return serr
+				}
+				per, detail := writesBetween(api0, api1).per(len(lat.ms))
+				b.res.freeCycle = append(b.res.freeCycle, freeCycle{system: sy.name, writes: per, detail: detail, cpu: row.total()})
+			}
 			for _, c := range clients {
 				c.Close()
 			}

@@ -124,6 +124,7 @@ func run(ctx context.Context, o options) (err error) {
 		{"admission", "Admission overhead", b.admission},
 		{"deadwaiters", "Handoff past waiters that died in the queue", b.deadWaiters},
 		{"failover", "Leader failover: fenced election beside client-go leader election", b.failover},
+		{"longqueue", fmt.Sprintf("Long queue: %d requests on one resource", o.longQueue), b.longQueue},
 		{"scale", fmt.Sprintf("Scale: %d live grants", o.scale), b.scale},
 	}
 	for _, p := range phases {

@@ -50,7 +50,7 @@ type Reconciler struct {
 	APIReader client.Reader
 	// Clock is the controller's clock, by which every lease is judged.
 	Clock clock.PassiveClock
-	// Recorder emits an Event for every transition.
+	// Recorder emits an Event for every exceptional transition (see emit).
 	Recorder events.EventRecorder
 	// Keyring gives the issuer epoch and the Active signing key.
 	Keyring Keyring
@@ -394,23 +394,22 @@ func (r *Reconciler) deleteFinished(ctx context.Context, p grantplan.Plan) error
 	return nil
 }
 
-// emit sends the Events and metrics of one grant's transitions, once its
-// status write succeeded: a transition that was not written is decided
-// again, and announced then.
+// emit counts one grant's transitions in the metric and sends a Kubernetes
+// Event for the exceptional ones (expiry, revocation, a lapsed session, a
+// refused renew...), once its status write succeeded: a transition that was
+// not written is decided again, and announced then. Granted, Renewed and
+// Released are the grant path's every step: each would cost an API write
+// per acquisition, and the grant's status and conditions already say them.
 func (r *Reconciler) emit(g *lockingv1alpha1.LockGrant, events []grantplan.Event) {
 	for _, e := range events {
 		if e.Grant.UID != g.UID {
 			continue
 		}
 		transitions.WithLabelValues(e.Reason).Inc()
-		if r.Recorder == nil {
+		if r.Recorder == nil || !e.Warning {
 			continue
 		}
-		t := corev1.EventTypeNormal
-		if e.Warning {
-			t = corev1.EventTypeWarning
-		}
-		r.Recorder.Eventf(e.Grant, nil, t, e.Reason, e.Reason, "%s", e.Note)
+		r.Recorder.Eventf(e.Grant, nil, corev1.EventTypeWarning, e.Reason, e.Reason, "%s", e.Note)
 	}
 }
 

@@ -137,6 +137,11 @@ type Plan struct {
 	RequeueAfter time.Duration
 }
 
+// FIFO orders requests as the controller serves them: by admission time
+// (creation time when the stamp is missing), then UID. Clients compute a
+// waiter's live queue position with it.
+func FIFO(a, b lockingv1alpha1.LockGrant) int { return fifo(a, b) }
+
 // fifo orders requests by admission time, then creation time, then UID.
 func fifo(a, b lockingv1alpha1.LockGrant) int {
 	if c := requestedAt(&a).Compare(requestedAt(&b)); c != 0 {
@@ -293,12 +298,18 @@ func Decide(f Facts) Plan {
 		p.Counter = &lockingv1alpha1.FenceCounterSpec{Resource: f.Resource, Fence: fence}
 	}
 
-	// Queue positions of those still waiting.
+	// Queue positions of those still waiting, written when a request joins
+	// the queue and when it becomes the next in line, never in between: a
+	// handoff then costs the same writes whatever the queue's length (a
+	// live position of every waiter is computed on read, from the queue).
 	for i, g := range waiting {
 		pos := int32(i)
 		old := g.Status.DeepCopy()
+		joins := g.Status.Phase != lockingv1alpha1.PhasePending
 		g.Status.Phase = lockingv1alpha1.PhasePending
-		g.Status.QueuePosition = &pos
+		if joins || pos == 0 || g.Status.QueuePosition == nil {
+			g.Status.QueuePosition = &pos
+		}
 		setReady(g, metav1.ConditionFalse, ReasonPending, "Waiting in the queue for the resource", now)
 		if !equalStatus(old, &g.Status) && !slices.Contains(p.Statuses, g) {
 			p.Statuses = append(p.Statuses, g)

@@ -1,6 +1,7 @@
 package grantplan
 
 import (
+	"fmt"
 	"math"
 	"testing"
 	"time"
@@ -257,5 +258,48 @@ func TestDecideNeverWrapsAnExhaustedFence(t *testing.T) {
 	p := Decide(Facts{Now: sec(1), Resource: res, Counter: counter(math.MaxInt64, nil), Grants: []lockingv1alpha1.LockGrant{grant("b", 0, 5)}})
 	if p.Counter != nil || p.Granted != nil {
 		t.Fatalf("granted past the int64 limit: counter %+v", p.Counter)
+	}
+}
+
+// queued is a request that has been waiting since t=requested, with the
+// queue position it was given when it joined.
+func queued(name string, requested float64, pos int32) lockingv1alpha1.LockGrant {
+	g := grant(name, requested, 5)
+	g.Status.Phase, g.Status.QueuePosition = lockingv1alpha1.PhasePending, &pos
+	setReady(&g, metav1.ConditionFalse, ReasonPending, "Waiting in the queue for the resource", metav1.NewMicroTime(sec(requested)))
+	return g
+}
+
+// A handoff writes the released holder, the new holder and the new head of
+// the queue, whatever the queue's length: positions are written when a
+// request joins and when it becomes next, not moved for every waiter.
+func TestHandoffWritesDoNotGrowWithTheQueue(t *testing.T) {
+	for _, waiting := range []int{1, 8, 200} {
+		a := held(grant("a", 0, 60), 1, 60)
+		a.Spec.Release = true
+		grants := []lockingv1alpha1.LockGrant{a}
+		for i := range waiting {
+			grants = append(grants, queued(fmt.Sprintf("w%03d", i), 1+float64(i)/1000, int32(i)))
+		}
+		p := Decide(Facts{Now: sec(2), Resource: res, Counter: counter(1, &a), Grants: grants})
+		if p.Granted == nil || p.Granted.Name != "w000" || p.Counter.Fence != 2 {
+			t.Fatalf("%d waiting: granted %v, counter %+v; want w000 with fence 2", waiting, p.Granted, p.Counter)
+		}
+		want := 3 // a Released, w000 Held, w001 next
+		if waiting == 1 {
+			want = 2
+		}
+		if len(p.Statuses) != want {
+			names := []string{}
+			for _, g := range p.Statuses {
+				names = append(names, g.Name)
+			}
+			t.Fatalf("%d waiting: %d status writes %v, want %d", waiting, len(p.Statuses), names, want)
+		}
+		if waiting > 1 {
+			if s := statusOf(p, "w001"); s == nil || *s.QueuePosition != 0 {
+				t.Fatalf("%d waiting: the new head's status = %+v, want position 0", waiting, s)
+			}
+		}
 	}
 }

@@ -196,8 +196,10 @@ func WithClock(clk clock.WithTicker) Option {
 }
 
 // WithProgress calls fn with a copy of the grant each time the library sees
-// it change while the request waits: its phase and status.queuePosition
-// (0 means next). fn runs on the library's goroutine and must return quickly.
+// it change while the request waits: its phase and status.queuePosition,
+// which is the position the request joined the queue at, and 0 once it is
+// next (it is not rewritten as requests ahead leave). fn runs on the
+// library's goroutine and must return quickly.
 func WithProgress(fn func(*lockingv1alpha1.LockGrant)) Option {
 	return func(s *settings) { s.progress = fn }
 }

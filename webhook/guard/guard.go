@@ -31,6 +31,7 @@ import (
 	"encoding/json"
 	"fmt"
 
+	"golang.org/x/sync/errgroup"
 	admissionv1 "k8s.io/api/admission/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -181,22 +182,32 @@ func (c *Checker) decide(ctx context.Context, w write, g guarding) (fencing.Acce
 }
 
 // registry reads the grant and the resource's counter directly from the API
-// server; nil when absent.
+// server, both at once; nil when absent.
 func (c *Checker) registry(ctx context.Context, grantKey types.NamespacedName, resource string) (*fencing.Grant, *fencing.Counter, error) {
 	grant := &lockingv1alpha1.LockGrant{}
-	switch err := c.Reader.Get(ctx, grantKey, grant); {
-	case apierrors.IsNotFound(err):
-		grant = nil
-	case err != nil:
-		return nil, nil, fmt.Errorf("reading grant %s: %w", grantKey, err)
-	}
 	counter := &lockingv1alpha1.FenceCounter{}
 	counterKey := types.NamespacedName{Namespace: grantKey.Namespace, Name: lockingv1alpha1.FenceCounterName(resource)}
-	switch err := c.Reader.Get(ctx, counterKey, counter); {
-	case apierrors.IsNotFound(err):
-		counter = nil
-	case err != nil:
-		return nil, nil, fmt.Errorf("reading fence counter %s: %w", counterKey, err)
+	var g errgroup.Group
+	g.Go(func() error {
+		switch err := c.Reader.Get(ctx, grantKey, grant); {
+		case apierrors.IsNotFound(err):
+			grant = nil
+		case err != nil:
+			return fmt.Errorf("reading grant %s: %w", grantKey, err)
+		}
+		return nil
+	})
+	g.Go(func() error {
+		switch err := c.Reader.Get(ctx, counterKey, counter); {
+		case apierrors.IsNotFound(err):
+			counter = nil
+		case err != nil:
+			return fmt.Errorf("reading fence counter %s: %w", counterKey, err)
+		}
+		return nil
+	})
+	if err := g.Wait(); err != nil {
+		return nil, nil, err
 	}
 	return facts.Grant(grant), facts.Counter(counter), nil
 }
