@@ -66,6 +66,9 @@ type Reconciler struct {
 	// costs no failover wait. nil keeps controller-runtime's default (only
 	// the leader runs it).
 	NeedLeaderElection *bool
+	// Ownership, when set, leaves each resource to its preferred replica
+	// for a takeover delay (ownership.go); nil acts on every event at once.
+	Ownership *Ownership
 
 	// sessionsSeen holds the controller's observations of session Leases.
 	sessionsSeen sessionTracker
@@ -158,6 +161,9 @@ func (r *Reconciler) resourcesUnderPolicy(ctx context.Context, o client.Object) 
 
 // Reconcile brings one resource's grants and counter up to date.
 func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reconcile.Result, error) {
+	if wait := r.Ownership.Wait(ctx, r.Client, req); wait > 0 {
+		return reconcile.Result{RequeueAfter: wait}, nil // another replica is preferred for it
+	}
 	var p grantplan.Plan
 	var params issuer.Params
 	var revision string

@@ -1,0 +1,140 @@
+package lockgrant
+
+import (
+	"context"
+	"fmt"
+	"regexp"
+	"strings"
+	"time"
+
+	coordinationv1 "k8s.io/api/coordination/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/utils/clock"
+	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	logf "sigs.k8s.io/controller-runtime/pkg/log"
+	"sigs.k8s.io/controller-runtime/pkg/manager"
+)
+
+// ReplicaLease keeps this replica's own Lease (ReplicaLeasePrefix+ID)
+// renewed, so that the other replicas count it among the live ones and
+// leave it the resources it is preferred for. It renews every Renew with
+// a duration of Duration, deletes its Lease when the manager stops (the
+// others take over at once, not after the Lease lapses), and deletes other
+// replicas' Leases that lapsed long ago (replicas that were replaced).
+//
+// It runs on every replica, outside leader election.
+type ReplicaLease struct {
+	Client    client.Client
+	Namespace string
+	ID        string
+	// Duration is the Lease's duration (whole seconds, at least 1).
+	Duration time.Duration
+	// Renew is how often it is renewed.
+	Renew time.Duration
+	// Clock writes renewTime; real in production.
+	Clock clock.PassiveClock
+}
+
+var (
+	_ manager.Runnable               = (*ReplicaLease)(nil)
+	_ manager.LeaderElectionRunnable = (*ReplicaLease)(nil)
+)
+
+// staleLeaseAfter is how long after it lapsed another replica's Lease is
+// deleted.
+const staleLeaseAfter = 10 * time.Minute
+
+// NeedLeaderElection is false: every replica announces itself.
+func (*ReplicaLease) NeedLeaderElection() bool { return false }
+
+// Start renews the Lease until ctx ends, then deletes it.
+func (l *ReplicaLease) Start(ctx context.Context) error {
+	log := logf.FromContext(ctx).WithValues("lease", l.name())
+	lastGC := time.Time{}
+	wait.UntilWithContext(ctx, func(ctx context.Context) {
+		if err := l.renew(ctx); err != nil {
+			log.Info("Renewing the replica Lease failed", "error", err.Error())
+		}
+		if now := l.Clock.Now(); now.Sub(lastGC) > time.Minute {
+			lastGC = now
+			if err := l.deleteStale(ctx); err != nil {
+				log.Info("Deleting lapsed replica Leases failed", "error", err.Error())
+			}
+		}
+	}, l.Renew)
+	// Leave at once: the other replicas stop deferring to this one.
+	stop, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
+	defer cancel()
+	err := l.Client.Delete(stop, &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Namespace: l.Namespace, Name: l.name()}})
+	if err != nil && !apierrors.IsNotFound(err) {
+		log.Info("Deleting the replica Lease failed", "error", err.Error())
+	}
+	return nil
+}
+
+func (l *ReplicaLease) name() string { return ReplicaLeasePrefix + l.ID }
+
+// renew creates the Lease or moves its renewTime to now.
+func (l *ReplicaLease) renew(ctx context.Context) error {
+	now := metav1.NewMicroTime(l.Clock.Now())
+	secs := int32(max(1, l.Duration.Round(time.Second)/time.Second))
+	cur := &coordinationv1.Lease{}
+	err := l.Client.Get(ctx, types.NamespacedName{Namespace: l.Namespace, Name: l.name()}, cur)
+	if apierrors.IsNotFound(err) {
+		return l.Client.Create(ctx, &coordinationv1.Lease{
+			ObjectMeta: metav1.ObjectMeta{Namespace: l.Namespace, Name: l.name(), Labels: map[string]string{ReplicaLabel: "true"}},
+			Spec: coordinationv1.LeaseSpec{
+				HolderIdentity: ptr.To(l.ID), LeaseDurationSeconds: ptr.To(secs),
+				AcquireTime: &now, RenewTime: &now,
+			},
+		})
+	}
+	if err != nil {
+		return err
+	}
+	cur.Spec.HolderIdentity, cur.Spec.LeaseDurationSeconds, cur.Spec.RenewTime = ptr.To(l.ID), ptr.To(secs), &now
+	return l.Client.Update(ctx, cur)
+}
+
+// deleteStale deletes other replicas' Leases that lapsed staleLeaseAfter
+// ago, each with a resourceVersion precondition (a replica that came back
+// renewed it).
+func (l *ReplicaLease) deleteStale(ctx context.Context) error {
+	var leases coordinationv1.LeaseList
+	if err := l.Client.List(ctx, &leases, client.InNamespace(l.Namespace), client.HasLabels{ReplicaLabel}); err != nil {
+		return err
+	}
+	now := l.Clock.Now()
+	for i := range leases.Items {
+		le := &leases.Items[i]
+		m := memberOf(le)
+		if m.ID == l.ID || !m.Lapsed(now.Add(-staleLeaseAfter)) {
+			continue
+		}
+		rv := le.ResourceVersion
+		if err := l.Client.Delete(ctx, le, client.Preconditions{ResourceVersion: &rv}); err != nil && !apierrors.IsNotFound(err) && !apierrors.IsConflict(err) {
+			return fmt.Errorf("deleting lapsed replica Lease %s: %w", le.Name, err)
+		}
+	}
+	return nil
+}
+
+var notDNS = regexp.MustCompile(`[^a-z0-9.-]+`)
+
+// ReplicaID turns a host or pod name into a replica identity that can end
+// a Lease's name: lowercase, [a-z0-9.-] only, at most 63 characters, never
+// empty.
+func ReplicaID(s string) string {
+	s = strings.Trim(notDNS.ReplaceAllString(strings.ToLower(s), "-"), "-.")
+	if len(s) > 63-len(ReplicaLeasePrefix) {
+		s = strings.Trim(s[:63-len(ReplicaLeasePrefix)], "-.")
+	}
+	if s == "" {
+		s = "replica"
+	}
+	return s
+}
