@@ -113,7 +113,7 @@ func setupOwnership(ctx context.Context, mgr ctrl.Manager, o Options) (*lockgran
 		return nil, err
 	}
 	if err := mgr.Add(&lockgrant.ReplicaLease{
-		Client: mgr.GetClient(), Namespace: o.Namespace, ID: ro.ID,
+		Client: mgr.GetClient(), Reader: mgr.GetAPIReader(), Namespace: o.Namespace, ID: ro.ID,
 		Duration: ro.LeaseDuration, Renew: ro.LeaseRenew, Clock: clock.RealClock{},
 	}); err != nil {
 		return nil, err

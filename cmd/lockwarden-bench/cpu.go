@@ -107,6 +107,15 @@ func cpuPerOp(what string, before, after map[string]float64, ops int) cpuRow {
 	return r
 }
 
+// total is the CPU per operation of every process.
+func (r cpuRow) total() float64 {
+	t := 0.0
+	for _, p := range cpuProcs {
+		t += r.perOp[p]
+	}
+	return t
+}
+
 func cpuMarkdown(rows []cpuRow) string {
 	if len(rows) == 0 {
 		return ""

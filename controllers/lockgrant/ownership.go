@@ -15,6 +15,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	lockingv1alpha1 "github.com/lockwarden/lockwarden/api/v1alpha1"
+	"github.com/lockwarden/lockwarden/internal/grantplan"
 	"github.com/lockwarden/lockwarden/internal/membership"
 )
 
@@ -50,35 +51,59 @@ type Ownership struct {
 }
 
 // Wait returns how long this replica leaves req's resource to its preferred
-// replica before acting on it itself; 0 means act now. state reads the
-// resource's grants and counter from the controller's cache. Any failure to
-// read acts at once: acting is always safe, waiting only saves work.
-func (o *Ownership) Wait(ctx context.Context, cache client.Reader, req reconcile.Request) time.Duration {
+// replica before acting on it itself (0: act now), and whether this replica
+// is the preferred one. cache reads the resource's grants and counter from
+// the controller's cache. Any failure to read acts at once, as preferred:
+// acting is always safe, waiting only saves work.
+func (o *Ownership) Wait(ctx context.Context, cache client.Reader, req reconcile.Request) (wait time.Duration, preferred bool) {
 	if o == nil || o.Takeover == nil || o.Takeover.Delay <= 0 {
-		return 0
+		return 0, true
 	}
 	now := o.Clock.Now()
 	live, err := o.live(ctx, now)
 	if err != nil {
 		logf.FromContext(ctx).V(1).Info("Cannot read the replicas' Leases; acting at once", "error", err.Error())
-		return 0
+		return 0, true
 	}
 	key := req.String()
-	preferred := membership.Preferred(key, live) == o.ID
+	preferred = membership.Preferred(key, live) == o.ID
 	var state uint64
 	if !preferred {
 		if state, err = resourceState(ctx, cache, req); err != nil {
 			logf.FromContext(ctx).V(1).Info("Cannot read the resource from the cache; acting at once", "error", err.Error())
-			return 0
+			return 0, true
 		}
 	}
-	d := o.Takeover.Wait(key, preferred, state, now)
-	if d > 0 {
+	return o.Takeover.Wait(key, preferred, state, now), preferred
+}
+
+// leaveToPreferred is Reconcile's ownership step. On the preferred replica
+// it returns left=false: the pass goes on. On another replica it defers
+// for the takeover delay; once the delay is over it decides on the cache
+// alone (no read from the API server): if nothing is left to do, the
+// preferred replica did it, and the pass ends there, requeued for the
+// plan's next deadline (an expiry, a wait limit) so that this replica
+// checks again then. Otherwise the pass goes on as a takeover, with the
+// direct reads and the compare-and-swap of any pass.
+func (r *Reconciler) leaveToPreferred(ctx context.Context, req reconcile.Request) (res reconcile.Result, left bool) {
+	wait, preferred := r.Ownership.Wait(ctx, r.Client, req)
+	switch {
+	case wait > 0:
 		deferrals.Inc()
-	} else if !preferred {
-		takeovers.Inc()
+		return reconcile.Result{RequeueAfter: wait}, true
+	case preferred:
+		return reconcile.Result{}, false
 	}
-	return d
+	f, err := r.gather(ctx, req, r.Client)
+	if err != nil || f.Resource == "" {
+		return reconcile.Result{}, false
+	}
+	if p := grantplan.Decide(f); p.Counter == nil && len(p.Statuses) == 0 && len(p.Deletes) == 0 {
+		checks.Inc()
+		return reconcile.Result{RequeueAfter: p.RequeueAfter}, true
+	}
+	takeovers.Inc()
+	return reconcile.Result{}, false
 }
 
 // live returns the replicas whose Lease has not lapsed, this one included.
@@ -142,16 +167,21 @@ func hashOf(a, b string) uint64 {
 	return h.Sum64()
 }
 
-// deferrals and takeovers count what Ownership decided.
+// deferrals, checks and takeovers count what a replica that is not
+// preferred did.
 var (
 	deferrals = prometheus.NewCounter(prometheus.CounterOpts{
 		Name: "lockwarden_ownership_deferrals_total",
 		Help: "Reconciles a replica left to the resource's preferred replica for a takeover delay.",
 	})
+	checks = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "lockwarden_ownership_checks_total",
+		Help: "Takeover checks, on the cache, that found a resource's preferred replica had done everything.",
+	})
 	takeovers = prometheus.NewCounter(prometheus.CounterOpts{
 		Name: "lockwarden_ownership_takeovers_total",
-		Help: "Passes a replica made on a resource it is not preferred for, after the takeover delay.",
+		Help: "Passes a replica made on a resource it is not preferred for, after the takeover delay, because work was left.",
 	})
 )
 
-func init() { metrics.Registry.MustRegister(deferrals, takeovers) }
+func init() { metrics.Registry.MustRegister(deferrals, checks, takeovers) }

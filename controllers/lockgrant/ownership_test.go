@@ -54,6 +54,21 @@ func TestTakeoverFromAnAbsentPreferredReplica(t *testing.T) {
 	// The first grant waits for the issuer's keys; after it, timings count.
 	waitHeld(t, c, acquire(t, c, ns.Name, resourcePreferredBy(t, ns.Name, selfID, "warmup"), 30), 30*time.Second)
 
+	t.Run("this replica keeps its own Lease fresh", func(t *testing.T) {
+		// Renewed every 250 ms for 1 s: two seconds on, its renewTime
+		// must be within the Lease's duration of now, by our clock.
+		since := time.Now()
+		l := &coordinationv1.Lease{}
+		if err := wait.PollUntilContextTimeout(t.Context(), 50*time.Millisecond, 10*time.Second, true, func(ctx context.Context) (bool, error) {
+			if err := c.Get(ctx, client.ObjectKey{Namespace: systemNS, Name: lockgrant.ReplicaLeasePrefix + selfID}, l); err != nil {
+				return false, client.IgnoreNotFound(err)
+			}
+			return l.Spec.RenewTime != nil && l.Spec.RenewTime.After(since.Add(2*time.Second)), nil
+		}); err != nil {
+			t.Fatalf("the replica's Lease was not renewed for 2 s (%+v): %v", l.Spec, err)
+		}
+	})
+
 	t.Run("preferred by this replica: granted at once", func(t *testing.T) {
 		start := time.Now()
 		waitHeld(t, c, acquire(t, c, ns.Name, resourcePreferredBy(t, ns.Name, selfID, "mine"), 30), 30*time.Second)

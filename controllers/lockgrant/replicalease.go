@@ -28,7 +28,10 @@ import (
 //
 // It runs on every replica, outside leader election.
 type ReplicaLease struct {
+	// Client writes the Lease; Reader reads Leases directly from the API
+	// server (the manager's cache holds only session Leases).
 	Client    client.Client
+	Reader    client.Reader
 	Namespace string
 	ID        string
 	// Duration is the Lease's duration (whole seconds, at least 1).
@@ -37,6 +40,9 @@ type ReplicaLease struct {
 	Renew time.Duration
 	// Clock writes renewTime; real in production.
 	Clock clock.PassiveClock
+
+	// cur is the Lease as last written, renewed without reading it again.
+	cur *coordinationv1.Lease
 }
 
 var (
@@ -78,26 +84,41 @@ func (l *ReplicaLease) Start(ctx context.Context) error {
 
 func (l *ReplicaLease) name() string { return ReplicaLeasePrefix + l.ID }
 
-// renew creates the Lease or moves its renewTime to now.
+// renew creates the Lease or moves its renewTime to now. It updates the
+// Lease as it last wrote it, and reads it again only after a failed write.
 func (l *ReplicaLease) renew(ctx context.Context) error {
 	now := metav1.NewMicroTime(l.Clock.Now())
 	secs := int32(max(1, l.Duration.Round(time.Second)/time.Second))
-	cur := &coordinationv1.Lease{}
-	err := l.Client.Get(ctx, types.NamespacedName{Namespace: l.Namespace, Name: l.name()}, cur)
-	if apierrors.IsNotFound(err) {
-		return l.Client.Create(ctx, &coordinationv1.Lease{
-			ObjectMeta: metav1.ObjectMeta{Namespace: l.Namespace, Name: l.name(), Labels: map[string]string{ReplicaLabel: "true"}},
-			Spec: coordinationv1.LeaseSpec{
-				HolderIdentity: ptr.To(l.ID), LeaseDurationSeconds: ptr.To(secs),
-				AcquireTime: &now, RenewTime: &now,
-			},
-		})
+	if l.cur == nil {
+		cur := &coordinationv1.Lease{}
+		err := l.Reader.Get(ctx, types.NamespacedName{Namespace: l.Namespace, Name: l.name()}, cur)
+		if apierrors.IsNotFound(err) {
+			cur = &coordinationv1.Lease{
+				ObjectMeta: metav1.ObjectMeta{Namespace: l.Namespace, Name: l.name(), Labels: map[string]string{ReplicaLabel: "true"}},
+				Spec: coordinationv1.LeaseSpec{
+					HolderIdentity: ptr.To(l.ID), LeaseDurationSeconds: ptr.To(secs),
+					AcquireTime: &now, RenewTime: &now,
+				},
+			}
+			if err := l.Client.Create(ctx, cur); err != nil {
+				return err
+			}
+			l.cur = cur
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+		l.cur = cur
 	}
-	if err != nil {
+	next := l.cur.DeepCopy()
+	next.Spec.HolderIdentity, next.Spec.LeaseDurationSeconds, next.Spec.RenewTime = ptr.To(l.ID), ptr.To(secs), &now
+	if err := l.Client.Update(ctx, next); err != nil {
+		l.cur = nil
 		return err
 	}
-	cur.Spec.HolderIdentity, cur.Spec.LeaseDurationSeconds, cur.Spec.RenewTime = ptr.To(l.ID), ptr.To(secs), &now
-	return l.Client.Update(ctx, cur)
+	l.cur = next
+	return nil
 }
 
 // deleteStale deletes other replicas' Leases that lapsed staleLeaseAfter
@@ -105,7 +126,7 @@ func (l *ReplicaLease) renew(ctx context.Context) error {
 // renewed it).
 func (l *ReplicaLease) deleteStale(ctx context.Context) error {
 	var leases coordinationv1.LeaseList
-	if err := l.Client.List(ctx, &leases, client.InNamespace(l.Namespace), client.HasLabels{ReplicaLabel}); err != nil {
+	if err := l.Reader.List(ctx, &leases, client.InNamespace(l.Namespace), client.HasLabels{ReplicaLabel}); err != nil {
 		return err
 	}
 	now := l.Clock.Now()

@@ -15,8 +15,8 @@
 // the FenceCounter's compare-and-swap, exactly as when every replica acts on
 // every event. What it bounds is the wait: a resource whose preferred
 // replica is alive but silent (frozen, partitioned, slow) is acted on by
-// another replica within the takeover delay after its state last moved
-// (and never later than a few delays after the first event), and a replica
-// whose Lease lapsed is no longer preferred for anything. The package does
+// another replica within the takeover delay after its state last moved, and
+// a replica whose Lease lapsed is no longer preferred for anything, so the
+// Lease's duration bounds the wait while the state keeps moving. The package does
 // no I/O: callers read the Leases and the resource's state and pass them in.
 package membership

@@ -14,16 +14,18 @@ import (
 //   - The preferred replica acts at once.
 //   - Another replica defers. It acts once the state has not moved for
 //     Delay (the preferred replica, had it been acting, would have written
-//     something), or once MaxWait has passed since it first deferred, even
-//     if the state kept moving (new requests arriving while the preferred
-//     replica is frozen must not starve the others).
+//     something), or once MaxWait (if set) has passed since it first
+//     deferred, even if the state kept moving. Without MaxWait, a state
+//     that keeps moving (clients' requests arriving while the preferred
+//     replica is frozen) defers until the preferred replica's Lease lapses
+//     and it is no longer preferred: the Lease's duration bounds the wait.
 //
 // A Takeover is safe for concurrent use.
 type Takeover struct {
 	// Delay is how long the state must stay unchanged before a replica
 	// that is not preferred acts.
 	Delay time.Duration
-	// MaxWait bounds the deferral from the first event; 0 means 3*Delay.
+	// MaxWait, if positive, bounds the deferral from the first event.
 	MaxWait time.Duration
 
 	mu      sync.Mutex
@@ -54,11 +56,8 @@ func (t *Takeover) Wait(key string, preferred bool, state uint64, now time.Time)
 		t.pending[key] = deferral{first: now, since: now, state: state}
 		return t.Delay
 	}
-	maxWait := t.MaxWait
-	if maxWait <= 0 {
-		maxWait = 3 * t.Delay
-	}
-	if now.Sub(d.first) >= maxWait {
+	capped := t.MaxWait > 0
+	if capped && now.Sub(d.first) >= t.MaxWait {
 		delete(t.pending, key)
 		return 0
 	}
@@ -67,7 +66,10 @@ func (t *Takeover) Wait(key string, preferred bool, state uint64, now time.Time)
 		// acted. Give the preferred replica a full delay again.
 		d.since, d.state = now, state
 		t.pending[key] = d
-		return min(t.Delay, d.first.Add(maxWait).Sub(now))
+		if capped {
+			return min(t.Delay, d.first.Add(t.MaxWait).Sub(now))
+		}
+		return t.Delay
 	}
 	if quiet := now.Sub(d.since); quiet < t.Delay {
 		return t.Delay - quiet

@@ -15,38 +15,46 @@ func TestTakeover(t *testing.T) {
 		want      time.Duration
 	}
 	for _, tc := range []struct {
-		name  string
-		steps []step
+		name    string
+		maxWait time.Duration
+		steps   []step
 	}{
-		{"the preferred replica acts at once", []step{
+		{"the preferred replica acts at once", 0, []step{
 			{ms(0), true, 1, 0}, {ms(1), true, 2, 0},
 		}},
-		{"another replica acts after a quiet delay", []step{
+		{"another replica acts after a quiet delay", 0, []step{
 			{ms(0), false, 1, delay},
 			{ms(100), false, 1, 300 * time.Millisecond}, // another event, nothing moved
 			{ms(400), false, 1, 0},
 			{ms(401), false, 1, delay}, // a new deferral
 		}},
-		{"the state moving gives the preferred replica a new delay", []step{
+		{"the state moving gives the preferred replica a new delay", 0, []step{
 			{ms(0), false, 1, delay},
 			{ms(400), false, 2, delay}, // the preferred replica wrote
 			{ms(800), false, 2, 0},     // then nothing more: act (a pass that finds nothing to do)
 		}},
-		{"a state that keeps moving defers at most MaxWait", []step{
+		{"a state that keeps moving defers as long as it moves", 0, []step{
+			{ms(0), false, 1, delay},
+			{ms(400), false, 2, delay},
+			{ms(800), false, 3, delay},
+			{ms(1200), false, 4, delay},
+			{ms(1600), false, 4, 0},
+		}},
+		{"with MaxWait, a state that keeps moving defers at most MaxWait", 3 * delay, []step{
 			{ms(0), false, 1, delay},
 			{ms(400), false, 2, delay},
 			{ms(800), false, 3, delay},
 			{ms(1000), false, 4, 200 * time.Millisecond}, // capped at first+3*delay
 			{ms(1200), false, 5, 0},
 		}},
-		{"becoming preferred forgets the deferral", []step{
+		{"becoming preferred forgets the deferral", 0, []step{
 			{ms(0), false, 1, delay},
 			{ms(100), true, 1, 0},
 			{ms(200), false, 1, delay},
 		}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			tk := &Takeover{Delay: delay}
+			tk := &Takeover{Delay: delay, MaxWait: tc.maxWait}
 			for i, s := range tc.steps {
 				if got := tk.Wait("ns/r", s.preferred, s.state, s.at); got != s.want {
 					t.Fatalf("step %d: Wait = %s, want %s", i, got, s.want)
