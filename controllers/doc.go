@@ -112,10 +112,16 @@ func setupOwnership(ctx context.Context, mgr ctrl.Manager, o Options) (*lockgran
 	if err := mgr.Add(members); err != nil {
 		return nil, err
 	}
-	if err := mgr.Add(&lockgrant.ReplicaLease{
+	lease := &lockgrant.ReplicaLease{
 		Client: mgr.GetClient(), Reader: mgr.GetAPIReader(), Namespace: o.Namespace, ID: ro.ID,
 		Duration: ro.LeaseDuration, Renew: ro.LeaseRenew, Clock: clock.RealClock{},
-	}); err != nil {
+	}
+	if err := mgr.Add(lease); err != nil {
+		return nil, err
+	}
+	// A replica that cannot renew its Lease is not ready: it leaves the
+	// webhook Service, as it leaves the live replicas.
+	if err := mgr.AddReadyzCheck("replica-lease", lease.Ready); err != nil {
 		return nil, err
 	}
 	return &lockgrant.Ownership{

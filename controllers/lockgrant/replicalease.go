@@ -3,8 +3,10 @@ package lockgrant
 import (
 	"context"
 	"fmt"
+	"net/http"
 	"regexp"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	coordinationv1 "k8s.io/api/coordination/v1"
@@ -43,6 +45,8 @@ type ReplicaLease struct {
 
 	// cur is the Lease as last written, renewed without reading it again.
 	cur *coordinationv1.Lease
+	// renewedAt is when the last renewal succeeded (unix nanoseconds).
+	renewedAt atomic.Int64
 }
 
 var (
@@ -62,8 +66,14 @@ func (l *ReplicaLease) Start(ctx context.Context) error {
 	log := logf.FromContext(ctx).WithValues("lease", l.name())
 	lastGC := time.Time{}
 	wait.UntilWithContext(ctx, func(ctx context.Context) {
-		if err := l.renew(ctx); err != nil {
+		// A renewal that hangs (a partition) must not outlast the Lease.
+		rctx, cancel := context.WithTimeout(ctx, l.Duration/2)
+		err := l.renew(rctx)
+		cancel()
+		if err != nil {
 			log.Info("Renewing the replica Lease failed", "error", err.Error())
+		} else {
+			l.renewedAt.Store(l.Clock.Now().UnixNano())
 		}
 		if now := l.Clock.Now(); now.Sub(lastGC) > time.Minute {
 			lastGC = now
@@ -78,6 +88,18 @@ func (l *ReplicaLease) Start(ctx context.Context) error {
 	err := l.Client.Delete(stop, &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Namespace: l.Namespace, Name: l.name()}})
 	if err != nil && !apierrors.IsNotFound(err) {
 		log.Info("Deleting the replica Lease failed", "error", err.Error())
+	}
+	return nil
+}
+
+// Ready is a readiness check: it fails unless the Lease was renewed within
+// its duration. A replica that cannot reach the API server (partitioned)
+// thus leaves the webhook Service's endpoints, as the other replicas stop
+// counting it among the live ones: its webhooks could not read a grant.
+func (l *ReplicaLease) Ready(*http.Request) error {
+	last := time.Unix(0, l.renewedAt.Load())
+	if age := l.Clock.Now().Sub(last); age >= l.Duration {
+		return fmt.Errorf("the replica Lease %s was last renewed %s ago", l.name(), age.Round(time.Millisecond))
 	}
 	return nil
 }
