@@ -7,7 +7,7 @@ import (
 
 // checkWebhook: while a manager replica is healthy, no guarded write is
 // refused because admission could not be reached.
-const checkWebhook = "no write refused for webhook unavailability while a replica is healthy"
+const checkWebhook = "no guarded write refused while a replica is healthy"
 
 // webhookGrace is how long after a fault begins on a replica a request may
 // still be refused for webhook unavailability although the other replica
