@@ -9,14 +9,18 @@ import (
 	"fmt"
 	"time"
 
+	coordinationv1 "k8s.io/api/coordination/v1"
+	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/utils/clock"
 	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
 
 	"github.com/lockwarden/lockwarden/controllers/guardpolicy"
 	"github.com/lockwarden/lockwarden/controllers/issuer"
 	"github.com/lockwarden/lockwarden/controllers/lockgrant"
 	issuerkeys "github.com/lockwarden/lockwarden/internal/issuer"
+	"github.com/lockwarden/lockwarden/internal/membership"
 )
 
 // Options configure the controllers.
@@ -37,11 +41,33 @@ type Options struct {
 	// a failover (docs/ha.md). The issuer and GuardPolicy controllers stay
 	// with the leader.
 	GrantsOnEveryReplica bool
+	// Replica, with GrantsOnEveryReplica and a positive TakeoverDelay,
+	// leaves each resource to its preferred replica for the delay
+	// (lockgrant.Ownership): the other replicas act only if it does not.
+	Replica ReplicaOptions
+}
+
+// ReplicaOptions configure the replicas' Leases and the takeover delay.
+type ReplicaOptions struct {
+	// ID is this replica's identity; its Lease is lockwarden-replica-ID in
+	// the manager's namespace.
+	ID string
+	// TakeoverDelay is how long a replica leaves a resource to its
+	// preferred replica; 0 makes every replica act on every event.
+	TakeoverDelay time.Duration
+	// LeaseDuration and LeaseRenew: the replica's Lease lasts LeaseDuration
+	// and is renewed every LeaseRenew.
+	LeaseDuration, LeaseRenew time.Duration
 }
 
 // Setup registers every controller with mgr.
 func Setup(ctx context.Context, mgr ctrl.Manager, o Options) error {
+	ownership, err := setupOwnership(ctx, mgr, o)
+	if err != nil {
+		return err
+	}
 	if err := (&lockgrant.Reconciler{
+		Ownership:              ownership,
 		Client:                 mgr.GetClient(),
 		APIReader:              mgr.GetAPIReader(),
 		Clock:                  o.Clock,
@@ -59,6 +85,49 @@ func Setup(ctx context.Context, mgr ctrl.Manager, o Options) error {
 		return fmt.Errorf("setting up the GuardPolicy controller: %w", err)
 	}
 	return nil
+}
+
+// setupOwnership starts this replica's Lease and a cache of the replicas'
+// Leases, and returns the Ownership that reads it; nil when every replica
+// acts on every event.
+func setupOwnership(ctx context.Context, mgr ctrl.Manager, o Options) (*lockgrant.Ownership, error) {
+	ro := o.Replica
+	if !o.GrantsOnEveryReplica || ro.TakeoverDelay <= 0 {
+		return nil, nil
+	}
+	if ro.ID == "" || ro.LeaseDuration <= 0 || ro.LeaseRenew <= 0 || ro.LeaseRenew >= ro.LeaseDuration {
+		return nil, fmt.Errorf("replica ownership needs an ID and a Lease renewed more often than it lasts (ID %q, duration %s, renew %s)", ro.ID, ro.LeaseDuration, ro.LeaseRenew)
+	}
+	members, err := cache.New(mgr.GetConfig(), cache.Options{
+		Scheme: mgr.GetScheme(), Mapper: mgr.GetRESTMapper(),
+		DefaultNamespaces:    map[string]cache.Config{o.Namespace: {}},
+		DefaultLabelSelector: labels.SelectorFromSet(labels.Set{lockgrant.ReplicaLabel: "true"}),
+	})
+	if err != nil {
+		return nil, fmt.Errorf("creating the replica Lease cache: %w", err)
+	}
+	if _, err := members.GetInformer(ctx, &coordinationv1.Lease{}); err != nil {
+		return nil, fmt.Errorf("watching replica Leases: %w", err)
+	}
+	if err := mgr.Add(members); err != nil {
+		return nil, err
+	}
+	lease := &lockgrant.ReplicaLease{
+		Client: mgr.GetClient(), Reader: mgr.GetAPIReader(), Namespace: o.Namespace, ID: ro.ID,
+		Duration: ro.LeaseDuration, Renew: ro.LeaseRenew, Clock: clock.RealClock{},
+	}
+	if err := mgr.Add(lease); err != nil {
+		return nil, err
+	}
+	// A replica that cannot renew its Lease is not ready: it leaves the
+	// webhook Service, as it leaves the live replicas.
+	if err := mgr.AddReadyzCheck("replica-lease", lease.Ready); err != nil {
+		return nil, err
+	}
+	return &lockgrant.Ownership{
+		ID: ro.ID, Members: members, Namespace: o.Namespace, Clock: clock.RealClock{},
+		Takeover: &membership.Takeover{Delay: ro.TakeoverDelay},
+	}, nil
 }
 
 // needLeader is nil (the leader only) unless every replica runs it.

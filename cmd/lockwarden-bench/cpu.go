@@ -97,15 +97,6 @@ type cpuRow struct {
 	perOp map[string]float64 // ms of CPU per operation, by process
 }
 
-// total is the CPU of every process per operation, in ms.
-func (r cpuRow) total() float64 {
-	t := 0.0
-	for _, v := range r.perOp {
-		t += v
-	}
-	return t
-}
-
 func cpuPerOp(what string, before, after map[string]float64, ops int) cpuRow {
 	r := cpuRow{what: what, perOp: map[string]float64{}}
 	for _, p := range cpuProcs {
@@ -114,6 +105,15 @@ func cpuPerOp(what string, before, after map[string]float64, ops int) cpuRow {
 		}
 	}
 	return r
+}
+
+// total is the CPU per operation of every process.
+func (r cpuRow) total() float64 {
+	t := 0.0
+	for _, p := range cpuProcs {
+		t += r.perOp[p]
+	}
+	return t
 }
 
 func cpuMarkdown(rows []cpuRow) string {

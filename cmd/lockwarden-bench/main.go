@@ -9,6 +9,7 @@ import (
 	"os/signal"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -31,7 +32,7 @@ type options struct {
 	timeout     time.Duration
 	quick       bool
 	phases      string // comma-separated phase keys; empty: all
-	replicas    int    // manager replicas, all granting
+	replicas    []int  // manager replicas, all granting: the first for every phase, the others compared in the throughput phase
 
 	handoffs        int           // handoffs per system (lockwarden, etcd mutex, Lease lock, leader election 1s)
 	leDefaultRounds int           // handoffs of leader election at its defaults 15s/10s/2s
@@ -100,7 +101,7 @@ func main() {
 	flag.DurationVar(&o.timeout, "timeout", 40*time.Minute, "Deadline of the whole run.")
 	flag.BoolVar(&o.quick, "quick", false, "Smaller sizes, for a run of about 2-3 minutes (fewer than the 300 handoffs issue 7 asks for); sizes given explicitly still win.")
 	flag.StringVar(&o.phases, "phases", "", "Comma-separated phases to run, of floors,handoff,traced,expiry,throughput,admission,deadwaiters,longqueue,failover,scale (default: all).")
-	flag.IntVar(&o.replicas, "replicas", 1, "Manager replicas, each granting (--grants-on-every-replica); the API server calls the first one's webhooks, and the manager's CPU is that of all of them.")
+	replicasFlag := flag.String("replicas", "1", "Manager replicas, each granting (--grants-on-every-replica); the API server calls the first one's webhooks, and the manager's CPU is that of all of them. A list such as 1,2 runs every phase with the first count and measures lockwarden's throughput phase with each, back to back, printing the CPU ratio to the first.")
 	flag.IntVar(&o.handoffs, "handoffs", 0, "Handoffs measured per system (default 300; quick 50).")
 	flag.IntVar(&o.leDefaultRounds, "le-default-rounds", 0, "Handoffs of client-go leader election at its defaults 15s/10s/2s (default 5; quick 1).")
 	flag.IntVar(&o.tracedHandoffs, "traced-handoffs", 0, "Extra lockwarden handoffs measured one by one with the API server's and the manager's metrics, for the path breakdown (default 60; quick 10).")
@@ -118,6 +119,11 @@ func main() {
 	flag.IntVar(&o.deadWaiterRounds, "dead-waiter-rounds", 0, "Handoffs per case of the dead-waiter phase: k = 1 and 5 dead waiters ahead, killed --dead-waiter-lead and 0 s before the release (default 5; quick 2).")
 	flag.DurationVar(&o.deadWaiterLead, "dead-waiter-lead", 0, "How long before the holder's release the dead waiters die, in the first pair of cases (default 5s, as in the issue's reproduction).")
 	flag.Parse()
+	var err error
+	if o.replicas, err = parseReplicas(*replicasFlag); err != nil {
+		fmt.Fprintf(os.Stderr, "lockwarden-bench: --replicas: %v\n", err)
+		os.Exit(2)
+	}
 	o.defaults()
 	if o.scale < o.grantsPerRes {
 		o.scale = o.grantsPerRes
@@ -139,7 +145,7 @@ func main() {
 		stopSignals()
 	}()
 	ctx, cancel := context.WithTimeout(sigCtx, o.timeout)
-	err := run(ctx, o)
+	err = run(ctx, o)
 	cancel()
 
 	switch {
@@ -151,6 +157,23 @@ func main() {
 		fmt.Fprintf(os.Stderr, "\nFAIL: %v\n", err)
 		os.Exit(1)
 	}
+}
+
+// parseReplicas parses a comma-separated list of replica counts, each at
+// least 1, without repeats.
+func parseReplicas(s string) ([]int, error) {
+	var out []int
+	for _, f := range strings.Split(s, ",") {
+		n, err := strconv.Atoi(strings.TrimSpace(f))
+		if err != nil || n < 1 {
+			return nil, fmt.Errorf("%q is not a replica count (1 or more)", f)
+		}
+		if slices.Contains(out, n) {
+			return nil, fmt.Errorf("%d is listed twice", n)
+		}
+		out = append(out, n)
+	}
+	return out, nil
 }
 
 // runs reports whether the phase with key k is to run.

@@ -52,9 +52,12 @@ type bench struct {
 	mgr   *managerProc
 	dir   string
 	res   *results
-	// managerRestart restarts the manager with another retention.
-	managerRestart func(ctx context.Context, retention time.Duration) error
-	cpu            *cpuMeter
+	// managerRestart restarts the manager with another retention and
+	// replica count.
+	managerRestart func(ctx context.Context, retention time.Duration, replicas int) error
+	// replicas is how many replicas the running manager has.
+	replicas int
+	cpu      *cpuMeter
 }
 
 // floors measures the raw floors: sequential etcd Puts of one key, and
@@ -282,25 +285,46 @@ func (b *bench) expiry(ctx context.Context) error {
 
 // throughput measures acquire+release cycles per second on 1 resource and
 // on o.parallel resources in parallel (one worker each), for lockwarden,
-// the etcd mutex and the Lease lock.
+// the etcd mutex and the Lease lock. With several replica counts
+// (--replicas 1,2), lockwarden is measured with each, back to back, the
+// manager restarted in between.
 func (b *bench) throughput(ctx context.Context) error {
 	api, err := newAPIScraper(b.cp)
 	if err != nil {
 		return err
 	}
+	defer func() {
+		if b.replicas != b.o.replicas[0] {
+			_ = b.managerRestart(context.WithoutCancel(ctx), defaultRetention, b.o.replicas[0])
+		}
+	}()
 	for _, width := range []int{1, b.o.parallel} {
 		type sys struct {
-			name string
-			mk   func(i int) (lockClient, error)
+			name     string
+			replicas int // 0: no manager involved
+			mk       func(i int) (lockClient, error)
 		}
 		systems := []sys{
-			{sysEtcd, func(int) (lockClient, error) { return newEtcdClient(b.cp.etcdURL, 0) }},
-			{sysLease, func(i int) (lockClient, error) { return newLeaseClient(b.cp, nsThroughput, "w"+strconv.Itoa(i), 15) }},
-			{sysLockwarden, func(i int) (lockClient, error) {
-				return newLWClient(ctx, b.cp, nsThroughput, fmt.Sprintf("w%d-%d", width, i), 60)
-			}},
+			{sysEtcd, 0, func(int) (lockClient, error) { return newEtcdClient(b.cp.etcdURL, 0) }},
+			{sysLease, 0, func(i int) (lockClient, error) { return newLeaseClient(b.cp, nsThroughput, "w"+strconv.Itoa(i), 15) }},
 		}
+		for k, n := range b.o.replicas {
+			name := sysLockwarden
+			if k > 0 {
+				name = fmt.Sprintf("%s, %d replicas", sysLockwarden, n)
+			}
+			systems = append(systems, sys{name, n, func(i int) (lockClient, error) {
+				return newLWClient(ctx, b.cp, nsThroughput, fmt.Sprintf("w%d-r%d-%d", width, n, i), 60)
+			}})
+		}
+		var base *cpuRow
 		for _, sy := range systems {
+			if sy.replicas > 0 && sy.replicas != b.replicas {
+				fmt.Printf("    restarting the manager with %d replica(s)\n", sy.replicas)
+				if err := b.managerRestart(ctx, defaultRetention, sy.replicas); err != nil {
+					return err
+				}
+			}
 			clients := make([]lockClient, 0, width)
 			resources := make([]string, 0, width)
 			for i := range width {
@@ -309,7 +333,7 @@ func (b *bench) throughput(ctx context.Context) error {
 					return err
 				}
 				clients = append(clients, c)
-				resources = append(resources, fmt.Sprintf("tp%d-%d", width, i))
+				resources = append(resources, fmt.Sprintf("tp%d-r%d-%d", width, sy.replicas, i))
 			}
 			lat := &series{system: sy.name, metric: fmt.Sprintf("cycle latency, %d resource(s)", width)}
 			fmt.Printf("    %-32s %d resource(s), %s\n", sy.name, width, b.o.window)
@@ -319,7 +343,11 @@ func (b *bench) throughput(ctx context.Context) error {
 			}
 			cpu0 := b.cpu.sample(b.mgr)
 			rate, err := cycles(ctx, clients, resources, b.o.window, lat)
-			row := cpuPerOp(fmt.Sprintf("%s, acquire+release cycle, %d resource(s)", sy.name, width), cpu0, b.cpu.sample(b.mgr), len(lat.ms)+width)
+			what := fmt.Sprintf("%s, acquire+release cycle, %d resource(s)", sy.name, width)
+			if sy.replicas > 0 && len(b.o.replicas) > 1 && sy.replicas == b.o.replicas[0] {
+				what = fmt.Sprintf("%s, %d replica(s), acquire+release cycle, %d resource(s)", sy.name, sy.replicas, width)
+			}
+			row := cpuPerOp(what, cpu0, b.cpu.sample(b.mgr), len(lat.ms)+width)
 			b.res.cpu = append(b.res.cpu, row)
 			if width == 1 && err == nil {
 				// API writes per cycle on a free resource, from the API
@@ -340,6 +368,15 @@ func (b *bench) throughput(ctx context.Context) error {
 			}
 			b.res.value(sy.name, fmt.Sprintf("throughput, %d resource(s)", width), rate, "cycles/s", fmt.Sprintf("tp-%d", width), true)
 			b.res.latency(lat, fmt.Sprintf("tp-lat-%d", width))
+			switch {
+			case sy.replicas == 0:
+			case base == nil:
+				base = &row
+			default:
+				b.res.notes = append(b.res.notes, fmt.Sprintf("CPU per acquire+release cycle, %d resource(s), %d vs %d replicas: manager %.2f vs %.2f ms (%.2f×), all processes %.2f vs %.2f ms (%.2f×; target at most 1.2×).",
+					width, sy.replicas, b.o.replicas[0], row.perOp["manager"], base.perOp["manager"], row.perOp["manager"]/base.perOp["manager"],
+					row.total(), base.total(), row.total()/base.total()))
+			}
 		}
 	}
 	return nil

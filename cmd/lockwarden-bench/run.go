@@ -85,7 +85,7 @@ func run(ctx context.Context, o options) (err error) {
 		}
 	}()
 	restarts := 0
-	b.managerRestart = func(ctx context.Context, retention time.Duration) error {
+	b.managerRestart = func(ctx context.Context, retention time.Duration, replicas int) error {
 		if b.mgr != nil {
 			b.mgr.stop()
 			b.mgr = nil
@@ -95,14 +95,14 @@ func run(ctx context.Context, o options) (err error) {
 			log = filepath.Join(dir, fmt.Sprintf("manager-%d.log", restarts))
 		}
 		restarts++
-		m, err := startManager(o.manager, cp.adminKubeconfig, log, webhookPort, retention, o.replicas)
+		m, err := startManager(o.manager, cp.adminKubeconfig, log, webhookPort, retention, replicas)
 		if err != nil {
 			return err
 		}
-		b.mgr = m
+		b.mgr, b.replicas = m, replicas
 		return m.waitReady(ctx, b.admin)
 	}
-	if err := b.managerRestart(ctx, defaultRetention); err != nil {
+	if err := b.managerRestart(ctx, defaultRetention, o.replicas[0]); err != nil {
 		return err
 	}
 	done()

@@ -84,7 +84,7 @@ func (b *bench) scale(ctx context.Context) error {
 		return fmt.Errorf("waiting for the earlier grants to go: %w", err)
 	}
 	fmt.Printf("    restarting the manager with --finished-grant-retention=%s\n", b.o.retention)
-	if err := b.managerRestart(ctx, b.o.retention); err != nil {
+	if err := b.managerRestart(ctx, b.o.retention, b.o.replicas[0]); err != nil {
 		return err
 	}
 	idle, _, err := b.mgr.memory()

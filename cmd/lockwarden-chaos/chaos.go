@@ -50,6 +50,7 @@ type chaos struct {
 	out       io.Writer
 	workers   []*workerProc
 	net       *faultNet
+	mnet      *faultNet // the replicas' paths to the API server
 	replicas  []*replica
 	obs       *observer
 	admin     client.Client

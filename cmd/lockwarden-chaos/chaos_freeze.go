@@ -17,10 +17,12 @@ func (c *chaos) freezeReplica(ctx context.Context, r *replica) {
 		return
 	}
 	c.note(NoteFault, fmt.Sprintf("freeze %s with SIGSTOP", r.name()))
+	c.note(NoteReplicaDown, r.name()+" freeze")
 	if err := m.Process().Signal(syscall.SIGSTOP); err != nil {
 		return
 	}
 	_ = sleep(ctx, c.between(managerDownMin, managerDownMax))
 	_ = m.Process().Signal(syscall.SIGCONT)
 	c.note(NoteHeal, fmt.Sprintf("thaw %s with SIGCONT", r.name()))
+	c.awaitReplica(ctx, r)
 }

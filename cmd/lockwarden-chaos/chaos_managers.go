@@ -42,8 +42,12 @@ func (c *chaos) killReplica(ctx context.Context) {
 		target = (leader + 1) % len(c.replicas)
 	}
 	r := c.replicas[target]
-	if c.float() < 0.3 {
+	switch f := c.float(); {
+	case f < 0.3:
 		c.freezeReplica(ctx, r)
+		return
+	case f < 0.55:
+		c.partitionReplica(ctx, r)
 		return
 	}
 	sig, sigName := syscall.SIGKILL, "SIGKILL"
@@ -56,6 +60,7 @@ func (c *chaos) killReplica(ctx context.Context) {
 	}
 	oldLeader, _ := c.obs.currentLeader()
 	c.note(NoteFault, fmt.Sprintf("kill %s (%s) with %s", r.name(), role, sigName))
+	c.note(NoteReplicaDown, r.name()+" kill")
 	killedAt := time.Now()
 	r.kill(sig)
 	if target == leader {
@@ -88,6 +93,14 @@ func (c *chaos) awaitFailover(old string, since time.Time) {
 	}
 }
 
+// Notes on the replicas' health, from the driver's own schedule: a replica
+// is down from the start of a fault (Detail "manager-N kill|freeze|
+// partition") until it is ready again (Detail "manager-N").
+const (
+	NoteReplicaDown = "replica-down"
+	NoteReplicaUp   = "replica-up"
+)
+
 // restart starts a replica and waits until it is ready.
 func (c *chaos) restart(ctx context.Context, r *replica) {
 	if err := r.start(); err != nil {
@@ -99,6 +112,46 @@ func (c *chaos) restart(ctx context.Context, r *replica) {
 		return
 	}
 	c.note(NoteHeal, "start "+r.name()+": ready")
+	c.note(NoteReplicaUp, r.name())
+}
+
+// partitionReplica cuts a replica off the API server (its fault proxy holds
+// every byte both ways, connections stay open) for longer than its Lease,
+// then restores the path. The other replica must take over its resources
+// and answer admission; the cut-off replica fails its readiness once it
+// cannot renew its Lease, so the balancer stops sending it writes.
+func (c *chaos) partitionReplica(ctx context.Context, r *replica) {
+	if !r.running() {
+		return
+	}
+	c.note(NoteFault, fmt.Sprintf("partition %s from the API server", r.name()))
+	c.note(NoteReplicaDown, r.name()+" partition")
+	if err := c.mnet.inject(r.index, faultBlackhole, 0, 0); err != nil {
+		c.note(NoteManagerNotReady, err.Error())
+	}
+	_ = sleep(ctx, c.between(managerDownMin, managerDownMax))
+	if err := c.mnet.heal(r.index); err != nil {
+		c.note(NoteManagerNotReady, err.Error())
+		return
+	}
+	c.note(NoteHeal, "restore "+r.name()+"'s path to the API server")
+	c.awaitReplica(ctx, r)
+}
+
+// awaitReplica waits until a replica that was frozen or cut off is ready
+// again (or starts it again if it exited meanwhile), and notes it up.
+func (c *chaos) awaitReplica(ctx context.Context, r *replica) {
+	wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), failoverTimeout)
+	defer cancel()
+	if !r.running() {
+		c.restart(wctx, r)
+		return
+	}
+	if err := r.waitReady(wctx, c.admin); err != nil {
+		c.note(NoteManagerNotReady, err.Error())
+		return
+	}
+	c.note(NoteReplicaUp, r.name())
 }
 
 // ensureReplicas starts every replica that is not running, after the chaos

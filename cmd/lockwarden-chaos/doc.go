@@ -18,9 +18,14 @@
 //     test may run beside it);
 //   - two manager replicas (bin/manager processes) with --leader-elect and
 //     --grants-on-every-replica in lockwarden-system: both grant, renew and
-//     expire, and the leader also keeps the issuer's keys. Both serve the
-//     webhooks; a small TCP balancer on the webhook URL's port sends each
-//     connection to the next replica that accepts it;
+//     expire (each resource first by its preferred replica, the other
+//     taking over after --takeover-delay), and the leader also keeps the
+//     issuer's keys. Each reaches the API server through its own toxiproxy
+//     proxy. Both serve the webhooks; a small TCP balancer on the webhook
+//     URL's port behaves as a Service with a readiness probe: it probes
+//     each replica's /readyz every 200 ms, sends a new connection only to a
+//     ready replica (none ready: the connection is refused, fail closed),
+//     and closes the connections of a replica that fails its probe;
 //   - worker processes (this binary re-executed as the hidden `worker`
 //     subcommand), each with an envtest client certificate for
 //     system:serviceaccount:chaos:worker-N, except worker-1, which runs as
@@ -45,8 +50,12 @@
 // precondition, leaving the fence as the only thing that can stop it; adds
 // latency to, blackholes, resets or cuts a worker's traffic to the API
 // server; and kills a manager replica (SIGKILL or SIGTERM, mostly the
-// leader) and starts it again, or freezes one (SIGSTOP) past every timeout
-// and resumes it. Faults are random
+// leader) and starts it again, freezes one (SIGSTOP) past every timeout
+// and resumes it, or cuts one off the API server (its proxy holds every
+// byte) for longer than its 2 s replica Lease and restores it. Each replica
+// fault is in the history as replica-down and, once the replica is ready
+// again, replica-up: the check that no guarded write is refused for
+// webhook unavailability while a replica is healthy reads them. Faults are random
 // from --seed; the run is not deterministic (real processes and a real
 // scheduler), but every action is in the history. Workers add faults of
 // their own: once a grant has ended, a worker sometimes sends what a replica

@@ -32,22 +32,31 @@ type faultNet struct {
 	proxies []*toxiproxy.Proxy
 }
 
-// startFaultNet starts n proxies to upstream (host:port).
+// startFaultNet starts n proxies to upstream (host:port), one per worker.
 func startFaultNet(upstream string, n int) (*faultNet, error) {
+	names := make([]string, n)
+	for i := range names {
+		names[i] = workerName(i)
+	}
+	return startFaultNetFor(upstream, names)
+}
+
+// startFaultNetFor starts one proxy to upstream per name.
+func startFaultNetFor(upstream string, names []string) (*faultNet, error) {
 	server := toxiproxy.NewServer(toxiproxy.NewMetricsContainer(prometheus.NewRegistry()), zerolog.Nop())
 	f := &faultNet{server: server}
-	for i := range n {
-		p := toxiproxy.NewProxy(server, workerName(i), "127.0.0.1:0", upstream)
+	for _, name := range names {
+		p := toxiproxy.NewProxy(server, name, "127.0.0.1:0", upstream)
 		if err := server.Collection.Add(p, true); err != nil {
 			f.close()
-			return nil, fmt.Errorf("starting the fault proxy of %s: %w", workerName(i), err)
+			return nil, fmt.Errorf("starting the fault proxy of %s: %w", name, err)
 		}
 		f.proxies = append(f.proxies, p)
 	}
 	return f, nil
 }
 
-// url is the API server URL worker i uses: its proxy.
+// url is the API server URL proxy i serves (worker i's, or replica i's).
 func (f *faultNet) url(i int) string { return "https://" + f.proxies[i].Listen }
 
 // inject starts a fault of kind on worker i's path; latencyMillis and

@@ -36,7 +36,8 @@ type replica struct {
 	ready bool
 }
 
-// newReplica reserves the replica's ports.
+// newReplica reserves the replica's ports. kubeconfig points at the
+// replica's own fault proxy in front of the API server.
 func newReplica(index int, bin, kubeconfig, dir string) (*replica, error) {
 	webhookPort, err := localcp.FreePort()
 	if err != nil {
@@ -46,10 +47,15 @@ func newReplica(index int, bin, kubeconfig, dir string) (*replica, error) {
 	if err != nil {
 		return nil, err
 	}
+	probePort, err := localcp.FreePort()
+	if err != nil {
+		return nil, err
+	}
 	return &replica{index: index, opts: localcp.ManagerOptions{
 		Binary: bin, Kubeconfig: kubeconfig, Dir: dir,
 		WebhookPort: webhookPort,
 		MetricsAddr: "127.0.0.1:" + strconv.Itoa(metricsPort),
+		ProbeAddr:   "127.0.0.1:" + strconv.Itoa(probePort),
 		Args: []string{
 			"--leader-elect",
 			"--leader-election-namespace=" + localcp.SystemNamespace,
@@ -65,6 +71,9 @@ func newReplica(index int, bin, kubeconfig, dir string) (*replica, error) {
 
 // name is the replica's name in the history and the output.
 func (r *replica) name() string { return fmt.Sprintf("manager-%d", r.index) }
+
+// probeAddr is where the replica serves /readyz.
+func (r *replica) probeAddr() string { return r.opts.ProbeAddr }
 
 // webhookAddr is where the replica serves admission.
 func (r *replica) webhookAddr() string { return "127.0.0.1:" + strconv.Itoa(r.opts.WebhookPort) }

@@ -38,6 +38,12 @@ type Report struct {
 	Unknown    []time.Duration
 	UnknownEnd map[string]int
 	Unresolved int
+	// WebhookRefused counts requests the API server refused because no
+	// admission webhook answered, by operation; WebhookExcused the guarded
+	// writes among them refused at a replica fault or with no replica
+	// healthy.
+	WebhookRefused map[string]int
+	WebhookExcused int
 
 	illegal []illegal
 }
@@ -62,6 +68,9 @@ func Check(history []Event) *Report {
 	r.Violations = append(r.Violations, lin...)
 	r.illegal = bad
 	r.Violations = append(r.Violations, w.checkRunSound()...)
+	webhookVs, refused, excused := w.checkWebhookAvailable()
+	r.Violations = append(r.Violations, webhookVs...)
+	r.WebhookRefused, r.WebhookExcused = refused, excused
 
 	versions, held := 0, 0
 	for _, vs := range w.versions {
@@ -80,6 +89,7 @@ func Check(history []Event) *Report {
 	r.Checked[checkOneHeld] = fmt.Sprintf("%d Held grants on %d resources", held, len(w.resources()))
 	r.Checked[checkLockModel] = fmt.Sprintf("%d operations", lockOps)
 	r.Checked[checkRegister] = fmt.Sprintf("%d operations", regOps)
+	r.Checked[checkWebhook] = fmt.Sprintf("%d guarded writes refused for webhook unavailability, %d of them at a replica fault or with none healthy", refused[OpWrite]+refused[OpStray], excused)
 	r.Checked[checkRun] = fmt.Sprintf("%d observer gaps, %d failover timeouts", len(w.gaps), len(w.notes[NoteFailoverTimeout]))
 
 	r.stats(w)
@@ -244,6 +254,9 @@ func (r *Report) Print(out io.Writer) {
 		fmt.Fprintf(out, "  %-8s %s\n", kind, counts(r.Ops[kind]))
 	}
 	fmt.Fprintf(out, "Writes of unknown outcome: %d, of which %d took effect\n", r.Ambiguous, r.AmbApplied)
+	fmt.Fprintf(out, "Refused for webhook unavailability (fail closed): %d guarded writes (%d at a replica fault or with no replica healthy); other requests: %s\n",
+		r.WebhookRefused[OpWrite]+r.WebhookRefused[OpStray], r.WebhookExcused,
+		counts(map[string]int{OpAcquire: r.WebhookRefused[OpAcquire], OpRenew: r.WebhookRefused[OpRenew], OpRelease: r.WebhookRefused[OpRelease]}))
 	fmt.Fprintf(out, "Late writes (invoked after their grant expired, ended or was superseded): %d: %s\n", sum(r.Late), counts(r.Late))
 	objs := make([]string, 0, len(r.Objects))
 	for _, k := range sortedKeys(r.Objects) {
@@ -261,7 +274,7 @@ func (r *Report) Print(out io.Writer) {
 	for _, v := range r.Violations {
 		failed[v.Check]++
 	}
-	for _, c := range []string{checkFences, checkNoLoss, checkNoStale, checkNoStray, checkOneHeld, checkLockModel, checkRegister, checkRun} {
+	for _, c := range []string{checkFences, checkNoLoss, checkNoStale, checkNoStray, checkOneHeld, checkLockModel, checkRegister, checkWebhook, checkRun} {
 		verdict := "ok"
 		if failed[c] > 0 {
 			verdict = fmt.Sprintf("FAILED (%d)", failed[c])

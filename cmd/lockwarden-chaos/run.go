@@ -11,6 +11,7 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/client-go/tools/clientcmd"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
@@ -56,16 +57,34 @@ func run(ctx context.Context, o options) (*Report, error) {
 		return nil, err
 	}
 
-	done = step(fmt.Sprintf("Starting %d manager replicas with leader election behind a webhook balancer", managerReplicas))
+	done = step(fmt.Sprintf("Starting %d manager replicas with leader election, each behind its own fault proxy to the API server, behind a webhook balancer", managerReplicas))
+	apiURL, err := url.Parse(cp.AdminConfig.Host)
+	if err != nil {
+		return nil, err
+	}
+	apiAddr := apiURL.Host
+	names := make([]string, managerReplicas)
+	for i := range names {
+		names[i] = fmt.Sprintf("manager-%d", i)
+	}
+	mnet, err := startFaultNetFor(apiAddr, names)
+	if err != nil {
+		return nil, err
+	}
+	defer mnet.close()
 	var replicas []*replica
-	var backends []string
+	var backends []backend
 	for i := range managerReplicas {
-		r, err := newReplica(i, o.manager, cp.AdminKubeconfig, dir)
+		kubeconfig, err := proxiedKubeconfig(cp, names[i], mnet.url(i))
+		if err != nil {
+			return nil, err
+		}
+		r, err := newReplica(i, o.manager, kubeconfig, dir)
 		if err != nil {
 			return nil, err
 		}
 		replicas = append(replicas, r)
-		backends = append(backends, r.webhookAddr())
+		backends = append(backends, backend{addr: r.webhookAddr(), probe: r.probeAddr()})
 	}
 	lb, err := startBalancer(backends)
 	if err != nil {
@@ -86,11 +105,6 @@ func run(ctx context.Context, o options) (*Report, error) {
 	done()
 
 	done = step(fmt.Sprintf("Starting %d worker processes behind fault proxies, contending for %d resources", o.workers, o.resources))
-	apiURL, err := url.Parse(cp.AdminConfig.Host)
-	if err != nil {
-		return nil, err
-	}
-	apiAddr := apiURL.Host
 	fnet, err := startFaultNet(apiAddr, o.workers)
 	if err != nil {
 		return nil, err
@@ -143,7 +157,7 @@ func run(ctx context.Context, o options) (*Report, error) {
 	defer chaosRec.close()
 	c := &chaos{
 		rnd: rand.New(rand.NewPCG(o.seed, 0x6368616f73)), rec: chaosRec, out: os.Stdout,
-		workers: workers, net: fnet, replicas: replicas, obs: obs, admin: admin,
+		workers: workers, net: fnet, mnet: mnet, replicas: replicas, obs: obs, admin: admin,
 		ttl: o.ttl, killEvery: o.managerKillEvery,
 	}
 	done = step(fmt.Sprintf("Running the workload under faults for %s", o.duration))
@@ -199,6 +213,23 @@ func run(ctx context.Context, o options) (*Report, error) {
 	fmt.Printf("\nHistory: %s (re-check: lockwarden-chaos check --history %s)\n",
 		filepath.Join(dir, "history.jsonl"), filepath.Join(dir, "history.jsonl"))
 	return rep, nil
+}
+
+// proxiedKubeconfig writes a copy of the admin kubeconfig, named after a
+// replica, whose server is the replica's fault proxy.
+func proxiedKubeconfig(cp *localcp.ControlPlane, name, server string) (string, error) {
+	cfg, err := clientcmd.LoadFromFile(cp.AdminKubeconfig)
+	if err != nil {
+		return "", err
+	}
+	for _, c := range cfg.Clusters {
+		c.Server = server
+	}
+	kc, err := clientcmd.Write(*cfg)
+	if err != nil {
+		return "", err
+	}
+	return cp.WriteKubeconfig(name, kc)
 }
 
 // NoteNotQuiesced (driver): a grant had not ended long after the run.

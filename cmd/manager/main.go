@@ -39,6 +39,7 @@ import (
 
 	lockingv1alpha1 "github.com/lockwarden/lockwarden/api/v1alpha1"
 	"github.com/lockwarden/lockwarden/controllers"
+	"github.com/lockwarden/lockwarden/controllers/lockgrant"
 	"github.com/lockwarden/lockwarden/internal/issuer"
 	"github.com/lockwarden/lockwarden/internal/observe"
 	"github.com/lockwarden/lockwarden/internal/version"
@@ -76,6 +77,10 @@ type options struct {
 	renewDeadline           time.Duration
 	retryPeriod             time.Duration
 	grantsOnEveryReplica    bool
+	replicaID               string
+	takeoverDelay           time.Duration
+	replicaLeaseDuration    time.Duration
+	replicaLeaseRenew       time.Duration
 }
 
 func main() {
@@ -101,6 +106,10 @@ func main() {
 	flag.DurationVar(&o.renewDeadline, "leader-election-renew-deadline", 10*time.Second, "How long the leader retries renewing its leadership before it stops leading.")
 	flag.DurationVar(&o.retryPeriod, "leader-election-retry-period", 2*time.Second, "How often replicas try to acquire or renew leadership.")
 	flag.BoolVar(&o.grantsOnEveryReplica, "grants-on-every-replica", true, "Run the LockGrant controller (grants, renewals, expiries, releases) on every replica, not only on the elected leader, so that a replica that dies or freezes does not pause granting until a failover (docs/ha.md). Key generation and GuardPolicy webhooks stay with the leader.")
+	flag.StringVar(&o.replicaID, "replica-id", defaultReplicaID(), "This replica's identity among the replicas that grant: its Lease is lockwarden-replica-ID in --namespace (default: $POD_NAME, else the host name and process ID).")
+	flag.DurationVar(&o.takeoverDelay, "takeover-delay", 400*time.Millisecond, "With --grants-on-every-replica: how long a replica leaves a resource to the replica preferred for it (by hashing the resource over the replicas whose Lease is live) before acting itself, when the resource's state has not moved. The longest extra wait of a grant or expiry while a replica is frozen or cut off, until its Lease lapses. 0: every replica acts on every event at once (twice the work with two replicas). See docs/ha.md.")
+	flag.DurationVar(&o.replicaLeaseDuration, "replica-lease-duration", 2*time.Second, "How long a replica's own Lease lasts after each renewal (whole seconds): after a replica stops renewing it (frozen, killed, partitioned), the others act at once on its resources.")
+	flag.DurationVar(&o.replicaLeaseRenew, "replica-lease-renew-interval", 500*time.Millisecond, "How often a replica renews its own Lease; must be shorter than --replica-lease-duration.")
 	flag.StringVar(&o.namespace, "namespace", defaultNamespace(), "The manager's namespace, where the signing keys Secret and the trust bundle ConfigMap live (default: $POD_NAMESPACE, else lockwarden-system).")
 	zapOpts := zap.Options{}
 	zapOpts.BindFlags(flag.CommandLine)
@@ -204,6 +213,10 @@ func run(o options) error {
 		Clock: clk, Keyring: keyring, Namespace: o.namespace,
 		FinishedGrantRetention: o.retention, WebhookConfiguration: o.validatingConfig,
 		GrantsOnEveryReplica: o.grantsOnEveryReplica,
+		Replica: controllers.ReplicaOptions{
+			ID: o.replicaID, TakeoverDelay: o.takeoverDelay,
+			LeaseDuration: o.replicaLeaseDuration, LeaseRenew: o.replicaLeaseRenew,
+		},
 	}); err != nil {
 		return err
 	}
@@ -239,7 +252,7 @@ func run(o options) error {
 	}); err != nil {
 		return err
 	}
-	ctrl.Log.Info("Starting manager", "version", version.Get().Version, "revision", version.Get().Revision, "webhookPort", o.webhookPort, "leaderElection", o.leaderElect, "grantsOnEveryReplica", o.grantsOnEveryReplica)
+	ctrl.Log.Info("Starting manager", "version", version.Get().Version, "revision", version.Get().Revision, "webhookPort", o.webhookPort, "leaderElection", o.leaderElect, "grantsOnEveryReplica", o.grantsOnEveryReplica, "replicaID", o.replicaID, "takeoverDelay", o.takeoverDelay)
 	if err := mgr.Start(ctx); err != nil {
 		return err
 	}
@@ -254,6 +267,16 @@ func defaultNamespace() string {
 		return ns
 	}
 	return "lockwarden-system"
+}
+
+// defaultReplicaID is the pod's name, else the host name and process ID
+// (several replicas on one machine).
+func defaultReplicaID() string {
+	if pod := os.Getenv("POD_NAME"); pod != "" {
+		return lockgrant.ReplicaID(pod)
+	}
+	host, _ := os.Hostname()
+	return lockgrant.ReplicaID(fmt.Sprintf("%s-%d", host, os.Getpid()))
 }
 
 func addCertRotator(mgr ctrl.Manager, o options, ready chan struct{}) (types.NamespacedName, error) {

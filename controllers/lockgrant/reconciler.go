@@ -66,6 +66,9 @@ type Reconciler struct {
 	// costs no failover wait. nil keeps controller-runtime's default (only
 	// the leader runs it).
 	NeedLeaderElection *bool
+	// Ownership, when set, leaves each resource to its preferred replica
+	// for a takeover delay (ownership.go); nil acts on every event at once.
+	Ownership *Ownership
 
 	// sessionsSeen holds the controller's observations of session Leases.
 	sessionsSeen sessionTracker
@@ -158,11 +161,14 @@ func (r *Reconciler) resourcesUnderPolicy(ctx context.Context, o client.Object) 
 
 // Reconcile brings one resource's grants and counter up to date.
 func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reconcile.Result, error) {
+	if res, left := r.leaveToPreferred(ctx, req); left {
+		return res, nil // another replica is preferred for it (ownership.go)
+	}
 	var p grantplan.Plan
 	var params issuer.Params
 	var revision string
 	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
-		f, err := r.gather(ctx, req)
+		f, err := r.gather(ctx, req, r.APIReader)
 		if err != nil || f.Resource == "" {
 			p = grantplan.Plan{}
 			return err
@@ -197,7 +203,8 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reco
 // gather reads what decide needs: the resource's grants from the cache, and
 // the counter and its holder directly from the API server, so that the
 // compare-and-swap and the holder's expiry are judged on fresh data.
-func (r *Reconciler) gather(ctx context.Context, req reconcile.Request) (grantplan.Facts, error) {
+// reader is that direct reader (the cache, for ownership's check only).
+func (r *Reconciler) gather(ctx context.Context, req reconcile.Request, reader client.Reader) (grantplan.Facts, error) {
 	f := grantplan.Facts{Now: r.Clock.Now(), Retention: r.FinishedGrantRetention}
 	var list lockingv1alpha1.LockGrantList
 	if err := r.Client.List(ctx, &list, client.InNamespace(req.Namespace), client.MatchingFields{CounterNameField: req.Name}); err != nil {
@@ -206,7 +213,7 @@ func (r *Reconciler) gather(ctx context.Context, req reconcile.Request) (grantpl
 	f.Grants = list.Items
 
 	counter := &lockingv1alpha1.FenceCounter{}
-	switch err := r.APIReader.Get(ctx, req.NamespacedName, counter); {
+	switch err := reader.Get(ctx, req.NamespacedName, counter); {
 	case apierrors.IsNotFound(err):
 		counter = nil
 	case err != nil:
@@ -217,7 +224,7 @@ func (r *Reconciler) gather(ctx context.Context, req reconcile.Request) (grantpl
 	if counter != nil {
 		f.Resource = counter.Spec.Resource
 		if h := counter.Spec.Holder; h != nil {
-			if err := r.refreshHolder(ctx, &f, req.Namespace, h); err != nil {
+			if err := r.refreshHolder(ctx, reader, &f, req.Namespace, h); err != nil {
 				return f, err
 			}
 		}
@@ -268,14 +275,14 @@ func (r *Reconciler) policies(ctx context.Context, grants []lockingv1alpha1.Lock
 // renew applied a moment ago must not look expired because the cache lags.
 // A cached copy that already asks for release needs no read: release can
 // never be unset, so the grant ends whatever else the cache lags on.
-func (r *Reconciler) refreshHolder(ctx context.Context, f *grantplan.Facts, ns string, h *lockingv1alpha1.FenceHolder) error {
+func (r *Reconciler) refreshHolder(ctx context.Context, reader client.Reader, f *grantplan.Facts, ns string, h *lockingv1alpha1.FenceHolder) error {
 	for i := range f.Grants {
 		if g := &f.Grants[i]; string(g.UID) == h.UID && g.Spec.Release {
 			return nil
 		}
 	}
 	fresh := &lockingv1alpha1.LockGrant{}
-	err := r.APIReader.Get(ctx, types.NamespacedName{Namespace: ns, Name: h.Name}, fresh)
+	err := reader.Get(ctx, types.NamespacedName{Namespace: ns, Name: h.Name}, fresh)
 	found := err == nil && string(fresh.UID) == h.UID
 	if err != nil && !apierrors.IsNotFound(err) {
 		return fmt.Errorf("reading holder grant: %w", err)

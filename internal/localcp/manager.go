@@ -72,7 +72,9 @@ type ManagerOptions struct {
 	// flags above (as a test of an installer's Deployment does: its flags,
 	// not config/local's). ProbeAddr must then name the
 	// --health-probe-bind-address among Args, for WaitReady.
-	Exact     bool
+	Exact bool
+	// ProbeAddr is where the manager serves /healthz and /readyz
+	// (host:port); a free port of 127.0.0.1 when empty.
 	ProbeAddr string
 	// Env is added to the manager's environment (NAME=value).
 	Env []string
@@ -91,9 +93,13 @@ func StartManager(o ManagerOptions) (*Manager, error) {
 	if err := CheckPortFree(o.WebhookPort); err != nil {
 		return nil, err
 	}
-	probePort, err := FreePort()
-	if err != nil {
-		return nil, err
+	probeAddr := o.ProbeAddr
+	if probeAddr == "" {
+		probePort, err := FreePort()
+		if err != nil {
+			return nil, err
+		}
+		probeAddr = "127.0.0.1:" + strconv.Itoa(probePort)
 	}
 	metrics := o.MetricsAddr
 	if metrics == "" {
@@ -102,7 +108,7 @@ func StartManager(o ManagerOptions) (*Manager, error) {
 	m := &Manager{
 		metricsAddr: o.MetricsAddr,
 		LogPath:     filepath.Join(o.Dir, o.LogName),
-		probeAddr:   "127.0.0.1:" + strconv.Itoa(probePort),
+		probeAddr:   probeAddr,
 		exited:      make(chan struct{}),
 	}
 	logFile, err := os.Create(m.LogPath)

@@ -1,6 +1,8 @@
 package sim
 
 import (
+	"fmt"
+	"hash/fnv"
 	"math/rand/v2"
 	"slices"
 	"strconv"
@@ -13,6 +15,7 @@ import (
 	lockingv1alpha1 "github.com/lockwarden/lockwarden/api/v1alpha1"
 	"github.com/lockwarden/lockwarden/internal/grantplan"
 	"github.com/lockwarden/lockwarden/internal/issuer"
+	"github.com/lockwarden/lockwarden/internal/membership"
 )
 
 // MaxReplicaSkew is the clock-skew bound between manager replicas that the
@@ -20,10 +23,17 @@ import (
 // ahead of or behind the registry's, the bound docs/ha.md states.
 const MaxReplicaSkew = 250 * time.Millisecond
 
-// replica is one manager replica running the LockGrant controller: every
-// replica reconciles every resource, with nothing but conditional writes
-// between them, as the manager does with --grants-on-every-replica.
+// replica is one manager replica running the LockGrant controller, as the
+// manager runs it with --grants-on-every-replica and a takeover delay:
+// each resource has a preferred replica (rendezvous hashing over the
+// replicas whose Lease is live, by this replica's clock), which acts at
+// once; the other defers for the takeover delay, then checks whether work
+// is left and, if so, takes over. Between them there is nothing but
+// conditional writes. A replica may be frozen: it neither renews its Lease
+// nor runs its passes, and a pass it gathered before it froze is applied
+// when it thaws, on the facts it read then.
 type replica struct {
+	id string
 	// skew is how far this replica's clock is ahead of the registry's
 	// (negative: behind).
 	skew time.Duration
@@ -32,6 +42,30 @@ type replica struct {
 	// rng draws the replica's own delays, apart from the world's stream, so
 	// that the replicas leave the rest of a round's schedule as it was.
 	rng *rand.Rand
+	// takeover holds this replica's deferrals (internal/membership).
+	takeover *membership.Takeover
+	// renewedAt is when the replica last renewed its Lease, by its clock
+	// (what its Lease's renewTime says); frozenUntil is when a freeze ends.
+	renewedAt, frozenUntil time.Duration
+}
+
+// Timing of the ownership scheme, as the manager's defaults.
+const (
+	replicaLeaseDuration = 2 * time.Second
+	replicaLeaseRenew    = 500 * time.Millisecond
+	replicaTakeover      = 400 * time.Millisecond
+	// maxReplicaHop is the longest network hop between a replica's decision
+	// and its write landing.
+	maxReplicaHop = 40 * time.Millisecond
+)
+
+// replicaHop is how long after its decision a replica's write may land:
+// 0 in rounds without replicas, whose passes are atomic.
+func (w *world) replicaHop() time.Duration {
+	if !w.fault[FaultReplicas] {
+		return 0
+	}
+	return maxReplicaHop
 }
 
 // between returns a uniformly random duration in [lo, hi] from the
@@ -46,15 +80,56 @@ func (rp *replica) between(lo, hi time.Duration) time.Duration {
 func replicaRound(seed uint64) bool { return seed>>17&1 == 1 }
 
 // newReplicas returns two replicas whose clocks are skewed within the
-// bound, one of them possibly ahead and the other behind.
+// bound, one of them possibly ahead and the other behind, each renewing
+// its Lease.
 func (w *world) newReplicas() []*replica {
 	rs := make([]*replica, 2)
 	for i := range rs {
-		rp := &replica{pending: map[string]bool{}, rng: rand.New(rand.NewPCG(w.seed, 0x5e11ca+uint64(i)))}
+		rp := &replica{
+			id: fmt.Sprintf("replica-%d", i), pending: map[string]bool{},
+			rng:      rand.New(rand.NewPCG(w.seed, 0x5e11ca+uint64(i))),
+			takeover: &membership.Takeover{Delay: replicaTakeover},
+		}
 		rp.skew = rp.between(-MaxReplicaSkew, MaxReplicaSkew)
+		rp.renewedAt = w.s.now + rp.skew
 		rs[i] = rp
+		w.s.after(replicaLeaseRenew, func() { w.renewReplica(rp) })
 	}
 	return rs
+}
+
+// renewReplica renews rp's Lease every replicaLeaseRenew while it is not
+// frozen, and sometimes freezes it for up to three Lease durations.
+func (w *world) renewReplica(rp *replica) {
+	if w.s.now >= rp.frozenUntil {
+		rp.renewedAt = w.s.now + rp.skew
+		if rp.rng.Float64() < 0.01 {
+			rp.frozenUntil = w.s.now + rp.between(100*time.Millisecond, 3*replicaLeaseDuration)
+			w.rep.Faults["replica-freeze"]++
+		}
+	}
+	w.s.after(replicaLeaseRenew, func() { w.renewReplica(rp) })
+}
+
+// replicaLag is how much later than one replica two replicas with
+// ownership may act on a deadline (a session's lapse): the preferred
+// replica may be frozen, and the other acts after the takeover delay, or,
+// while the resource's state keeps moving, once the frozen replica's Lease
+// has lapsed by its clock. 0 in rounds without replicas.
+func (w *world) replicaLag() time.Duration {
+	if !w.fault[FaultReplicas] {
+		return 0
+	}
+	return replicaLeaseDuration + replicaLeaseRenew + 2*MaxReplicaSkew + replicaTakeover + 15*time.Millisecond
+}
+
+// live returns the replicas whose Lease has not lapsed by rp's clock.
+func (w *world) live(rp *replica) []string {
+	members := make([]membership.Member, 0, len(w.replicas))
+	for _, o := range w.replicas {
+		members = append(members, membership.Member{ID: o.id, RenewTime: epochBase.Add(o.renewedAt), Duration: replicaLeaseDuration})
+	}
+	return membership.Live(members, rp.id, epochBase.Add(w.s.now+rp.skew))
 }
 
 // pass is what one replica gathered and decided, to be applied later:
@@ -181,29 +256,97 @@ func (w *world) kickReplicas(resource string) {
 		w.rep.Faults[string(FaultReplicas)]++
 	}
 	for _, rp := range w.replicas {
-		if rp.pending[resource] {
-			continue
-		}
-		rp.pending[resource] = true
-		w.s.after(rp.between(time.Millisecond, 15*time.Millisecond), func() { w.replicaPass(rp, resource) })
+		w.scheduleReplica(rp, resource, rp.between(time.Millisecond, 15*time.Millisecond))
 	}
 }
 
-// replicaPass gathers and decides at the replica's clock, then applies the
-// plan after a network hop, during which the other replica may act.
-func (w *world) replicaPass(rp *replica, resource string) {
+// scheduleReplica schedules rp's step on resource after d, unless one is
+// scheduled already (the work queue holds a key once).
+func (w *world) scheduleReplica(rp *replica, resource string, d time.Duration) {
+	if rp.pending[resource] {
+		return
+	}
+	rp.pending[resource] = true
+	w.s.after(d, func() { w.replicaStep(rp, resource) })
+}
+
+// replicaStep is the start of rp's reconcile of resource: a frozen replica
+// runs it when it thaws; the ownership step decides whether rp acts now,
+// defers (a requeue after the delay) or, not preferred and past the delay,
+// finds on its own reading that nothing is left to do.
+func (w *world) replicaStep(rp *replica, resource string) {
+	if w.s.now < rp.frozenUntil {
+		w.s.at(rp.frozenUntil, func() { w.replicaStep(rp, resource) })
+		return
+	}
 	rp.pending[resource] = false
+	key := namespace + "/" + lockingv1alpha1.FenceCounterName(resource)
+	preferred := membership.Preferred(key, w.live(rp)) == rp.id
+	wait := rp.takeover.Wait(key, preferred, w.reg.state(resource), epochBase.Add(w.s.now+rp.skew))
+	switch {
+	case wait > 0:
+		w.rep.Faults["replica-deferral"]++
+		w.scheduleReplica(rp, resource, wait)
+		return
+	case !preferred:
+		if ps := w.reg.gather(resource, w.s.now, rp.skew); ps.plan.Counter == nil && len(ps.plan.Statuses) == 0 {
+			if ps.plan.RequeueAfter > 0 {
+				w.s.after(ps.plan.RequeueAfter, func() { w.kick(resource) })
+			}
+			return
+		}
+		w.rep.Faults["replica-takeover"]++
+	}
+	w.replicaPass(rp, resource)
+}
+
+// replicaPass gathers and decides at the replica's clock, then applies the
+// plan after a network hop, during which the other replica may act, and
+// this one may freeze (its plan then lands when it thaws).
+func (w *world) replicaPass(rp *replica, resource string) {
 	if w.fault[FaultControllerCrash] && rp.rng.Float64() < 0.05 {
 		w.reg.crashNext = true
 		w.rep.Faults[string(FaultControllerCrash)]++
 	}
 	ps := w.reg.gather(resource, w.s.now, rp.skew)
-	w.s.after(rp.between(time.Millisecond, 40*time.Millisecond), func() {
+	var apply func()
+	apply = func() {
+		if w.s.now < rp.frozenUntil {
+			w.rep.Faults["replica-thawed-write"]++
+			w.s.at(rp.frozenUntil, apply)
+			return
+		}
 		requeue, conflict := w.reg.apply(ps)
 		if conflict {
 			w.rep.Faults["replica-conflict"]++
 			requeue = time.Millisecond
 		}
 		w.afterPass(resource, requeue)
-	})
+	}
+	w.s.after(rp.between(time.Millisecond, maxReplicaHop), apply)
+}
+
+// state fingerprints a resource as a replica's cache shows it: the
+// counter's resourceVersion and each grant's spec and status, summed so
+// that the order does not matter.
+func (r *registry) state(resource string) uint64 {
+	var sum uint64
+	if c := r.counters[resource]; c != nil {
+		sum = hashOf("counter", c.ResourceVersion)
+	}
+	for _, g := range r.grants {
+		if g.Spec.Resource != resource {
+			continue
+		}
+		sum += hashOf(string(g.UID), fmt.Sprintf("%v|%v|%d|%v|%v", g.Spec.Renewals, g.Spec.Release, g.Status.FenceToken, g.Status.Phase, g.Status.ExpiresAt))
+	}
+	return sum
+}
+
+func hashOf(a, b string) uint64 {
+	h := fnv.New64a()
+	_, _ = h.Write([]byte(a))
+	_, _ = h.Write([]byte{0})
+	_, _ = h.Write([]byte(b))
+	return h.Sum64()
 }

@@ -77,7 +77,9 @@ func (w *world) scheduleWaiters() {
 	onIssue, onEnd := w.reg.onIssue, w.reg.onEnd
 	w.reg.onIssue = func(g *lockingv1alpha1.LockGrant) {
 		onIssue(g)
-		if p := w.waiters[g.UID]; p != nil && p.killed && w.s.now >= p.lastRenewal+sessionTTL+fencing.SessionMargin {
+		// A replica's grant was decided up to one hop before it landed;
+		// the decision is what the session rule judges.
+		if p := w.waiters[g.UID]; p != nil && p.killed && w.s.now >= p.lastRenewal+sessionTTL+fencing.SessionMargin+w.replicaHop() {
 			w.rep.DeadWaiterGranted++
 			w.rep.violate("seed %d: %s granted at %s, its session lapsed at %s", w.seed, g.UID, w.s.now, p.lastRenewal+sessionTTL+fencing.SessionMargin)
 		}
@@ -160,7 +162,7 @@ func (w *world) checkWaiters() {
 		if !p.killed {
 			continue
 		}
-		bound := p.lastRenewal + sessionTTL + fencing.SessionMargin + slack
+		bound := p.lastRenewal + sessionTTL + fencing.SessionMargin + slack + w.replicaLag()
 		if bound > w.horizon {
 			continue
 		}

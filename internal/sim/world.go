@@ -145,6 +145,11 @@ func newWorld(seed uint64, faults []Fault) *world {
 	w.objects[w.lookalike] = &object{resource: w.resource}
 	w.stores[w.resource] = newStore(w.resource)
 	w.reg.onIssue = func(g *lockingv1alpha1.LockGrant) {
+		if w.resurrected[g.UID] {
+			// A restore brought back a request that had since ended; it
+			// is granted now in a life of its own.
+			delete(w.h.endedAt, g.UID)
+		}
 		w.h.heldSince[g.UID] = w.s.now
 		w.h.fenceOf[g.UID] = g.Status.FenceToken
 		w.h.issued[g.Spec.Resource] = max(w.h.issued[g.Spec.Resource], g.Status.FenceToken)
