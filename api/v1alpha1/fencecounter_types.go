@@ -28,6 +28,13 @@ type FenceCounterSpec struct {
 	// still hold the resource. Unset when the resource is free.
 	// +optional
 	Holder *FenceHolder `json:"holder,omitempty"`
+
+	// lockDelayUntil is set when the holder's lease ended without a release
+	// and the holder asked for a lock-delay: the resource is not granted
+	// again before this instant, by the controller's clock. Cleared by the
+	// next grant.
+	// +optional
+	LockDelayUntil *metav1.MicroTime `json:"lockDelayUntil,omitempty"`
 }
 
 // FenceHolder identifies one acquisition.
@@ -45,6 +52,12 @@ type FenceHolder struct {
 	// +required
 	// +kubebuilder:validation:Minimum=1
 	Fence int64 `json:"fence"`
+	// lockDelaySeconds is the grant's lock-delay, kept here so that it
+	// applies even when the grant itself is deleted while it holds.
+	// +optional
+	// +kubebuilder:validation:Minimum=0
+	// +kubebuilder:validation:Maximum=3600
+	LockDelaySeconds int32 `json:"lockDelaySeconds,omitempty"`
 }
 
 // FenceCounter records, for one resource ID in its namespace, the highest

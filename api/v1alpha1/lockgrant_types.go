@@ -14,6 +14,8 @@ const (
 	MaxLeaseDurationSeconds = 3600
 	// MaxWaitTimeoutSeconds is the longest wait limit, in seconds (one day).
 	MaxWaitTimeoutSeconds = 86400
+	// MaxLockDelaySeconds is the longest lock-delay, in seconds (one hour).
+	MaxLockDelaySeconds = 3600
 )
 
 // LockGrantSpec is an acquisition request: who wants which resource, for how
@@ -21,6 +23,7 @@ const (
 //
 // +kubebuilder:validation:XValidation:rule="!has(oldSelf.owner) || (has(self.owner) && self.owner == oldSelf.owner)",message="INVALID_SPEC: owner is immutable"
 // +kubebuilder:validation:XValidation:rule="(has(self.waitTimeoutSeconds) ? self.waitTimeoutSeconds : 0) == (has(oldSelf.waitTimeoutSeconds) ? oldSelf.waitTimeoutSeconds : 0)",message="INVALID_SPEC: waitTimeoutSeconds is immutable"
+// +kubebuilder:validation:XValidation:rule="(has(self.lockDelaySeconds) ? self.lockDelaySeconds : 0) == (has(oldSelf.lockDelaySeconds) ? oldSelf.lockDelaySeconds : 0)",message="INVALID_SPEC: lockDelaySeconds is immutable"
 // +kubebuilder:validation:XValidation:rule="has(self.requestID) == has(oldSelf.requestID) && (!has(self.requestID) || self.requestID == oldSelf.requestID)",message="INVALID_SPEC: requestID is immutable"
 // +kubebuilder:validation:XValidation:rule="(has(self.renewals) ? self.renewals : 0) >= (has(oldSelf.renewals) ? oldSelf.renewals : 0)",message="INVALID_SPEC: renewals never decreases"
 // +kubebuilder:validation:XValidation:rule="(has(self.renewals) ? self.renewals : 0) <= (has(oldSelf.renewals) ? oldSelf.renewals : 0) + 1",message="INVALID_SPEC: renewals rises by one per renew"
@@ -68,6 +71,19 @@ type LockGrantSpec struct {
 	// +kubebuilder:validation:Minimum=0
 	// +kubebuilder:validation:Maximum=86400
 	WaitTimeoutSeconds int32 `json:"waitTimeoutSeconds,omitempty"`
+
+	// lockDelaySeconds is this grant's lock-delay, in seconds: when its lease
+	// ends without a release (it expired, its session lapsed, it was revoked
+	// or its grant was deleted), the resource is not granted again for this
+	// long, so that effects the lost holder still has in flight on a
+	// resource that cannot check a fence (an external API, a file on a
+	// share) can drain. A release ends the grant without a delay. The delay
+	// is judged by the controller's clock, like the lease. 0 or unset: none;
+	// at most 3600. Immutable.
+	// +optional
+	// +kubebuilder:validation:Minimum=0
+	// +kubebuilder:validation:Maximum=3600
+	LockDelaySeconds int32 `json:"lockDelaySeconds,omitempty"`
 
 	// requestID is the client's idempotency key for this acquisition: 1 to 63
 	// letters, digits, ".", "_" or "-", starting and ending with a letter or

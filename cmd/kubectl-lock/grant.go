@@ -24,17 +24,19 @@ import (
 type acquireOptions struct {
 	ttl       time.Duration
 	wait      time.Duration
+	lockDelay time.Duration
 	requestID string
 }
 
 func (o *acquireOptions) addFlags(cmd *cobra.Command) {
 	cmd.Flags().DurationVar(&o.ttl, "ttl", lock.DefaultTTL, "Lease duration, whole seconds from 1s to 1h; the lease ends this long after the last renew.")
 	cmd.Flags().DurationVar(&o.wait, "wait", 0, "How long to wait in the queue; 0 waits without limit. Exit code 124 when it passes.")
+	cmd.Flags().DurationVar(&o.lockDelay, "lock-delay", 0, "If the lease ends without a release (expired, killed, revoked), nobody else gets the resource for this long, so that effects still in flight can drain (whole seconds, at most 1h).")
 	cmd.Flags().StringVar(&o.requestID, "request-id", "", "Idempotency key of the request (default: random). Retrying with the same ID finds the same grant instead of queuing again.")
 }
 
 func (o *acquireOptions) lockOptions() []lock.Option {
-	opts := []lock.Option{lock.WithTTL(o.ttl), lock.WithWait(o.wait)}
+	opts := []lock.Option{lock.WithTTL(o.ttl), lock.WithWait(o.wait), lock.WithLockDelay(o.lockDelay)}
 	if o.requestID != "" {
 		opts = append(opts, lock.WithRequestID(o.requestID))
 	}

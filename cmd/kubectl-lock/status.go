@@ -32,6 +32,10 @@ type resourceStatus struct {
 	// HighestFence is the highest fence ever issued for the resource (from
 	// its FenceCounter); 0 when unknown.
 	HighestFence int64 `json:"highestFence,omitempty"`
+	// LockDelayUntil is set while the resource waits out the lock-delay
+	// of a holder whose lease ended without a release: nobody is granted
+	// before it, by the controller's clock.
+	LockDelayUntil *metav1.MicroTime `json:"lockDelayUntil,omitempty"`
 	// Queue are the waiting requests, next first.
 	Queue []queuedRequest `json:"queue"`
 }
@@ -162,6 +166,9 @@ func readStatus(ctx context.Context, c client.Client, ns, resource string) (*res
 	switch err := c.Get(ctx, types.NamespacedName{Namespace: ns, Name: lockingv1alpha1.FenceCounterName(resource)}, &fc); {
 	case err == nil:
 		st.HighestFence = max(st.HighestFence, fc.Spec.Fence)
+		if d := fc.Spec.LockDelayUntil; d != nil && fc.Spec.Holder == nil {
+			st.LockDelayUntil = d
+		}
 	case apierrors.IsNotFound(err), apierrors.IsForbidden(err):
 	default:
 		return nil, err
@@ -187,6 +194,9 @@ func printStatus(a *app, st *resourceStatus) {
 	}
 	if st.HighestFence > 0 {
 		fmt.Fprintf(w, "Highest fence:\t%d\n", st.HighestFence)
+	}
+	if d := st.LockDelayUntil; d != nil && time.Until(d.Time) > -time.Minute {
+		fmt.Fprintf(w, "Lock-delay:\tuntil %s (%s, by the controller's clock): the last holder's lease ended without a release\n", timestamp(d), relative(d.Time))
 	}
 	fmt.Fprintf(w, "Queue:\t%d waiting\n", len(st.Queue))
 	for _, q := range st.Queue {

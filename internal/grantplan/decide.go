@@ -40,6 +40,9 @@ const (
 	// ReasonSessionExpired: the session Lease the request names is gone or
 	// lapsed: a Pending request is withdrawn, a Held grant ends.
 	ReasonSessionExpired = string(fencing.ReasonSessionExpired)
+	// ReasonLockDelay: the next in line waits out the lock-delay of a
+	// holder whose lease ended without a release.
+	ReasonLockDelay = "LockDelay"
 )
 
 // Facts is what one decision about a resource needs.
@@ -195,6 +198,9 @@ func Decide(f Facts) Plan {
 		holder, fence = f.Counter.Spec.Holder, f.Counter.Spec.Fence
 	}
 	holderLive := false
+	// holderEnd is how the counter's holder ended, when it did and its
+	// grant is listed: a release ends it without lock-delay.
+	var holderEnd lockingv1alpha1.LockGrantPhase
 	var waiting []*lockingv1alpha1.LockGrant
 	deadlines := []time.Time{}
 
@@ -210,6 +216,9 @@ func Decide(f Facts) Plan {
 		case st.Phase.Final():
 			// Nothing ever changes a final grant; it is deleted once its
 			// retention has passed.
+			if isHolder {
+				holderEnd = st.Phase
+			}
 			if f.Retention > 0 && st.EndedAt != nil {
 				gone := st.EndedAt.Add(f.Retention)
 				if fencing.Expired(gone, f.Now) {
@@ -238,6 +247,9 @@ func Decide(f Facts) Plan {
 				p.Events = append(p.Events, e...)
 				holderLive = true
 				deadlines = append(deadlines, st.ExpiresAt.Time, lapses)
+			}
+			if !holderLive {
+				holderEnd = st.Phase
 			}
 		case st.Phase == lockingv1alpha1.PhaseHeld:
 			// Held in status but no longer the counter's holder: the
@@ -274,10 +286,30 @@ func Decide(f Facts) Plan {
 		}
 	}
 
+	// Lock-delay: a holder whose lease ended without a release (expired,
+	// session lapsed, revoked, its grant deleted) keeps the resource from
+	// being granted for its delay, counted from when this pass saw it end,
+	// so that its in-flight effects on resources that cannot check a fence
+	// can drain. The counter keeps the instant, so the delay survives the
+	// grant's deletion and a restart.
+	var delayUntil time.Time
+	if f.Counter != nil && f.Counter.Spec.LockDelayUntil != nil {
+		delayUntil = f.Counter.Spec.LockDelayUntil.Time
+	}
+	if !holderLive && holder != nil && holder.LockDelaySeconds > 0 && holderEnd != lockingv1alpha1.PhaseReleased {
+		if until := f.Now.Add(time.Duration(holder.LockDelaySeconds) * time.Second); until.After(delayUntil) {
+			delayUntil = until
+		}
+	}
+	delayed := !delayUntil.IsZero() && !fencing.Expired(delayUntil, f.Now)
+	if delayed {
+		deadlines = append(deadlines, delayUntil)
+	}
+
 	// Hand the resource to the first waiter when nobody holds it, unless
 	// the fence space is exhausted (a counter raised to the int64 limit by
 	// hand): then nobody is granted, rather than a fence that wraps around.
-	if !holderLive && len(waiting) > 0 && fence < math.MaxInt64 {
+	if !holderLive && len(waiting) > 0 && fence < math.MaxInt64 && !delayed {
 		next := waiting[0]
 		waiting = waiting[1:]
 		fence = fencing.NextFence(fence, f.Epoch)
@@ -286,6 +318,7 @@ func Decide(f Facts) Plan {
 			Fence:    fence,
 			Holder: &lockingv1alpha1.FenceHolder{
 				Name: next.Name, UID: string(next.UID), Owner: next.Spec.Owner, Fence: fence,
+				LockDelaySeconds: next.Spec.LockDelaySeconds,
 			},
 		}
 		p.Events = append(p.Events, hold(next, fence, now))
@@ -294,8 +327,13 @@ func Decide(f Facts) Plan {
 		deadlines = append(deadlines, next.Status.ExpiresAt.Time)
 		p.Statuses = slices.DeleteFunc(p.Statuses, func(g *lockingv1alpha1.LockGrant) bool { return g.UID == next.UID })
 	} else if !holderLive && holder != nil {
-		// The holder ended or is gone and nobody waits: free the resource.
+		// The holder ended or is gone, and nobody waits or the lock-delay
+		// runs: free the resource, with the delay's end.
 		p.Counter = &lockingv1alpha1.FenceCounterSpec{Resource: f.Resource, Fence: fence}
+		if delayed {
+			until := metav1.NewMicroTime(delayUntil)
+			p.Counter.LockDelayUntil = &until
+		}
 	}
 
 	// Queue positions of those still waiting, written when a request joins
@@ -310,7 +348,11 @@ func Decide(f Facts) Plan {
 		if joins || pos == 0 || g.Status.QueuePosition == nil {
 			g.Status.QueuePosition = &pos
 		}
-		setReady(g, metav1.ConditionFalse, ReasonPending, "Waiting in the queue for the resource", now)
+		if delayed && i == 0 {
+			setReady(g, metav1.ConditionFalse, ReasonLockDelay, "Next in line; the last holder's lease ended without a release, so the resource is granted again at "+delayUntil.UTC().Format(time.RFC3339Nano)+" (lock-delay)", now)
+		} else {
+			setReady(g, metav1.ConditionFalse, ReasonPending, "Waiting in the queue for the resource", now)
+		}
 		if !equalStatus(old, &g.Status) && !slices.Contains(p.Statuses, g) {
 			p.Statuses = append(p.Statuses, g)
 		}

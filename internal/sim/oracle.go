@@ -53,6 +53,10 @@ type Report struct {
 	HolderLockedOut int
 	// TwoHolders: two unexpired Held grants of one resource at once.
 	TwoHolders int
+	// LockDelayBroken: a grant issued before the lock-delay of the
+	// resource's last holder had passed, that holder's lease having ended
+	// without a release.
+	LockDelayBroken int
 	// UnknownNotReconciled: a holder that stayed OWNERSHIP_UNKNOWN longer
 	// than 15 minutes; MaxUnknown is the longest stay seen.
 	UnknownNotReconciled int
@@ -90,6 +94,7 @@ func (r *Report) Add(o *Report) {
 	r.DoubleEffect += o.DoubleEffect
 	r.HolderLockedOut += o.HolderLockedOut
 	r.TwoHolders += o.TwoHolders
+	r.LockDelayBroken += o.LockDelayBroken
 	r.UnknownNotReconciled += o.UnknownNotReconciled
 	r.MaxUnknown = max(r.MaxUnknown, o.MaxUnknown)
 	r.DeadWaiterGranted += o.DeadWaiterGranted
@@ -108,7 +113,7 @@ func (r *Report) Add(o *Report) {
 // Forbidden is the sum of every counter the gate requires to be zero.
 func (r *Report) Forbidden() int {
 	return r.StaleAccepted + r.ForgedAccepted + r.AuthFailMovedFence + r.ExpiredOwnerAccepted +
-		r.GapAccepted + r.RegressionAccepted + r.DoubleEffect + r.HolderLockedOut + r.TwoHolders + r.UnknownNotReconciled +
+		r.GapAccepted + r.RegressionAccepted + r.DoubleEffect + r.HolderLockedOut + r.TwoHolders + r.LockDelayBroken + r.UnknownNotReconciled +
 		r.DeadWaiterGranted + r.LiveWaiterDropped + (r.Accepted - r.AcceptedChecked)
 }
 
@@ -123,9 +128,9 @@ func (r *Report) CheckedShare() float64 {
 
 // Summary is the one-line summary `make faults` prints.
 func (r *Report) Summary() string {
-	return fmt.Sprintf("rounds=%d mutations=%d accepted=%d checked=%.1f%% stale_accepted=%d forged_accepted=%d auth_fail_moved_fence=%d expired_owner_accepted=%d gap_accepted=%d regression_accepted=%d double_effect=%d holder_locked_out=%d two_holders=%d unknown_over_15m=%d max_unknown=%s dead_waiter_granted=%d live_waiter_dropped=%d",
+	return fmt.Sprintf("rounds=%d mutations=%d accepted=%d checked=%.1f%% stale_accepted=%d forged_accepted=%d auth_fail_moved_fence=%d expired_owner_accepted=%d gap_accepted=%d regression_accepted=%d double_effect=%d holder_locked_out=%d two_holders=%d lock_delay_broken=%d unknown_over_15m=%d max_unknown=%s dead_waiter_granted=%d live_waiter_dropped=%d",
 		r.Rounds, r.Offered, r.Accepted, r.CheckedShare(), r.StaleAccepted, r.ForgedAccepted, r.AuthFailMovedFence,
-		r.ExpiredOwnerAccepted, r.GapAccepted, r.RegressionAccepted, r.DoubleEffect, r.HolderLockedOut, r.TwoHolders, r.UnknownNotReconciled, r.MaxUnknown, r.DeadWaiterGranted, r.LiveWaiterDropped)
+		r.ExpiredOwnerAccepted, r.GapAccepted, r.RegressionAccepted, r.DoubleEffect, r.HolderLockedOut, r.TwoHolders, r.LockDelayBroken, r.UnknownNotReconciled, r.MaxUnknown, r.DeadWaiterGranted, r.LiveWaiterDropped)
 }
 
 // history is the oracle's record of what really happened, kept apart from

@@ -47,6 +47,11 @@ type registry struct {
 	sessions map[string]*simSession
 	// sessionsNeverLapse breaks the controller's session rule (tests only).
 	sessionsNeverLapse bool
+	// lockDelays gives every other request a lock-delay (FaultLockDelay).
+	lockDelays bool
+	// dropLockDelay stores counters without their lock-delay, as a
+	// controller that forgets it would (tests only).
+	dropLockDelay bool
 }
 
 func newRegistry(seed uint64) *registry {
@@ -87,6 +92,9 @@ func (r *registry) create(owner, resource string, ttl int32, requestID string, n
 			Annotations: map[string]string{lockingv1alpha1.RequestedAtAnnotation: r.wall(now).Format(time.RFC3339Nano)},
 		},
 		Spec: lockingv1alpha1.LockGrantSpec{Resource: resource, Owner: owner, LeaseDurationSeconds: ttl, RequestID: requestID},
+	}
+	if r.lockDelays && r.uids%2 == 0 {
+		g.Spec.LockDelaySeconds = int32(1 + r.uids/2%2)
 	}
 	r.grants[uid] = g
 	r.byReq[requestID] = uid
@@ -147,6 +155,18 @@ func (r *registry) reconcile(resource string, now time.Duration) time.Duration {
 	if c := r.counters[resource]; c != nil {
 		revision = c.ResourceVersion
 	}
+	// The old holder's end first, as the controller writes it before the
+	// counter moves on.
+	statuses := p.Statuses
+	if p.Counter != nil && counter != nil && counter.Spec.Holder != nil {
+		for i, g := range statuses {
+			if cur := r.grants[g.UID]; cur != nil && string(g.UID) == counter.Spec.Holder.UID && g.Status.Phase.Final() {
+				r.setStatus(cur, g)
+				statuses = append(statuses[:i:i], statuses[i+1:]...)
+				break
+			}
+		}
+	}
 	if p.Counter != nil {
 		r.rv++
 		c := r.counters[resource]
@@ -158,6 +178,7 @@ func (r *registry) reconcile(resource string, now time.Duration) time.Duration {
 			panic(fmt.Sprintf("the plan lowers the fence of %s from %d to %d", resource, c.Spec.Fence, p.Counter.Fence))
 		}
 		c.Spec = *p.Counter.DeepCopy()
+		r.forgetLockDelay(c)
 		c.ResourceVersion = strconv.FormatInt(r.rv, 10)
 		revision = c.ResourceVersion
 	}
@@ -165,8 +186,9 @@ func (r *registry) reconcile(resource string, now time.Duration) time.Duration {
 		r.crashNext = false
 		return time.Millisecond // the restarted controller comes back at once
 	}
+	p.Statuses = statuses
 	grantplan.Sign(p, params, revision)
-	for _, g := range p.Statuses {
+	for _, g := range statuses {
 		cur := r.grants[g.UID]
 		if cur == nil {
 			continue

@@ -231,6 +231,7 @@ func (r *registry) apply(ps pass) (requeue time.Duration, conflict bool) {
 		}
 		r.rv++
 		c.Spec = *p.Counter.DeepCopy()
+		r.forgetLockDelay(c)
 		c.ResourceVersion = strconv.FormatInt(r.rv, 10)
 		revision = c.ResourceVersion
 	}

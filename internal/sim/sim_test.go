@@ -175,3 +175,23 @@ func TestOracleCatchesAControllerThatIgnoresSessions(t *testing.T) {
 		t.Fatalf("a controller that ignores sessions went unnoticed: %s", total.Summary())
 	}
 }
+
+// Lock-delay is judged, and the judgment is not vacuous: a controller that
+// stores counters without the delay grants during it, and the oracle says so.
+func TestOracleCatchesAControllerThatForgetsLockDelay(t *testing.T) {
+	for _, broken := range []bool{false, true} {
+		total := newReport()
+		for i := range 60 {
+			w := newWorld(RoundSeed(17, i), []Fault{FaultLockDelay, FaultPause})
+			w.reg.dropLockDelay = broken
+			total.Add(w.run())
+		}
+		t.Log(broken, total.Summary())
+		if broken && total.LockDelayBroken == 0 {
+			t.Fatalf("a controller that forgets lock-delays went unnoticed: %s", total.Summary())
+		}
+		if !broken && total.Forbidden() != 0 {
+			t.Fatalf("with lock-delays: %s\n%v", total.Summary(), total.Violations)
+		}
+	}
+}

@@ -68,6 +68,10 @@ const (
 	// and its delete under that version, and deletes without a
 	// precondition, without a pre-delete write or under a stale one.
 	FaultDelete Fault = "guarded-delete"
+	// FaultLockDelay gives every other request a lock-delay of 1 or 2 s:
+	// after such a holder's lease ends without a release, nobody may be
+	// granted the resource before the delay has passed.
+	FaultLockDelay Fault = "lock-delay"
 )
 
 // Faults lists every fault kind.
@@ -81,6 +85,7 @@ var Faults = []Fault{
 	FaultLostAck, FaultForgedFence, FaultTamperedRecord, FaultReplay, FaultRevokedEpoch, FaultControllerCrash,
 	FaultKilledWaiter,
 	FaultSharedIdentity, FaultUnasserted, FaultLookalike, FaultSubresource, FaultDelete,
+	FaultLockDelay,
 }
 
 // world is one round: the scheduler, the registry, the resources, the
@@ -93,6 +98,8 @@ type world struct {
 	h     *history
 	rep   *Report
 	fault map[Fault]bool
+	// ends is how each resource's last holder ended (lockdelay.go).
+	ends map[string]lastEnd
 
 	// resource is the contended resource; other is a second one, the
 	// target of replayed proofs. objects are keyed by name: the guarded
@@ -138,6 +145,7 @@ func newWorld(seed uint64, faults []Fault) *world {
 	for _, f := range faults {
 		w.fault[f] = true
 	}
+	w.reg.lockDelays = w.fault[FaultLockDelay]
 	for _, r := range []string{w.resource, w.other} {
 		w.reg.rv++
 		w.objects[r] = &object{resource: r, exists: true, guarded: true, rv: w.reg.rv}
@@ -150,6 +158,7 @@ func newWorld(seed uint64, faults []Fault) *world {
 			// is granted now in a life of its own.
 			delete(w.h.endedAt, g.UID)
 		}
+		w.checkLockDelay(g)
 		w.h.heldSince[g.UID] = w.s.now
 		w.h.fenceOf[g.UID] = g.Status.FenceToken
 		w.h.issued[g.Spec.Resource] = max(w.h.issued[g.Spec.Resource], g.Status.FenceToken)
@@ -159,6 +168,7 @@ func newWorld(seed uint64, faults []Fault) *world {
 		if _, ok := w.h.endedAt[g.UID]; !ok {
 			w.h.endedAt[g.UID] = w.s.now
 		}
+		w.noteHolderEnd(g)
 	}
 	return w
 }

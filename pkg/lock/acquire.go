@@ -110,6 +110,9 @@ func (c *Client) acquire(ctx context.Context, resource string, try bool, opts []
 	if err != nil {
 		return nil, err
 	}
+	if s.lockDelay > 0 {
+		g.Spec.LockDelaySeconds = int32((s.lockDelay + time.Second - 1) / time.Second)
+	}
 	switch {
 	case try:
 		g.Spec.WaitTimeoutSeconds = tryWaitSeconds

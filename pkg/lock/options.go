@@ -37,6 +37,7 @@ type settings struct {
 	namespace      string
 	ttl            time.Duration
 	wait           time.Duration
+	lockDelay      time.Duration
 	requestID      string
 	operationRoot  string
 	operationClass string
@@ -99,6 +100,22 @@ func WithWait(d time.Duration) Option {
 			s.fail("wait %s is not between 0 and 24h", d)
 		}
 		s.wait = d
+	}
+}
+
+// WithLockDelay asks for a lock-delay (spec.lockDelaySeconds, rounded up to
+// whole seconds, at most one hour): if this acquisition's lease ends without
+// a release (it expired, its session lapsed, it was revoked or its grant was
+// deleted), the resource is not granted to anyone else for d, so that
+// effects still in flight on a resource that cannot check a fence can
+// drain. A Release ends the grant without a delay. 0, the default, asks for
+// none.
+func WithLockDelay(d time.Duration) Option {
+	return func(s *settings) {
+		if d < 0 || d > lockingv1alpha1.MaxLockDelaySeconds*time.Second {
+			s.fail("lock-delay %s is not between 0 and 1h", d)
+		}
+		s.lockDelay = d
 	}
 }
 
