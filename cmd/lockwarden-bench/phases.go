@@ -252,6 +252,13 @@ func (b *bench) expiry(ctx context.Context) error {
 	runs := []run{
 		{sysLockwarden, "expiry-lw", func() (lockClient, error) { return newLWClient(ctx, b.cp, nsExpiry, "holder", 1) },
 			func() (lockClient, error) { return newLWClient(ctx, b.cp, nsExpiry, "waiter", 60) }, 0},
+		{sysLockwarden + ", lock-delay 1 s", "expiry-lw-delay", func() (lockClient, error) {
+			c, err := newLWClient(ctx, b.cp, nsExpiry, "delayed", 1)
+			if c != nil {
+				c.lockDelay = 1
+			}
+			return c, err
+		}, func() (lockClient, error) { return newLWClient(ctx, b.cp, nsExpiry, "after-delay", 60) }, 0},
 		{sysEtcd, "expiry-etcd", func() (lockClient, error) { return newEtcdClient(b.cp.etcdURL, 2) },
 			func() (lockClient, error) { return newEtcdClient(b.cp.etcdURL, 0) }, 0},
 		{sysLease, "expiry-lease", func() (lockClient, error) { return newLeaseClient(b.cp, nsExpiry, "holder", 1) },
