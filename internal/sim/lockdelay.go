@@ -29,6 +29,9 @@ func (w *world) noteHolderEnd(g *lockingv1alpha1.LockGrant) {
 	if w.ends == nil {
 		w.ends = map[string]lastEnd{}
 	}
+	if g.Spec.LockDelaySeconds > 0 && g.Status.Phase != lockingv1alpha1.PhaseReleased {
+		w.rep.Faults["lock-delay-ended-unreleased"]++
+	}
 	w.ends[g.Spec.Resource] = lastEnd{at: w.s.now, released: g.Status.Phase == lockingv1alpha1.PhaseReleased,
 		delay: time.Duration(g.Spec.LockDelaySeconds) * time.Second}
 }
@@ -37,6 +40,9 @@ func (w *world) noteHolderEnd(g *lockingv1alpha1.LockGrant) {
 // the resource's last holder. A restore rolls the counter, and the delay it
 // carries, back: rounds with a restore are not judged.
 func (w *world) checkLockDelay(g *lockingv1alpha1.LockGrant) {
+	if g.Spec.LockDelaySeconds > 0 {
+		w.rep.Faults[string(FaultLockDelay)]++
+	}
 	e, ok := w.ends[g.Spec.Resource]
 	if !ok || e.released || e.delay == 0 || w.restoredAt > 0 {
 		return

@@ -145,7 +145,6 @@ func newWorld(seed uint64, faults []Fault) *world {
 	for _, f := range faults {
 		w.fault[f] = true
 	}
-	w.reg.lockDelays = w.fault[FaultLockDelay]
 	for _, r := range []string{w.resource, w.other} {
 		w.reg.rv++
 		w.objects[r] = &object{resource: r, exists: true, guarded: true, rv: w.reg.rv}
@@ -246,6 +245,7 @@ func (w *world) inRestoreWindow() bool { return w.restoredAt > 0 && !w.recovered
 
 // run plays the round to its horizon and returns its report.
 func (w *world) run() *Report {
+	w.reg.lockDelays = w.fault[FaultLockDelay]
 	w.horizon = 3 * time.Minute
 	n := 2 + w.rng.IntN(3)
 	for i := range n {
