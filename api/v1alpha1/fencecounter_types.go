@@ -81,5 +81,5 @@ type FenceCounterList struct {
 }
 
 func init() {
-	SchemeBuilder.Register(&FenceCounter{}, &FenceCounterList{})
+	knownTypes = append(knownTypes, &FenceCounter{}, &FenceCounterList{})
 }

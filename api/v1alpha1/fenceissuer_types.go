@@ -123,5 +123,5 @@ type FenceIssuerList struct {
 }
 
 func init() {
-	SchemeBuilder.Register(&FenceIssuer{}, &FenceIssuerList{})
+	knownTypes = append(knownTypes, &FenceIssuer{}, &FenceIssuerList{})
 }

@@ -133,5 +133,5 @@ type GuardPolicyList struct {
 }
 
 func init() {
-	SchemeBuilder.Register(&GuardPolicy{}, &GuardPolicyList{})
+	knownTypes = append(knownTypes, &GuardPolicy{}, &GuardPolicyList{})
 }

@@ -343,5 +343,5 @@ type LockGrantList struct {
 }
 
 func init() {
-	SchemeBuilder.Register(&LockGrant{}, &LockGrantList{})
+	knownTypes = append(knownTypes, &LockGrant{}, &LockGrantList{})
 }

@@ -159,7 +159,7 @@ func (m *Manager) WaitReady(ctx context.Context, c client.Client) error {
 	err := wait.PollUntilContextTimeout(ctx, 250*time.Millisecond, managerReadyTimeout, true, func(ctx context.Context) (bool, error) {
 		select {
 		case <-m.exited:
-			return false, fmt.Errorf("the manager exited (%v); last lines of %s:\n%s", m.err, m.LogPath, Tail(m.LogPath, 15))
+			return false, fmt.Errorf("the manager exited (%w); last lines of %s:\n%s", m.err, m.LogPath, Tail(m.LogPath, 15))
 		default:
 		}
 		if notYet = m.readyz(ctx, httpc); notYet != "" {
@@ -295,7 +295,7 @@ func (m *Manager) Metric(ctx context.Context, name, labels string) (float64, []s
 func (m *Manager) Running() error {
 	select {
 	case <-m.exited:
-		return fmt.Errorf("the manager exited (%v); last lines of %s:\n%s", m.err, m.LogPath, Tail(m.LogPath, 20))
+		return fmt.Errorf("the manager exited (%w); last lines of %s:\n%s", m.err, m.LogPath, Tail(m.LogPath, 20))
 	default:
 		return nil
 	}
@@ -329,7 +329,7 @@ func CheckPortFree(port int) error {
 	}
 	l, err := net.Listen("tcp", ":"+strconv.Itoa(port))
 	if err != nil {
-		return fmt.Errorf("port %d cannot be bound (%v): the webhook server needs it; free it and retry", port, err)
+		return fmt.Errorf("port %d cannot be bound (%w): the webhook server needs it; free it and retry", port, err)
 	}
 	return l.Close()
 }
