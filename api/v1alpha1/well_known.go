@@ -137,3 +137,11 @@ func GrantNameForRequest(requestID string) string {
 	sum := sha256.Sum256([]byte(requestID))
 	return "req-" + hex.EncodeToString(sum[:])[:24]
 }
+
+// Path prefixes of the per-policy guarded-write webhooks: the GuardPolicy
+// controller installs a webhook per policy at prefix+name, and the manager
+// serves every path under the prefix.
+const (
+	GuardPolicyEnforcePathPrefix = "/guardpolicy/enforce/"
+	GuardPolicyShadowPathPrefix  = "/guardpolicy/shadow/"
+)

@@ -40,7 +40,6 @@ import (
 
 	lockingv1alpha1 "github.com/lockwarden/lockwarden/api/v1alpha1"
 	"github.com/lockwarden/lockwarden/internal/policy"
-	"github.com/lockwarden/lockwarden/webhook/guard"
 )
 
 // Names of the webhook configurations this controller owns. Enforce
@@ -122,11 +121,11 @@ func (r *Reconciler) Reconcile(ctx context.Context, _ reconcile.Request) (reconc
 			continue
 		}
 		if p.Spec.Mode == lockingv1alpha1.ModeEnforce {
-			cc := withPath(template, guard.EnforcePathPrefix+p.Name)
+			cc := withPath(template, lockingv1alpha1.GuardPolicyEnforcePathPrefix+p.Name)
 			enforce = append(enforce, validating(p, cc))
 			enforceWrites = append(enforceWrites, mutating(p, cc, admissionregistrationv1.Fail, writeOps...))
 		} else {
-			shadow = append(shadow, mutating(p, withPath(template, guard.ShadowPathPrefix+p.Name), admissionregistrationv1.Ignore, append(writeOps, admissionregistrationv1.Delete)...))
+			shadow = append(shadow, mutating(p, withPath(template, lockingv1alpha1.GuardPolicyShadowPathPrefix+p.Name), admissionregistrationv1.Ignore, append(writeOps, admissionregistrationv1.Delete)...))
 		}
 	}
 	if err := r.writeValidating(ctx, owner, enforce); err != nil {
