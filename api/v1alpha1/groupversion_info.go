@@ -1,6 +1,10 @@
 // Package v1alpha1 holds the locking.lockwarden.io/v1alpha1 API: LockGrant,
-// one object per acquisition of a lease on a resource, and FenceCounter, the
-// per-resource record of the highest fencing token ever issued.
+// one object per acquisition of a lease on a resource; FenceCounter, the
+// per-resource record of the highest fencing token ever issued; FenceIssuer
+// (cluster-scoped, one per cluster), the issuer's epoch, signing keys and
+// revoked epochs; and GuardPolicy (cluster-scoped), which guards the writes
+// of the objects it selects. It also names the well-known labels,
+// annotations and webhook paths clients and the manager share.
 //
 // +kubebuilder:object:generate=true
 // +groupName=locking.lockwarden.io

@@ -203,7 +203,7 @@ const (
 
 // LockGrantStatus is written only by the lockwarden controller.
 type LockGrantStatus struct {
-	// phase is Pending, Held, Expired, Released or TimedOut.
+	// phase is Pending, Held, Expired, Released, TimedOut or Revoked.
 	// +optional
 	Phase LockGrantPhase `json:"phase,omitempty"`
 
