@@ -380,8 +380,25 @@ func fieldTypeErrors(raw []byte) field.ErrorList {
 		return nil // decodes, or fails in a way the decoder itself reports
 	}
 	parts := strings.Split(te.Field, ".")
-	return field.ErrorList{denial.FieldInvalid(field.NewPath(parts[0], parts[1:]...), te.Value, fencing.ReasonInvalidSpec,
+	return field.ErrorList{denial.FieldInvalid(field.NewPath(parts[0], parts[1:]...), valueAt(raw, parts, te.Value), fencing.ReasonInvalidSpec,
 		"must be "+jsonType(te.Type))}
+}
+
+// valueAt is the JSON value at path in raw, as the user wrote it, or
+// otherwise the decoder's description of it.
+func valueAt(raw []byte, path []string, otherwise string) any {
+	var v any
+	if json.Unmarshal(raw, &v) != nil {
+		return otherwise
+	}
+	for _, p := range path {
+		m, ok := v.(map[string]any)
+		if !ok {
+			return otherwise
+		}
+		v = m[p]
+	}
+	return v
 }
 
 // jsonType says in JSON terms what a Go type accepts.
