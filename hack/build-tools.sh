@@ -50,7 +50,7 @@ for t in "${want[@]}"; do
 	kube-apiserver) build kube-apiserver kube k8s.io/kubernetes/cmd/kube-apiserver "$(kube_ldflags)" ;;
 	kubectl) build kubectl kube k8s.io/kubernetes/cmd/kubectl "$(kube_ldflags)" ;;
 	helm) build helm helm helm.sh/helm/v3/cmd/helm "-s -w -X helm.sh/helm/v3/internal/version.version=${HELM_VERSION}" ;;
-	golangci-lint) build golangci-lint golangci-lint github.com/golangci/golangci-lint/v2/cmd/golangci-lint ;;
+	golangci-lint) build golangci-lint golangci-lint . ;;
 	*) echo "unknown tool: $t" >&2; exit 2 ;;
 	esac
 done

@@ -130,7 +130,7 @@ type LockGrantSpec struct {
 	// +optional
 	Session *SessionRef `json:"session,omitempty"`
 
-	// release, set to true by the owner, ends the grant: a Held grant becomes
+	// release set to true by the owner ends the grant: a Held grant becomes
 	// Released, a Pending one leaves the queue. It cannot be unset.
 	// +optional
 	Release bool `json:"release,omitempty"`
@@ -203,6 +203,13 @@ const (
 
 // LockGrantStatus is written only by the lockwarden controller.
 type LockGrantStatus struct {
+	// conditions are Ready, Renewed and FenceRegression.
+	// +optional
+	// +listType=map
+	// +listMapKey=type
+	// +kubebuilder:validation:MaxItems=8
+	Conditions []metav1.Condition `json:"conditions,omitempty"`
+
 	// phase is Pending, Held, Expired, Released, TimedOut or Revoked.
 	// +optional
 	Phase LockGrantPhase `json:"phase,omitempty"`
@@ -254,28 +261,25 @@ type LockGrantStatus struct {
 	// issuer's trust bundle.
 	// +optional
 	Proof string `json:"proof,omitempty"`
-
-	// conditions are Ready, Renewed and FenceRegression.
-	// +optional
-	// +listType=map
-	// +listMapKey=type
-	// +kubebuilder:validation:MaxItems=8
-	Conditions []metav1.Condition `json:"conditions,omitempty"`
 }
 
 // GrantRecord is the lockGrant.v1 record of a Held grant; every field is
 // covered by the signature in status.proof (docs/grant-record.md).
 type GrantRecord struct {
 	// schema is "lockGrant.v1".
+	// +required
 	Schema string `json:"schema"`
 	// resource is the resource ID.
+	// +required
 	Resource string `json:"resource"`
 	// owner is the owner identity.
+	// +required
 	Owner string `json:"owner"`
 	// requestID is the request ID, if any.
 	// +optional
 	RequestID string `json:"requestID,omitempty"`
 	// leaseID is the LockGrant's UID.
+	// +required
 	LeaseID string `json:"leaseID"`
 	// operationRoot is the operation root, if any.
 	// +optional
@@ -284,9 +288,11 @@ type GrantRecord struct {
 	// +optional
 	OperationClass string `json:"operationClass,omitempty"`
 	// fenceToken is the fencing token.
+	// +required
 	FenceToken int64 `json:"fenceToken"`
 	// backendRevision is the FenceCounter's resourceVersion right after the
 	// fence was issued (opaque).
+	// +required
 	BackendRevision string `json:"backendRevision"`
 	// policy is the GuardPolicy the grant was issued under, if any.
 	// +optional
@@ -298,8 +304,10 @@ type GrantRecord struct {
 	// +optional
 	IssuerEpoch int64 `json:"issuerEpoch,omitempty"`
 	// ttlSeconds is the lease duration, in seconds.
+	// +required
 	TTLSeconds int64 `json:"ttlSeconds"`
 	// keyID names the signing key.
+	// +required
 	KeyID string `json:"keyID"`
 }
 
