@@ -121,8 +121,8 @@ type LockGrantSpec struct {
 	// locking.lockwarden.io/session=true, whose spec.holderIdentity is the
 	// owner, that the client renews while it runs. A Pending request whose
 	// session is gone or lapsed is withdrawn (Released, reason
-	// SESSION_EXPIRED) and never granted; a Held grant whose session lapsed
-	// ends as Expired (reason SESSION_EXPIRED). A session lapses when the
+	// SessionExpired) and never granted; a Held grant whose session lapsed
+	// ends as Expired (reason SessionExpired). A session lapses when the
 	// controller has seen no change to the Lease for its
 	// spec.leaseDurationSeconds plus a margin of one second, by the
 	// controller's clock. Unset: the request has no liveness beyond its
@@ -192,7 +192,7 @@ const (
 	// otherwise (reason Pending, Expired, Released, TimedOut, ...).
 	ConditionReady = "Ready"
 	// ConditionRenewed reports the outcome of the owner's last renew
-	// (reason Renewed or EXPIRED).
+	// (reason Renewed, Expired or AlreadyEnded).
 	ConditionRenewed = "Renewed"
 	// ConditionFenceRegression is True when a protected resource refused
 	// the grant's writes with FENCE_REGRESSION (reported by the holder in

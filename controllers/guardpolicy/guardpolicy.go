@@ -40,6 +40,7 @@ import (
 
 	lockingv1alpha1 "github.com/lockwarden/lockwarden/api/v1alpha1"
 	"github.com/lockwarden/lockwarden/internal/policy"
+	"github.com/lockwarden/lockwarden/pkg/fencing"
 )
 
 // Names of the webhook configurations this controller owns. Enforce
@@ -328,7 +329,8 @@ func (r *Reconciler) setReady(ctx context.Context, p *lockingv1alpha1.GuardPolic
 		Message: fmt.Sprintf("%s webhook %s installed", p.Spec.Mode, webhookName(p)),
 	}
 	if invalid != nil {
-		cond.Status, cond.Reason, cond.Message = metav1.ConditionFalse, "InvalidPolicy", "Not installed: "+invalid.Error()
+		cond.Status, cond.Reason = metav1.ConditionFalse, fencing.ReasonInvalidPolicy.ConditionReason()
+		cond.Message = string(fencing.ReasonInvalidPolicy) + ": not installed: " + invalid.Error()
 	}
 	meta.SetStatusCondition(&p.Status.Conditions, cond)
 	if equality.Semantic.DeepEqual(before, &p.Status) {

@@ -3,6 +3,7 @@ package fencing
 import (
 	"errors"
 	"fmt"
+	"strings"
 )
 
 // Reason is the machine-readable code of a refusal. The same codes appear in
@@ -222,4 +223,32 @@ func EndsGrant(r Reason) bool {
 		return false
 	}
 	return true
+}
+
+// ConditionReason returns r as Kubernetes API conventions spell condition
+// and Event reasons, in CamelCase: EXPIRED is Expired, REVOKED_EPOCH is
+// RevokedEpoch, FENCE_REGRESSION is FenceRegression. The code itself stays
+// in refusals, condition messages that explain a refusal, and metric labels.
+func (r Reason) ConditionReason() string {
+	var b strings.Builder
+	for _, part := range strings.Split(string(r), "_") {
+		if part == "" {
+			continue
+		}
+		b.WriteString(part[:1])
+		b.WriteString(strings.ToLower(part[1:]))
+	}
+	return b.String()
+}
+
+// CodeOf returns the code of the catalog whose ConditionReason is s
+// (EXPIRED for Expired), or s itself when s names none (Granted, Renewed):
+// the form metric labels and alerts use.
+func CodeOf(s string) string {
+	for r := range sentinels {
+		if r.ConditionReason() == s {
+			return string(r)
+		}
+	}
+	return s
 }

@@ -68,3 +68,26 @@ func TestEndsGrant(t *testing.T) {
 		}
 	}
 }
+
+func TestConditionReason(t *testing.T) {
+	for r, want := range map[fencing.Reason]string{
+		fencing.ReasonExpired:         "Expired",
+		fencing.ReasonRevokedEpoch:    "RevokedEpoch",
+		fencing.ReasonFenceRegression: "FenceRegression",
+		fencing.ReasonSessionExpired:  "SessionExpired",
+		fencing.ReasonAlreadyEnded:    "AlreadyEnded",
+		fencing.ReasonNotHeld:         "NotHeld",
+	} {
+		if got := r.ConditionReason(); got != want {
+			t.Errorf("%s.ConditionReason() = %q, want %q", r, got, want)
+		}
+		if got := fencing.CodeOf(want); got != string(r) {
+			t.Errorf("CodeOf(%q) = %q, want %s", want, got, r)
+		}
+	}
+	for _, s := range []string{"Granted", "Renewed", "PolicyDenied", "Superseded", "Cancelled"} {
+		if got := fencing.CodeOf(s); got != s {
+			t.Errorf("CodeOf(%q) = %q, want it unchanged", s, got)
+		}
+	}
+}
