@@ -13,6 +13,7 @@ LOCALBIN ?= $(CURDIR)/bin
 # builds the local control plane.
 KUBECTL ?= $(if $(wildcard $(LOCALBIN)/kubectl),$(LOCALBIN)/kubectl,kubectl)
 CONTROLLER_GEN ?= $(LOCALBIN)/controller-gen
+GOLANGCI_LINT ?= $(LOCALBIN)/golangci-lint
 HELM ?= $(LOCALBIN)/helm
 DIST ?= $(CURDIR)/dist
 # The release: VERSION names the image tag, the archives and --version.
@@ -66,6 +67,10 @@ fmt: ## Run go fmt.
 vet: ## Run go vet.
 	go vet ./...
 
+.PHONY: lint
+lint: golangci-lint ## Run golangci-lint (.golangci.yml: errorlint, importas, revive's exported rules, govet, staticcheck, ...).
+	$(GOLANGCI_LINT) run ./...
+
 .PHONY: test
 test: tools vet ## Run every test: unit, envtest (real kube-apiserver + etcd) and end-to-end.
 	go test $(GO_TEST_FLAGS) ./...
@@ -115,6 +120,10 @@ release-archives: ## Write the kubectl plugin's archives for PLUGIN_PLATFORMS an
 .PHONY: controller-gen
 controller-gen: ## Build controller-gen into bin/ (once).
 	hack/build-tools.sh controller-gen
+
+.PHONY: golangci-lint
+golangci-lint: ## Build golangci-lint into bin/ from the Go module proxy (once; make lint does it).
+	hack/build-tools.sh golangci-lint
 
 .PHONY: helm
 helm: ## Build helm into bin/ from the Go module proxy (once).

@@ -3,7 +3,8 @@
 # controller-gen and helm from the Go module proxy into bin/. A binary that is already
 # there is not rebuilt. See DEVELOPERS.md.
 #
-# Usage: hack/build-tools.sh [tool ...]   (default: all)
+# Usage: hack/build-tools.sh [tool ...]   (default: all but golangci-lint,
+# which `make lint` builds on demand)
 set -euo pipefail
 
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -49,6 +50,7 @@ for t in "${want[@]}"; do
 	kube-apiserver) build kube-apiserver kube k8s.io/kubernetes/cmd/kube-apiserver "$(kube_ldflags)" ;;
 	kubectl) build kubectl kube k8s.io/kubernetes/cmd/kubectl "$(kube_ldflags)" ;;
 	helm) build helm helm helm.sh/helm/v3/cmd/helm "-s -w -X helm.sh/helm/v3/internal/version.version=${HELM_VERSION}" ;;
+	golangci-lint) build golangci-lint golangci-lint . ;;
 	*) echo "unknown tool: $t" >&2; exit 2 ;;
 	esac
 done

@@ -1,13 +1,23 @@
-// Package webhook gathers lockwarden's admission webhooks. Each subpackage
-// is plumbing: it reads the facts a decision needs and calls the rules in
-// pkg/fencing; none of them holds a fencing rule of its own.
+// Package webhook gathers lockwarden's admission webhooks and registers
+// them with the manager (Setup). Each subpackage is plumbing: it reads the
+// facts a decision needs and calls the rules in pkg/fencing (or
+// internal/policy); none of them holds a fencing rule of its own. Every
+// refusal carries a reason code of the pkg/fencing catalog: a fencing
+// refusal is a 403 Forbidden whose message starts with the code and whose
+// details.causes[0].type is the code; a malformed object is a 422 Invalid
+// whose causes name the user's fields, each detail starting with
+// INVALID_SPEC or INVALID_POLICY.
 //
-//   - lockgrant: defaults the owner to the requester, stamps the request
-//     time, checks the request against its GuardPolicy, lets only the
-//     owner renew or release, and requires the force-release verb to
-//     delete someone else's live grant.
-//   - fencecounter: refuses to lower a fence or to delete a counter whose
-//     resource still has grants.
+//   - lockgrant: refuses a field of the wrong JSON type, defaults the owner
+//     to the requester, stamps the request time, checks the request
+//     against its session Lease and GuardPolicy, lets only the owner renew
+//     or release, and requires the force-release verb to delete someone
+//     else's live grant.
+//   - fencecounter: refuses a counter not named after its resource, any
+//     lowering of a fence (FENCE_REGRESSION), and deleting a counter while
+//     its namespace exists (COUNTER_PROTECTED).
+//   - fenceissuer: refuses to delete the FenceIssuer (COUNTER_PROTECTED).
+//   - guardpolicy: refuses a GuardPolicy that could not be installed.
 //   - guard: the guarded-write webhooks, the enforcement point for
 //     Kubernetes objects labeled locking.lockwarden.io/guarded=true or
 //     covered by a GuardPolicy: a mutating webhook checks and consumes the
@@ -25,6 +35,7 @@ import (
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
 
+	lockingv1alpha1 "github.com/lockwarden/lockwarden/api/v1alpha1"
 	"github.com/lockwarden/lockwarden/pkg/fencing"
 	"github.com/lockwarden/lockwarden/webhook/fencecounter"
 	"github.com/lockwarden/lockwarden/webhook/fenceissuer"
@@ -70,11 +81,11 @@ func Setup(mgr ctrl.Manager, clk clock.PassiveClock, bundle func(context.Context
 	srv.Register(GuardMutatePath, label)
 	srv.Register(GuardDeletePath, label)
 	srv.Register(GuardSubresourcePath, &admission.Webhook{Handler: &guard.SubresourceHandler{Metadata: meta, Policies: mgr.GetClient()}})
-	srv.Register(guard.EnforcePathPrefix, &admission.Webhook{
+	srv.Register(lockingv1alpha1.GuardPolicyEnforcePathPrefix, &admission.Webhook{
 		Handler:         &guard.PolicyHandler{Checker: checker, Policies: mgr.GetClient(), Recorder: recorder},
 		WithContextFunc: guard.WithPath,
 	})
-	srv.Register(guard.ShadowPathPrefix, &admission.Webhook{
+	srv.Register(lockingv1alpha1.GuardPolicyShadowPathPrefix, &admission.Webhook{
 		Handler:         &guard.PolicyHandler{Checker: checker, Policies: mgr.GetClient(), Recorder: recorder, Shadow: true},
 		WithContextFunc: guard.WithPath,
 	})

@@ -18,8 +18,9 @@ type FenceCounterSpec struct {
 	Resource string `json:"resource"`
 
 	// fence is the highest fencing token ever issued for the resource. The
-	// controller raises it by compare-and-swap when it grants; admission
-	// refuses any decrease, whoever asks.
+	// controller raises it by compare-and-swap when it grants; the API
+	// server refuses any decrease, whoever asks (FENCE_REGRESSION, the
+	// CRD's validation rule).
 	// +optional
 	// +kubebuilder:validation:Minimum=0
 	Fence int64 `json:"fence,omitempty"`
@@ -94,5 +95,5 @@ type FenceCounterList struct {
 }
 
 func init() {
-	SchemeBuilder.Register(&FenceCounter{}, &FenceCounterList{})
+	knownTypes = append(knownTypes, &FenceCounter{}, &FenceCounterList{})
 }

@@ -75,6 +75,13 @@ type FenceIssuerSpec struct {
 
 // FenceIssuerStatus reports what the controller published.
 type FenceIssuerStatus struct {
+	// conditions holds Ready: whether the controller has done its part.
+	// +optional
+	// +listType=map
+	// +listMapKey=type
+	// +kubebuilder:validation:MaxItems=8
+	Conditions []metav1.Condition `json:"conditions,omitempty"`
+
 	// observedGeneration is the generation the status describes.
 	// +optional
 	ObservedGeneration int64 `json:"observedGeneration,omitempty"`
@@ -82,11 +89,6 @@ type FenceIssuerStatus struct {
 	// published trust bundle (key trust-bundle.json).
 	// +optional
 	TrustBundle string `json:"trustBundle,omitempty"`
-	// conditions: Ready.
-	// +optional
-	// +listType=map
-	// +listMapKey=type
-	Conditions []metav1.Condition `json:"conditions,omitempty"`
 }
 
 // FenceIssuer is the cluster-wide issuer configuration: the epoch fences are
@@ -123,5 +125,5 @@ type FenceIssuerList struct {
 }
 
 func init() {
-	SchemeBuilder.Register(&FenceIssuer{}, &FenceIssuerList{})
+	knownTypes = append(knownTypes, &FenceIssuer{}, &FenceIssuerList{})
 }

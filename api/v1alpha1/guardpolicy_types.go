@@ -80,21 +80,23 @@ type GuardPolicySpec struct {
 	// Roll out in Shadow first, then Enforce on one low-risk resource, then
 	// widen.
 	// +optional
-	// +kubebuilder:default=Shadow
+	// +default="Shadow"
 	Mode GuardPolicyMode `json:"mode,omitempty"`
 }
 
 // GuardPolicyStatus reports the policy's admission webhook.
 type GuardPolicyStatus struct {
+	// conditions holds Ready: whether the controller has done its part.
+	// +optional
+	// +listType=map
+	// +listMapKey=type
+	// +kubebuilder:validation:MaxItems=8
+	Conditions []metav1.Condition `json:"conditions,omitempty"`
+
 	// observedGeneration is the generation the webhook configuration and
 	// the revocations reflect.
 	// +optional
 	ObservedGeneration int64 `json:"observedGeneration,omitempty"`
-	// conditions: Ready.
-	// +optional
-	// +listType=map
-	// +listMapKey=type
-	Conditions []metav1.Condition `json:"conditions,omitempty"`
 }
 
 // GuardPolicy guards objects selected by kind, namespace and labels, without
@@ -133,5 +135,5 @@ type GuardPolicyList struct {
 }
 
 func init() {
-	SchemeBuilder.Register(&GuardPolicy{}, &GuardPolicyList{})
+	knownTypes = append(knownTypes, &GuardPolicy{}, &GuardPolicyList{})
 }

@@ -137,8 +137,8 @@ type LockGrantSpec struct {
 	// locking.lockwarden.io/session=true, whose spec.holderIdentity is the
 	// owner, that the client renews while it runs. A Pending request whose
 	// session is gone or lapsed is withdrawn (Released, reason
-	// SESSION_EXPIRED) and never granted; a Held grant whose session lapsed
-	// ends as Expired (reason SESSION_EXPIRED). A session lapses when the
+	// SessionExpired) and never granted; a Held grant whose session lapsed
+	// ends as Expired (reason SessionExpired). A session lapses when the
 	// controller has seen no change to the Lease for its
 	// spec.leaseDurationSeconds plus a margin of one second, by the
 	// controller's clock. Unset: the request has no liveness beyond its
@@ -146,7 +146,7 @@ type LockGrantSpec struct {
 	// +optional
 	Session *SessionRef `json:"session,omitempty"`
 
-	// release, set to true by the owner, ends the grant: a Held grant becomes
+	// release set to true by the owner ends the grant: a Held grant becomes
 	// Released, a Pending one leaves the queue. It cannot be unset.
 	// +optional
 	Release bool `json:"release,omitempty"`
@@ -208,7 +208,7 @@ const (
 	// otherwise (reason Pending, Expired, Released, TimedOut, ...).
 	ConditionReady = "Ready"
 	// ConditionRenewed reports the outcome of the owner's last renew
-	// (reason Renewed or EXPIRED).
+	// (reason Renewed, Expired or AlreadyEnded).
 	ConditionRenewed = "Renewed"
 	// ConditionFenceRegression is True when a protected resource refused
 	// the grant's writes with FENCE_REGRESSION (reported by the holder in
@@ -219,7 +219,14 @@ const (
 
 // LockGrantStatus is written only by the lockwarden controller.
 type LockGrantStatus struct {
-	// phase is Pending, Held, Expired, Released or TimedOut.
+	// conditions are Ready, Renewed and FenceRegression.
+	// +optional
+	// +listType=map
+	// +listMapKey=type
+	// +kubebuilder:validation:MaxItems=8
+	Conditions []metav1.Condition `json:"conditions,omitempty"`
+
+	// phase is Pending, Held, Expired, Released, TimedOut or Revoked.
 	// +optional
 	Phase LockGrantPhase `json:"phase,omitempty"`
 
@@ -273,27 +280,25 @@ type LockGrantStatus struct {
 	// issuer's trust bundle.
 	// +optional
 	Proof string `json:"proof,omitempty"`
-
-	// conditions are Ready, Renewed and FenceRegression.
-	// +optional
-	// +listType=map
-	// +listMapKey=type
-	Conditions []metav1.Condition `json:"conditions,omitempty"`
 }
 
 // GrantRecord is the lockGrant.v1 record of a Held grant; every field is
 // covered by the signature in status.proof (docs/grant-record.md).
 type GrantRecord struct {
 	// schema is "lockGrant.v1".
+	// +required
 	Schema string `json:"schema"`
 	// resource is the resource ID.
+	// +required
 	Resource string `json:"resource"`
 	// owner is the owner identity.
+	// +required
 	Owner string `json:"owner"`
 	// requestID is the request ID, if any.
 	// +optional
 	RequestID string `json:"requestID,omitempty"`
 	// leaseID is the LockGrant's UID.
+	// +required
 	LeaseID string `json:"leaseID"`
 	// operationRoot is the operation root, if any.
 	// +optional
@@ -302,9 +307,11 @@ type GrantRecord struct {
 	// +optional
 	OperationClass string `json:"operationClass,omitempty"`
 	// fenceToken is the fencing token.
+	// +required
 	FenceToken int64 `json:"fenceToken"`
 	// backendRevision is the FenceCounter's resourceVersion right after the
 	// fence was issued (opaque).
+	// +required
 	BackendRevision string `json:"backendRevision"`
 	// policy is the GuardPolicy the grant was issued under, if any.
 	// +optional
@@ -316,8 +323,10 @@ type GrantRecord struct {
 	// +optional
 	IssuerEpoch int64 `json:"issuerEpoch,omitempty"`
 	// ttlSeconds is the lease duration, in seconds.
+	// +required
 	TTLSeconds int64 `json:"ttlSeconds"`
 	// keyID names the signing key.
+	// +required
 	KeyID string `json:"keyID"`
 }
 
@@ -332,6 +341,8 @@ type GrantRecord struct {
 // +kubebuilder:resource:shortName=lg;lgrant,categories=lockwarden
 // +kubebuilder:printcolumn:name="Resource",type=string,JSONPath=`.spec.resource`
 // +kubebuilder:printcolumn:name="Phase",type=string,JSONPath=`.status.phase`
+// +kubebuilder:printcolumn:name="Ready",type=string,JSONPath=`.status.conditions[?(@.type=="Ready")].status`
+// +kubebuilder:printcolumn:name="Reason",type=string,JSONPath=`.status.conditions[?(@.type=="Ready")].reason`,priority=1
 // +kubebuilder:printcolumn:name="Fence",type=integer,JSONPath=`.status.fenceToken`
 // +kubebuilder:printcolumn:name="Owner",type=string,JSONPath=`.spec.owner`
 // +kubebuilder:printcolumn:name="Expires",type=string,format=date-time,JSONPath=`.status.expiresAt`
@@ -362,5 +373,5 @@ type LockGrantList struct {
 }
 
 func init() {
-	SchemeBuilder.Register(&LockGrant{}, &LockGrantList{})
+	knownTypes = append(knownTypes, &LockGrant{}, &LockGrantList{})
 }

@@ -64,8 +64,9 @@ const (
 	// protected resource refused the grant's writes with FENCE_REGRESSION
 	// (the registry issued a fence the resource had already seen: a restore
 	// from an old snapshot). The value is the resource's message. The
-	// controller raises the grant's FenceRegression condition, a Warning
-	// Event and the metric lockwarden_grant_transitions_total{reason="FENCE_REGRESSION"}.
+	// controller raises the grant's FenceRegression condition and a Warning
+	// Event (reason FenceRegression) and counts the metric
+	// lockwarden_grant_transitions_total{reason="FENCE_REGRESSION"}.
 	FenceRegressionAnnotation = "locking.lockwarden.io/fence-regression"
 
 	// OwnerGroupsAnnotation is stamped on every LockGrant at creation by
@@ -137,3 +138,11 @@ func GrantNameForRequest(requestID string) string {
 	sum := sha256.Sum256([]byte(requestID))
 	return "req-" + hex.EncodeToString(sum[:])[:24]
 }
+
+// Path prefixes of the per-policy guarded-write webhooks: the GuardPolicy
+// controller installs a webhook per policy at prefix+name, and the manager
+// serves every path under the prefix.
+const (
+	GuardPolicyEnforcePathPrefix = "/guardpolicy/enforce/"
+	GuardPolicyShadowPathPrefix  = "/guardpolicy/shadow/"
+)

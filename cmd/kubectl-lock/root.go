@@ -19,7 +19,7 @@ import (
 	"k8s.io/cli-runtime/pkg/genericiooptions"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
+	logf "sigs.k8s.io/controller-runtime/pkg/log"
 
 	lockingv1alpha1 "github.com/lockwarden/lockwarden/api/v1alpha1"
 	"github.com/lockwarden/lockwarden/pkg/fencing"
@@ -72,7 +72,7 @@ func classify(err error) error {
 func execute(args []string, streams genericiooptions.IOStreams) int {
 	// controller-runtime's client may log through its global logger, which
 	// would complain on stderr, with a stack trace, that none was set.
-	ctrllog.SetLogger(logr.Discard())
+	logf.SetLogger(logr.Discard())
 	root := newRootCmd(streams)
 	root.SetArgs(args)
 	cmd, err := root.ExecuteC()

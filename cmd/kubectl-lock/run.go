@@ -255,10 +255,10 @@ func (a *app) run(resource string, argv []string, o acquireOptions, grace time.D
 			signalChild(syscall.SIGTERM)
 			t := time.NewTimer(grace)
 			select {
-			case <-exited:
+			case <-exited: //nolint:errcheck // the command's exit status no longer matters once the lock is lost
 			case <-t.C:
 				signalChild(syscall.SIGKILL)
-				<-exited
+				<-exited //nolint:errcheck // as above
 			}
 			t.Stop()
 			if rerr := release(lostReleaseTimeout); rerr != nil {
@@ -267,7 +267,7 @@ func (a *app) run(resource string, argv []string, o acquireOptions, grace time.D
 			return exitLockLost, fmt.Errorf("lock on %s lost while the command ran: %w", resource, cause)
 		case s := <-sigs:
 			// A terminal's Ctrl-C already reached an interactive command.
-			if sig, ok := s.(syscall.Signal); ok && !(interactive && sig == syscall.SIGINT) {
+			if sig, ok := s.(syscall.Signal); ok && (!interactive || sig != syscall.SIGINT) {
 				signalChild(sig)
 			}
 		}

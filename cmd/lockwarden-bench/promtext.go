@@ -1,9 +1,12 @@
 package main
 
 import (
-	"bufio"
-	"strconv"
+	"maps"
+	"slices"
 	"strings"
+
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
 )
 
 // promSample is one line of the Prometheus text format.
@@ -16,72 +19,29 @@ type promSample struct {
 // promScrape is a scrape, keyed by the line's name and labels as written.
 type promScrape map[string]promSample
 
-// parseProm parses the Prometheus text format, keeping only the metrics
-// whose name starts with one of prefixes.
+// parseProm parses the Prometheus text format (with expfmt; histograms and
+// summaries come out as their _bucket, _sum and _count lines), keeping only
+// the metrics whose name starts with one of prefixes. A malformed scrape
+// keeps what was read before the error.
 func parseProm(text string, prefixes ...string) promScrape {
 	out := promScrape{}
-	sc := bufio.NewScanner(strings.NewReader(text))
-	sc.Buffer(make([]byte, 1<<20), 1<<24)
-	for sc.Scan() {
-		line := sc.Text()
-		if line == "" || line[0] == '#' {
+	parser := expfmt.NewTextParser(model.UTF8Validation)
+	fams, _ := parser.TextToMetricFamilies(strings.NewReader(text))
+	samples, _ := expfmt.ExtractSamples(&expfmt.DecodeOptions{}, slices.Collect(maps.Values(fams))...)
+	for _, smp := range samples {
+		name := string(smp.Metric[model.MetricNameLabel])
+		if !slices.ContainsFunc(prefixes, func(p string) bool { return strings.HasPrefix(name, p) }) {
 			continue
 		}
-		keep := false
-		for _, p := range prefixes {
-			if strings.HasPrefix(line, p) {
-				keep = true
-				break
+		s := promSample{name: name, labels: map[string]string{}, value: float64(smp.Value)}
+		for k, v := range smp.Metric {
+			if k != model.MetricNameLabel {
+				s.labels[string(k)] = string(v)
 			}
 		}
-		if !keep {
-			continue
-		}
-		sp := strings.LastIndexByte(line, ' ')
-		if sp < 0 {
-			continue
-		}
-		key := line[:sp]
-		v, err := strconv.ParseFloat(line[sp+1:], 64)
-		if err != nil {
-			continue
-		}
-		s := promSample{labels: map[string]string{}, value: v}
-		if i := strings.IndexByte(key, '{'); i >= 0 {
-			s.name = key[:i]
-			parseLabels(key[i+1:len(key)-1], s.labels)
-		} else {
-			s.name = key
-		}
-		out[key] = s
+		out[smp.Metric.String()] = s
 	}
 	return out
-}
-
-func parseLabels(s string, into map[string]string) {
-	for s != "" {
-		eq := strings.IndexByte(s, '=')
-		if eq < 0 || eq+1 >= len(s) || s[eq+1] != '"' {
-			return
-		}
-		name := s[:eq]
-		rest := s[eq+2:]
-		var val strings.Builder
-		i := 0
-		for ; i < len(rest); i++ {
-			if rest[i] == '\\' && i+1 < len(rest) {
-				i++
-				val.WriteByte(rest[i])
-				continue
-			}
-			if rest[i] == '"' {
-				break
-			}
-			val.WriteByte(rest[i])
-		}
-		into[name] = val.String()
-		s = strings.TrimPrefix(rest[min(i+1, len(rest)):], ",")
-	}
 }
 
 // delta returns after minus before, line by line.

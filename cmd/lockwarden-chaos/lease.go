@@ -86,7 +86,7 @@ func (w *worker) acquire(ctx context.Context, resource string) *lease {
 		w.rec.emit(Event{Kind: EventOK, Op: OpAcquire, ID: id, Resource: resource, Grant: name, UID: string(l.uid), Fence: l.m.Fence()})
 		return l
 	}
-	reason := l.m.Reason()
+	reason := string(l.m.Reason())
 	if reason == "" {
 		reason = "WITHDRAWN"
 		if ctx.Err() != nil {

@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"fmt"
-	"regexp"
 	"strconv"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -13,6 +12,7 @@ import (
 
 	lockingv1alpha1 "github.com/lockwarden/lockwarden/api/v1alpha1"
 	"github.com/lockwarden/lockwarden/pkg/fencing"
+	"github.com/lockwarden/lockwarden/pkg/fencing/denial"
 	"github.com/lockwarden/lockwarden/pkg/lock/holder"
 )
 
@@ -144,22 +144,13 @@ func classify(err error) (string, string) {
 	return EventInfo, ""
 }
 
-// denialRE finds the reason code at the start of an admission webhook's
-// denial, after the API server's prefix and, for a Forbidden error built by
-// the webhook, the "<resource> \"name\" is forbidden: " part.
-var denialRE = regexp.MustCompile(`denied the request: (?:.*? is forbidden: )?([A-Z][A-Z_]*[A-Z]): `)
-
 // admissionDenial returns the reason code and the message, from the code
-// on, of a request refused by a lockwarden admission webhook; ok is false
-// for any other error.
+// on, of a request refused by a lockwarden admission webhook, as the public
+// decoder (pkg/fencing/denial) reads it; ok is false for any other error.
 func admissionDenial(err error) (reason, message string, ok bool) {
-	if err == nil || !apierrors.IsForbidden(err) {
+	r := denial.Refusal(err)
+	if r == nil {
 		return "", "", false
 	}
-	msg := err.Error()
-	m := denialRE.FindStringSubmatchIndex(msg)
-	if m == nil {
-		return "", "", false
-	}
-	return msg[m[2]:m[3]], msg[m[2]:], true
+	return string(r.Reason), r.Error(), true
 }

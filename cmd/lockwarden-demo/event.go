@@ -1,10 +1,9 @@
 package main
 
 import (
-	"regexp"
 	"time"
 
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"github.com/lockwarden/lockwarden/pkg/fencing/denial"
 )
 
 // Event is one line a worker prints on its stdout, as a JSON object: the
@@ -46,22 +45,13 @@ const (
 	EventFailed = "failed"
 )
 
-// denialRE finds the reason code at the start of an admission webhook's
-// denial, after the API server's prefix and, for a Forbidden error built by
-// the webhook, the "<resource> \"name\" is forbidden: " part.
-var denialRE = regexp.MustCompile(`denied the request: (?:.*? is forbidden: )?([A-Z][A-Z_]*[A-Z]): `)
-
 // admissionDenial returns the reason code and the message, from the code
-// on, of a write refused by a lockwarden admission webhook; ok is false for
-// any other error.
+// on, of a request refused by a lockwarden admission webhook, as the public
+// decoder (pkg/fencing/denial) reads it; ok is false for any other error.
 func admissionDenial(err error) (reason, message string, ok bool) {
-	if !apierrors.IsForbidden(err) {
+	r := denial.Refusal(err)
+	if r == nil {
 		return "", "", false
 	}
-	msg := err.Error()
-	m := denialRE.FindStringSubmatchIndex(msg)
-	if m == nil {
-		return "", "", false
-	}
-	return msg[m[2]:m[3]], msg[m[2]:], true
+	return string(r.Reason), r.Error(), true
 }

@@ -8,7 +8,7 @@ import (
 	"time"
 
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
+	logf "sigs.k8s.io/controller-runtime/pkg/log"
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 
 	"github.com/lockwarden/lockwarden/internal/localcp"
@@ -40,7 +40,7 @@ func run(ctx context.Context, o options) error {
 		return err
 	}
 	defer demoLog.Close()
-	ctrllog.SetLogger(zap.New(zap.WriteTo(demoLog)))
+	logf.SetLogger(zap.New(zap.WriteTo(demoLog)))
 
 	done := step("Starting a local control plane (etcd + kube-apiserver, envtest)")
 	cp, err := localcp.Start(o.assets, o.crds, dir, newScheme())

@@ -102,9 +102,9 @@ func (s *story) run(ctx context.Context) (outcome, error) {
 	case err != nil:
 		return out, fmt.Errorf("waiting for the controller to expire A's grant %s (lease ended at %s): %w", aReq.Detail, s.tl.clock(aExpiresAt), err)
 	case aGrant.Status.Phase != lockingv1alpha1.PhaseExpired:
-		return out, fmt.Errorf("A's grant %s ended as %s, want Expired", aGrant.Name, aGrant.Status.Phase)
+		return out, fmt.Errorf("worker A's grant %s ended as %s, want Expired", aGrant.Name, aGrant.Status.Phase)
 	case time.Now().Before(aGrant.Status.ExpiresAt.Time):
-		return out, fmt.Errorf("A's grant %s is Expired before its expiresAt %s", aGrant.Name, aGrant.Status.ExpiresAt.UTC().Format(time.RFC3339Nano))
+		return out, fmt.Errorf("worker A's grant %s is Expired before its expiresAt %s", aGrant.Name, aGrant.Status.ExpiresAt.UTC().Format(time.RFC3339Nano))
 	}
 
 	say("A's lease is over while A is still frozen; worker B takes over")
@@ -122,7 +122,7 @@ func (s *story) run(ctx context.Context) (outcome, error) {
 		return out, err
 	}
 	if bWrite.Event != EventWriteAccepted {
-		return out, fmt.Errorf("B's write with fence %d, the current holder's, was refused: %s", bWrite.Fence, bWrite.Detail)
+		return out, fmt.Errorf("worker B's write with fence %d, the current holder's, was refused: %s", bWrite.Fence, bWrite.Detail)
 	}
 	out.bFence = bWrite.Fence
 	if err := b.wait(ctx); err != nil {
@@ -161,9 +161,9 @@ func verdict(out outcome, cm *corev1.ConfigMap) error {
 	late := out.lateWrite
 	switch {
 	case late.Event == EventWriteAccepted:
-		return fmt.Errorf("A's late write with fence %d was ACCEPTED: the stale owner overwrote B's result", late.Fence)
+		return fmt.Errorf("worker A's late write with fence %d was ACCEPTED: the stale owner overwrote B's result", late.Fence)
 	case late.Reason != string(fencing.ReasonStaleOwner):
-		return fmt.Errorf("A's late write with fence %d was refused with %q, want %s", late.Fence, late.Detail, fencing.ReasonStaleOwner)
+		return fmt.Errorf("worker A's late write with fence %d was refused with %q, want %s", late.Fence, late.Detail, fencing.ReasonStaleOwner)
 	}
 	if got := cm.Data["result"]; got != resultB {
 		return fmt.Errorf("the ConfigMap holds %q, want B's %q", got, resultB)

@@ -20,7 +20,7 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 	"k8s.io/client-go/util/retry"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
+	logf "sigs.k8s.io/controller-runtime/pkg/log"
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 
 	lockingv1alpha1 "github.com/lockwarden/lockwarden/api/v1alpha1"
@@ -71,7 +71,7 @@ func runWorker(args []string) int {
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
-	ctrllog.SetLogger(zap.New(zap.WriteTo(os.Stderr)))
+	logf.SetLogger(zap.New(zap.WriteTo(os.Stderr)))
 
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()

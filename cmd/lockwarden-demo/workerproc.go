@@ -91,7 +91,7 @@ func (p *workerProc) await(ctx context.Context, kinds ...string) (Event, error) 
 			switch {
 			case !ok:
 				<-p.exited
-				return Event{}, fmt.Errorf("worker %s exited (%v) before reporting %s (log: %s)", p.actor, p.err, want, p.logPath)
+				return Event{}, fmt.Errorf("worker %s exited (%w) before reporting %s (log: %s)", p.actor, p.err, want, p.logPath)
 			case ev.Event == EventFailed:
 				return ev, fmt.Errorf("worker %s failed: %s", p.actor, ev.Detail)
 			case slices.Contains(kinds, ev.Event):

@@ -40,7 +40,7 @@ import (
 
 	lockingv1alpha1 "github.com/lockwarden/lockwarden/api/v1alpha1"
 	"github.com/lockwarden/lockwarden/internal/policy"
-	"github.com/lockwarden/lockwarden/webhook/guard"
+	"github.com/lockwarden/lockwarden/pkg/fencing"
 )
 
 // Names of the webhook configurations this controller owns. Enforce
@@ -122,11 +122,11 @@ func (r *Reconciler) Reconcile(ctx context.Context, _ reconcile.Request) (reconc
 			continue
 		}
 		if p.Spec.Mode == lockingv1alpha1.ModeEnforce {
-			cc := withPath(template, guard.EnforcePathPrefix+p.Name)
+			cc := withPath(template, lockingv1alpha1.GuardPolicyEnforcePathPrefix+p.Name)
 			enforce = append(enforce, validating(p, cc))
 			enforceWrites = append(enforceWrites, mutating(p, cc, admissionregistrationv1.Fail, writeOps...))
 		} else {
-			shadow = append(shadow, mutating(p, withPath(template, guard.ShadowPathPrefix+p.Name), admissionregistrationv1.Ignore, append(writeOps, admissionregistrationv1.Delete)...))
+			shadow = append(shadow, mutating(p, withPath(template, lockingv1alpha1.GuardPolicyShadowPathPrefix+p.Name), admissionregistrationv1.Ignore, append(writeOps, admissionregistrationv1.Delete)...))
 		}
 	}
 	if err := r.writeValidating(ctx, owner, enforce); err != nil {
@@ -329,7 +329,8 @@ func (r *Reconciler) setReady(ctx context.Context, p *lockingv1alpha1.GuardPolic
 		Message: fmt.Sprintf("%s webhook %s installed", p.Spec.Mode, webhookName(p)),
 	}
 	if invalid != nil {
-		cond.Status, cond.Reason, cond.Message = metav1.ConditionFalse, "InvalidPolicy", "Not installed: "+invalid.Error()
+		cond.Status, cond.Reason = metav1.ConditionFalse, fencing.ReasonInvalidPolicy.ConditionReason()
+		cond.Message = string(fencing.ReasonInvalidPolicy) + ": not installed: " + invalid.Error()
 	}
 	meta.SetStatusCondition(&p.Status.Conditions, cond)
 	if equality.Semantic.DeepEqual(before, &p.Status) {

@@ -26,6 +26,7 @@ import (
 	lockingv1alpha1 "github.com/lockwarden/lockwarden/api/v1alpha1"
 	"github.com/lockwarden/lockwarden/internal/grantplan"
 	"github.com/lockwarden/lockwarden/internal/issuer"
+	"github.com/lockwarden/lockwarden/pkg/fencing"
 )
 
 // CounterNameField indexes LockGrants by the name of their resource's
@@ -412,7 +413,7 @@ func (r *Reconciler) emit(g *lockingv1alpha1.LockGrant, events []grantplan.Event
 		if e.Grant.UID != g.UID {
 			continue
 		}
-		transitions.WithLabelValues(e.Reason).Inc()
+		transitions.WithLabelValues(fencing.CodeOf(e.Reason)).Inc()
 		if r.Recorder == nil || !e.Warning {
 			continue
 		}
@@ -424,7 +425,7 @@ func (r *Reconciler) emit(g *lockingv1alpha1.LockGrant, events []grantplan.Event
 // Events and conditions.
 var transitions = prometheus.NewCounterVec(prometheus.CounterOpts{
 	Name: "lockwarden_grant_transitions_total",
-	Help: "LockGrant transitions (Granted, Renewed, Released, EXPIRED, TimedOut, REVOKED_EPOCH, PolicyDenied, FENCE_REGRESSION, ...), by reason.",
+	Help: "LockGrant transitions (Granted, Renewed, RELEASED, EXPIRED, TIMED_OUT, REVOKED_EPOCH, PolicyDenied, FENCE_REGRESSION, ...), by reason: the reason code of the catalog when there is one.",
 }, []string{"reason"})
 
 func init() { metrics.Registry.MustRegister(transitions) }

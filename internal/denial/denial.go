@@ -9,6 +9,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/util/validation/field"
 	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
 
 	"github.com/lockwarden/lockwarden/pkg/fencing"
@@ -41,4 +42,26 @@ func Response(err error, gr schema.GroupResource, name string) admission.Respons
 	st.Message = err.Error()
 	st.Code = http.StatusForbidden
 	return admission.Response{AdmissionResponse: admissionResponse(st)}
+}
+
+// FieldInvalid is a field error whose detail starts with reason code r, for
+// Invalid.
+func FieldInvalid(path *field.Path, value any, r fencing.Reason, detail string) *field.Error {
+	return field.Invalid(path, value, string(r)+": "+detail)
+}
+
+// Invalid returns the 422 Invalid API error of object gk/name that errs
+// refuse (each built by FieldInvalid, so that each detail starts with its
+// reason code and names the user's field), or nil when errs is empty.
+func Invalid(gk schema.GroupKind, name string, errs field.ErrorList) error {
+	if len(errs) == 0 {
+		return nil
+	}
+	return apierrors.NewInvalid(gk, name, errs)
+}
+
+// InvalidResponse is Invalid as an admission response, for handlers that
+// answer before decoding the object.
+func InvalidResponse(gk schema.GroupKind, name string, errs field.ErrorList) admission.Response {
+	return admission.Response{AdmissionResponse: admissionResponse(apierrors.NewInvalid(gk, name, errs).ErrStatus)}
 }

@@ -17,31 +17,35 @@ import (
 	"github.com/lockwarden/lockwarden/pkg/fencing"
 )
 
-// Condition and Event reasons. Reasons of refusals are the fencing package's
-// codes, so that users see the same word everywhere.
+// Condition and Event reasons, in CamelCase as Kubernetes API conventions
+// ask. A reason that stands for a refusal is its fencing code's
+// ConditionReason (Expired for EXPIRED), so that users see the same word
+// everywhere; metric labels carry the code itself (fencing.CodeOf).
 const (
 	ReasonPending   = "Pending"
 	ReasonGranted   = "Granted"
 	ReasonRenewed   = "Renewed"
 	ReasonReleased  = "Released"
 	ReasonCancelled = "Cancelled"
-	ReasonExpired   = string(fencing.ReasonExpired)
-	// ReasonAlreadyEnded: a renew met the grant's release.
-	ReasonAlreadyEnded = string(fencing.ReasonAlreadyEnded)
+	ReasonExpired   = "Expired"
+	// ReasonAlreadyEnded means a renew met the grant's release.
+	ReasonAlreadyEnded = "AlreadyEnded"
 	ReasonTimedOut     = "TimedOut"
 	ReasonSuperseded   = "Superseded"
-	ReasonNotHeld      = string(fencing.ReasonNotHeld)
-	// ReasonRevokedEpoch: the grant's issuer epoch was revoked or superseded.
-	ReasonRevokedEpoch = string(fencing.ReasonRevokedEpoch)
-	// ReasonPolicyDenied: the grant's GuardPolicy no longer allows it.
+	ReasonNotHeld      = "NotHeld"
+	// ReasonRevokedEpoch means the grant's issuer epoch was revoked or
+	// superseded.
+	ReasonRevokedEpoch = "RevokedEpoch"
+	// ReasonPolicyDenied means the grant's GuardPolicy no longer allows it.
 	ReasonPolicyDenied = "PolicyDenied"
-	// ReasonFenceRegression: a resource refused the grant's fence as reissued.
-	ReasonFenceRegression = string(fencing.ReasonFenceRegression)
-	// ReasonSessionExpired: the session Lease the request names is gone or
-	// lapsed: a Pending request is withdrawn, a Held grant ends.
-	ReasonSessionExpired = string(fencing.ReasonSessionExpired)
-	// ReasonLockDelay: the next in line waits out the lock-delay of a
-	// holder whose lease ended without a release.
+	// ReasonFenceRegression means a resource refused the grant's fence as
+	// reissued.
+	ReasonFenceRegression = "FenceRegression"
+	// ReasonSessionExpired means the session Lease the request names is
+	// gone or lapsed: a Pending request is withdrawn, a Held grant ends.
+	ReasonSessionExpired = "SessionExpired"
+	// ReasonLockDelay means the next in line waits out the lock-delay of
+	// a holder whose lease ended without a release.
 	ReasonLockDelay = "LockDelay"
 )
 

@@ -209,11 +209,11 @@ func TestDecideRaisesFenceRegressionReportedByTheHolder(t *testing.T) {
 	if s == nil {
 		t.Fatal("no status change for the reported regression")
 	}
-	if c := findCond(s, lockingv1alpha1.ConditionFenceRegression); c == nil || c.Status != metav1.ConditionTrue || c.Reason != "FENCE_REGRESSION" {
+	if c := findCond(s, lockingv1alpha1.ConditionFenceRegression); c == nil || c.Status != metav1.ConditionTrue || c.Reason != "FenceRegression" {
 		t.Fatalf("FenceRegression condition = %+v", c)
 	}
-	if len(p.Events) != 1 || !p.Events[0].Warning || p.Events[0].Reason != "FENCE_REGRESSION" {
-		t.Fatalf("events = %+v, want one FENCE_REGRESSION warning", p.Events)
+	if len(p.Events) != 1 || !p.Events[0].Warning || p.Events[0].Reason != "FenceRegression" {
+		t.Fatalf("events = %+v, want one FenceRegression warning", p.Events)
 	}
 	// Raised once: the next pass changes nothing.
 	a.Status = *s

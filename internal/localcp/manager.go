@@ -1,21 +1,24 @@
 package localcp
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"fmt"
 	"io"
+	"maps"
 	"net"
 	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
 	"time"
 
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -165,7 +168,7 @@ func (m *Manager) WaitReady(ctx context.Context, c client.Client) error {
 	err := wait.PollUntilContextTimeout(ctx, 250*time.Millisecond, managerReadyTimeout, true, func(ctx context.Context) (bool, error) {
 		select {
 		case <-m.exited:
-			return false, fmt.Errorf("the manager exited (%v); last lines of %s:\n%s", m.err, m.LogPath, Tail(m.LogPath, 15))
+			return false, fmt.Errorf("the manager exited (%w); last lines of %s:\n%s", m.err, m.LogPath, Tail(m.LogPath, 15))
 		default:
 		}
 		if notYet = m.readyz(ctx, httpc); notYet != "" {
@@ -271,37 +274,60 @@ func (m *Manager) MetricsText(ctx context.Context) (string, error) {
 }
 
 // Metric scrapes /metrics and returns the value of the series name{labels}
-// (labels as in the exposition format, e.g. `reason="FENCE_REGRESSION"`), 0
-// when the series is absent, and every scraped line of that metric.
+// (labels as in the exposition format, e.g. `reason="FENCE_REGRESSION"`,
+// several joined by commas in name order), 0 when the series is absent, and
+// every sample of that metric, one per line.
 func (m *Manager) Metric(ctx context.Context, name, labels string) (float64, []string, error) {
 	text, err := m.MetricsText(ctx)
 	if err != nil {
 		return 0, nil, err
 	}
+	return seriesValue(text, name, labels)
+}
+
+// seriesValue is Metric on a scrape's text.
+func seriesValue(text, name, labels string) (float64, []string, error) {
+	parser := expfmt.NewTextParser(model.UTF8Validation)
+	fams, err := parser.TextToMetricFamilies(strings.NewReader(text))
+	if err != nil {
+		return 0, nil, fmt.Errorf("parsing /metrics: %w", err)
+	}
+	fam, ok := fams[name]
+	if !ok {
+		return 0, nil, nil
+	}
+	samples, err := expfmt.ExtractSamples(&expfmt.DecodeOptions{}, fam)
+	if err != nil {
+		return 0, nil, fmt.Errorf("reading %s: %w", name, err)
+	}
 	var value float64
 	var lines []string
-	series := name + "{" + labels + "}"
-	sc := bufio.NewScanner(strings.NewReader(text))
-	for sc.Scan() {
-		line := sc.Text()
-		if !strings.HasPrefix(line, name) {
-			continue
-		}
-		lines = append(lines, line)
-		if v, ok := strings.CutPrefix(line, series+" "); ok {
-			if value, err = strconv.ParseFloat(strings.TrimSpace(v), 64); err != nil {
-				return 0, lines, fmt.Errorf("parsing %q: %w", line, err)
-			}
+	for _, s := range samples {
+		lines = append(lines, s.Metric.String()+" "+s.Value.String())
+		if string(s.Metric[model.MetricNameLabel]) == name && seriesLabels(s.Metric) == labels {
+			value = float64(s.Value)
 		}
 	}
-	return value, lines, sc.Err()
+	return value, lines, nil
+}
+
+// seriesLabels writes a sample's labels, but its name, as the exposition
+// format does: name="value" pairs in name order, joined by commas.
+func seriesLabels(m model.Metric) string {
+	var pairs []string
+	for _, k := range slices.Sorted(maps.Keys(m)) {
+		if k != model.MetricNameLabel {
+			pairs = append(pairs, fmt.Sprintf("%s=%q", k, m[k]))
+		}
+	}
+	return strings.Join(pairs, ",")
 }
 
 // Running returns nil while the process runs, else how it ended.
 func (m *Manager) Running() error {
 	select {
 	case <-m.exited:
-		return fmt.Errorf("the manager exited (%v); last lines of %s:\n%s", m.err, m.LogPath, Tail(m.LogPath, 20))
+		return fmt.Errorf("the manager exited (%w); last lines of %s:\n%s", m.err, m.LogPath, Tail(m.LogPath, 20))
 	default:
 		return nil
 	}
@@ -335,7 +361,7 @@ func CheckPortFree(port int) error {
 	}
 	l, err := net.Listen("tcp", ":"+strconv.Itoa(port))
 	if err != nil {
-		return fmt.Errorf("port %d cannot be bound (%v): the webhook server needs it; free it and retry", port, err)
+		return fmt.Errorf("port %d cannot be bound (%w): the webhook server needs it; free it and retry", port, err)
 	}
 	return l.Close()
 }

@@ -267,8 +267,8 @@ func findBin() (string, error) {
 		}
 	}
 	if p, err := exec.LookPath("initdb"); err == nil {
-		if real, err := filepath.EvalSymlinks(p); err == nil && ok(filepath.Dir(real)) {
-			return filepath.Dir(real), nil
+		if target, err := filepath.EvalSymlinks(p); err == nil && ok(filepath.Dir(target)) {
+			return filepath.Dir(target), nil
 		}
 	}
 	return "", errors.New("no initdb and postgres in $PGBIN, /usr/lib/postgresql/*/bin or $PATH")

@@ -12,6 +12,7 @@ import (
 	rbacv1 "k8s.io/api/rbac/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/util/validation/field"
 
 	lockingv1alpha1 "github.com/lockwarden/lockwarden/api/v1alpha1"
 )
@@ -105,34 +106,44 @@ func Groups(g *lockingv1alpha1.LockGrant) []string {
 // that does not parse, a resource ID template with anything but the
 // placeholders {namespace} and {name} or that cannot yield a valid resource
 // ID, or a holder that is not a User, Group or ServiceAccount with a name
-// (and a namespace, for a ServiceAccount).
+// (and a namespace, for a ServiceAccount). It is Fields as one error.
 func Validate(p *lockingv1alpha1.GuardPolicy) error {
+	return Fields(p).ToAggregate()
+}
+
+// Fields returns the fields that make a policy unusable, each naming the
+// user's field (see Validate); empty when it is usable.
+func Fields(p *lockingv1alpha1.GuardPolicy) field.ErrorList {
+	var errs field.ErrorList
+	spec := field.NewPath("spec")
 	if p.Spec.Selector != nil {
 		if _, err := metav1.LabelSelectorAsSelector(p.Spec.Selector); err != nil {
-			return fmt.Errorf("spec.selector: %w", err)
+			errs = append(errs, field.Invalid(spec.Child("selector"), p.Spec.Selector, err.Error()))
 		}
 	}
 	if t := p.Spec.ResourceIDTemplate; t != "" {
 		rest := strings.NewReplacer("{namespace}", "", "{name}", "").Replace(t)
-		if strings.ContainsAny(rest, "{}") {
-			return fmt.Errorf("spec.resourceIDTemplate %q: only {namespace} and {name} may be used", t)
-		}
 		// Namespaces and most names are lowercase DNS labels; the result
 		// must then be a valid resource ID.
 		sample := strings.NewReplacer("{namespace}", "billing", "{name}", "settlement-7").Replace(t)
-		if !lockingv1alpha1.ValidResourceID(sample) {
-			return fmt.Errorf("spec.resourceIDTemplate %q yields %q for namespace billing and name settlement-7, which is not a valid resource ID (%s)", t, sample, lockingv1alpha1.ResourcePattern)
+		switch {
+		case strings.ContainsAny(rest, "{}"):
+			errs = append(errs, field.Invalid(spec.Child("resourceIDTemplate"), t, "only {namespace} and {name} may be used"))
+		case !lockingv1alpha1.ValidResourceID(sample):
+			errs = append(errs, field.Invalid(spec.Child("resourceIDTemplate"), t, fmt.Sprintf(
+				"yields %q for namespace billing and name settlement-7, which is not a valid resource ID (%s)", sample, lockingv1alpha1.ResourcePattern)))
 		}
 	}
 	for i, h := range p.Spec.Holders {
+		path := spec.Child("holders").Index(i)
 		switch {
 		case h.Name == "":
-			return fmt.Errorf("spec.holders[%d]: a name is required", i)
+			errs = append(errs, field.Required(path.Child("name"), "a holder needs a name"))
 		case h.Kind == rbacv1.ServiceAccountKind && h.Namespace == "":
-			return fmt.Errorf("spec.holders[%d]: a ServiceAccount needs a namespace", i)
+			errs = append(errs, field.Required(path.Child("namespace"), "a ServiceAccount needs a namespace"))
 		case h.Kind != rbacv1.UserKind && h.Kind != rbacv1.GroupKind && h.Kind != rbacv1.ServiceAccountKind:
-			return fmt.Errorf("spec.holders[%d]: kind %q is not User, Group or ServiceAccount", i, h.Kind)
+			errs = append(errs, field.NotSupported(path.Child("kind"), h.Kind, []string{rbacv1.UserKind, rbacv1.GroupKind, rbacv1.ServiceAccountKind}))
 		}
 	}
-	return nil
+	return errs
 }

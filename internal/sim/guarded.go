@@ -232,7 +232,7 @@ func (w *world) deliver(m writeMsg) {
 		a := m.apply(stored)
 		after = &a
 	}
-	if !(stored.exists && stored.guarded) && (after == nil || !after.guarded) {
+	if (!stored.exists || !stored.guarded) && (after == nil || !after.guarded) {
 		// Not guarded before or after: admission lets it through.
 		w.rep.Faults["unguarded-write"]++
 		w.commit(obj, after)

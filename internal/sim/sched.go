@@ -23,7 +23,11 @@ func (q queue) Less(i, j int) bool {
 	return q[i].seq < q[j].seq
 }
 func (q queue) Swap(i, j int) { q[i], q[j] = q[j], q[i] }
-func (q *queue) Push(x any)   { *q = append(*q, x.(event)) }
+
+// Push adds x, an event, for container/heap.
+func (q *queue) Push(x any) { *q = append(*q, x.(event)) }
+
+// Pop removes and returns the last event, for container/heap.
 func (q *queue) Pop() any {
 	old := *q
 	e := old[len(old)-1]

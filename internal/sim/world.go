@@ -74,12 +74,12 @@ const (
 	FaultLockDelay Fault = "lock-delay"
 )
 
-// Faults lists every fault kind.
 // FaultReplicas runs two controller replicas, each deciding at its own
 // skewed clock, on the same resources at once (replicas.go). Not in Faults:
 // every other mixed-schedule round plays it besides its kinds.
 const FaultReplicas Fault = "replicas"
 
+// Faults lists every fault kind.
 var Faults = []Fault{
 	FaultPause, FaultLostRenew, FaultReleaseReacquire, FaultSegmentDisorder, FaultLateMessage, FaultRestore,
 	FaultLostAck, FaultForgedFence, FaultTamperedRecord, FaultReplay, FaultRevokedEpoch, FaultControllerCrash,

@@ -6,17 +6,17 @@ import "time"
 type State int
 
 const (
-	// StatePending: the request waits in the resource's queue.
+	// StatePending means the request waits in the resource's queue.
 	StatePending State = iota
-	// StateHeld: granted, until ExpiresAt.
+	// StateHeld means the grant is held until ExpiresAt.
 	StateHeld
-	// StateExpired: the lease ran out. Final.
+	// StateExpired means the lease ran out. Final.
 	StateExpired
-	// StateReleased: released by its owner (or withdrawn before being granted). Final.
+	// StateReleased means the grant was released by its owner (or withdrawn before being granted). Final.
 	StateReleased
-	// StateTimedOut: the wait limit passed before it was granted. Final.
+	// StateTimedOut means the wait limit passed before it was granted. Final.
 	StateTimedOut
-	// StateRevoked: ended by the issuer (revoked epoch, policy). Final.
+	// StateRevoked means the issuer ended the grant (revoked epoch, policy). Final.
 	StateRevoked
 )
 

@@ -3,6 +3,7 @@ package fencing
 import (
 	"errors"
 	"fmt"
+	"strings"
 )
 
 // Reason is the machine-readable code of a refusal. The same codes appear in
@@ -10,69 +11,103 @@ import (
 type Reason string
 
 const (
-	// ReasonNoFence: the write carries no grant reference or fence, or a
+	// ReasonNoFence means the write carries no grant reference or fence, or a
 	// malformed one.
 	ReasonNoFence Reason = "NO_FENCE"
-	// ReasonNoResource: a guarded object does not name a valid resource ID.
+	// ReasonNoResource means a guarded object does not name a valid resource ID.
 	ReasonNoResource Reason = "NO_RESOURCE"
-	// ReasonUnknownGrant: the registry has no such grant, or no record of the
+	// ReasonUnknownGrant means the registry has no such grant, or no record of the
 	// resource.
 	ReasonUnknownGrant Reason = "UNKNOWN_GRANT"
-	// ReasonBindingMismatch: the grant is for another resource, or the fence
+	// ReasonBindingMismatch means the grant is for another resource, or the fence
 	// presented is not the one the grant was issued.
 	ReasonBindingMismatch Reason = "BINDING_MISMATCH"
-	// ReasonNotOwner: the caller is not the grant's owner.
+	// ReasonNotOwner means the caller is not the grant's owner.
 	ReasonNotOwner Reason = "NOT_OWNER"
-	// ReasonStaleOwner: a newer fence has been issued for the resource or
+	// ReasonStaleOwner means a newer fence has been issued for the resource or
 	// accepted by the object; the grant is superseded.
 	ReasonStaleOwner Reason = "STALE_OWNER"
-	// ReasonExpired: the grant's lease is over (at expiresAt, equality
+	// ReasonExpired means the grant's lease is over (at expiresAt, equality
 	// included) and no newer grant superseded it yet.
 	ReasonExpired Reason = "EXPIRED"
-	// ReasonNotHeld: the grant is still waiting in the queue.
+	// ReasonNotHeld means the grant is still waiting in the queue.
 	ReasonNotHeld Reason = "NOT_HELD"
-	// ReasonAlreadyEnded: the grant was already released or its wait timed out.
+	// ReasonAlreadyEnded means the grant was already released or its wait timed out.
 	ReasonAlreadyEnded Reason = "ALREADY_ENDED"
-	// ReasonFenceRegression: the registry issued a fence the resource had
+	// ReasonFenceRegression means the registry issued a fence the resource had
 	// already seen from another grant or operation (a restore from an old
 	// snapshot), or a write would lower a recorded fence.
 	ReasonFenceRegression Reason = "FENCE_REGRESSION"
-	// ReasonRevoked: the issuer ended the grant before its lease ran out
+	// ReasonRevoked means the issuer ended the grant before its lease ran out
 	// (its epoch was revoked or superseded, or its policy stopped allowing it).
 	ReasonRevoked Reason = "REVOKED"
 
 	// Proof checks (CheckProvenWrite).
 
-	// ReasonBadSignature: the grant proof is malformed, signed by an unknown
+	// ReasonBadSignature means the grant proof is malformed, signed by an unknown
 	// or retired key, or its signature does not match the record.
 	ReasonBadSignature Reason = "BAD_SIGNATURE"
-	// ReasonRevokedEpoch: the grant was issued in a revoked issuer epoch.
+	// ReasonRevokedEpoch means the grant was issued in a revoked issuer epoch.
 	ReasonRevokedEpoch Reason = "REVOKED_EPOCH"
 
 	// Segment rules (CheckSegment, ResolveMutation).
 
-	// ReasonInvalidSegment: the segment names no operation root, a sequence
+	// ReasonInvalidSegment means the segment names no operation root, a sequence
 	// below 1, no grant UID or no payload digest.
 	ReasonInvalidSegment Reason = "INVALID_SEGMENT"
-	// ReasonSequenceGap: the segment is not the next one the resource
+	// ReasonSequenceGap means the segment is not the next one the resource
 	// expects: under the highest fence the next is last+1; a new, larger
 	// fence must begin with segment 1 of its operation.
 	ReasonSequenceGap Reason = "SEQUENCE_GAP"
-	// ReasonSegmentConflict: a segment already accepted is sent again with a
+	// ReasonSegmentConflict means a segment already accepted is sent again with a
 	// different payload. It is quarantined for inspection and never applied.
 	ReasonSegmentConflict Reason = "SEGMENT_CONFLICT"
-	// ReasonMutationUnknown: the outcome of a write is not known (its
+	// ReasonMutationUnknown means the outcome of a write is not known (its
 	// acknowledgement was lost, or the store could not tell). The caller
 	// looks the receipt up (see ResolveMutation) before doing anything else.
 	ReasonMutationUnknown Reason = "MUTATION_UNKNOWN"
 
 	// Session rules (CheckSession).
 
-	// ReasonSessionExpired: the request's session Lease is gone, was
+	// ReasonSessionExpired means the request's session Lease is gone, was
 	// replaced, no longer names the owner, or lapsed by the registry's
 	// clock: its client is presumed dead, so the request is withdrawn (or
 	// the grant ended) and the resource passes on.
 	ReasonSessionExpired Reason = "SESSION_EXPIRED"
+
+	// How a grant ended, as the holder library reports it.
+
+	// ReasonTimedOut means the request's wait limit (spec.waitTimeoutSeconds)
+	// passed before it was granted; the grant is TimedOut.
+	ReasonTimedOut Reason = "TIMED_OUT"
+	// ReasonReleased means the grant was released by its owner, or withdrawn
+	// before it was granted; the grant is Released.
+	ReasonReleased Reason = "RELEASED"
+	// ReasonDriverMismatch means the grant is driven by another session. A
+	// request ID makes a retry of one attempt idempotent; it never lets a
+	// second live process drive the same grant. Only the session that
+	// created the grant (or one that proves it is the same attempt) renews
+	// and releases it through a Handle.
+	ReasonDriverMismatch Reason = "DRIVER_MISMATCH"
+
+	// Refusals of an object's shape rather than of a write's fence.
+
+	// ReasonInvalidSpec means a LockGrant, FenceCounter or FenceIssuer is
+	// malformed, or asks for what its spec does not allow (a field of the
+	// wrong type, an immutable field changed, a lease longer than its
+	// GuardPolicy allows). The refusal names the field.
+	ReasonInvalidSpec Reason = "INVALID_SPEC"
+	// ReasonInvalidPolicy means a GuardPolicy could not be installed (a bad
+	// selector, rule or holder list). The refusal names the field.
+	ReasonInvalidPolicy Reason = "INVALID_POLICY"
+	// ReasonCounterProtected means a FenceCounter or the FenceIssuer cannot be
+	// deleted: a new one would start again from fence 1 or epoch 0 and
+	// reissue fences that guarded objects and stores have already seen.
+	ReasonCounterProtected Reason = "COUNTER_PROTECTED"
+	// ReasonInternal means lockwarden could not decide (an API read failed, the
+	// request could not be decoded); nothing changed and the request may be
+	// retried. Admission metrics count such answers under this code.
+	ReasonInternal Reason = "INTERNAL"
 )
 
 // Sentinel errors, one per Reason, matched with errors.Is.
@@ -95,6 +130,14 @@ var (
 	ErrSegmentConflict = errors.New("fencing: segment conflict")
 	ErrMutationUnknown = errors.New("fencing: mutation outcome unknown")
 	ErrSessionExpired  = errors.New("fencing: session expired")
+
+	ErrTimedOut         = errors.New("fencing: wait limit passed before the grant")
+	ErrReleased         = errors.New("fencing: released")
+	ErrDriverMismatch   = errors.New("fencing: grant driven by another session")
+	ErrInvalidSpec      = errors.New("fencing: invalid spec")
+	ErrInvalidPolicy    = errors.New("fencing: invalid policy")
+	ErrCounterProtected = errors.New("fencing: counter protected")
+	ErrInternal         = errors.New("fencing: internal error")
 )
 
 var sentinels = map[Reason]error{
@@ -116,6 +159,14 @@ var sentinels = map[Reason]error{
 	ReasonSegmentConflict: ErrSegmentConflict,
 	ReasonMutationUnknown: ErrMutationUnknown,
 	ReasonSessionExpired:  ErrSessionExpired,
+
+	ReasonTimedOut:         ErrTimedOut,
+	ReasonReleased:         ErrReleased,
+	ReasonDriverMismatch:   ErrDriverMismatch,
+	ReasonInvalidSpec:      ErrInvalidSpec,
+	ReasonInvalidPolicy:    ErrInvalidPolicy,
+	ReasonCounterProtected: ErrCounterProtected,
+	ReasonInternal:         ErrInternal,
 }
 
 // Error is a refusal: a Reason and a sentence for the user. It matches the
@@ -145,22 +196,6 @@ func ReasonOf(err error) Reason {
 	return ""
 }
 
-// Holder-side reasons: refusals the holder library and kubectl lock give
-// before or instead of asking the registry.
-const (
-	// ReasonDriverMismatch: the grant is driven by another session. A
-	// request ID makes a retry of one attempt idempotent; it never lets a
-	// second live process drive the same grant. Only the session that
-	// created the grant (or one that proves it is the same attempt) renews
-	// and releases it through a Handle.
-	ReasonDriverMismatch Reason = "DRIVER_MISMATCH"
-)
-
-// ErrDriverMismatch is the sentinel of ReasonDriverMismatch.
-var ErrDriverMismatch = errors.New("fencing: grant driven by another session")
-
-func init() { sentinels[ReasonDriverMismatch] = ErrDriverMismatch }
-
 // ParseReason returns s as a Reason when it is one of the codes above, and
 // false otherwise: a decoder of refusals from text accepts only known codes.
 func ParseReason(s string) (Reason, bool) {
@@ -172,3 +207,48 @@ func ParseReason(s string) (Reason, bool) {
 // Sentinel returns the sentinel error of r (ErrExpired for ReasonExpired,
 // ...), or nil for an unknown code.
 func (r Reason) Sentinel() error { return sentinels[r] }
+
+// EndsGrant reports whether a refusal with code r, answering a holder's
+// renew or release, means the registry will not extend that grant again (it
+// expired, was revoked, released, timed out, superseded or deleted, or is
+// not the caller's to drive): the holder stops producing effects at once.
+// It is false only for the codes that leave the grant as it was: NOT_HELD
+// (the request is still queued), INTERNAL (nothing was decided; retry) and
+// the codes of a malformed request (INVALID_SPEC, INVALID_POLICY,
+// COUNTER_PROTECTED). Any other code, an unknown one included, ends the
+// grant for its holder: a holder fails closed.
+func EndsGrant(r Reason) bool {
+	switch r {
+	case ReasonNotHeld, ReasonInternal, ReasonInvalidSpec, ReasonInvalidPolicy, ReasonCounterProtected:
+		return false
+	}
+	return true
+}
+
+// ConditionReason returns r as Kubernetes API conventions spell condition
+// and Event reasons, in CamelCase: EXPIRED is Expired, REVOKED_EPOCH is
+// RevokedEpoch, FENCE_REGRESSION is FenceRegression. The code itself stays
+// in refusals, condition messages that explain a refusal, and metric labels.
+func (r Reason) ConditionReason() string {
+	var b strings.Builder
+	for _, part := range strings.Split(string(r), "_") {
+		if part == "" {
+			continue
+		}
+		b.WriteString(part[:1])
+		b.WriteString(strings.ToLower(part[1:]))
+	}
+	return b.String()
+}
+
+// CodeOf returns the code of the catalog whose ConditionReason is s
+// (EXPIRED for Expired), or s itself when s names none (Granted, Renewed):
+// the form metric labels and alerts use.
+func CodeOf(s string) string {
+	for r := range sentinels {
+		if r.ConditionReason() == s {
+			return string(r)
+		}
+	}
+	return s
+}

@@ -94,10 +94,10 @@ type SegmentWrite struct {
 type Verdict int
 
 const (
-	// VerdictApply: apply the segment's effect, write its receipt and store
+	// VerdictApply says to apply the segment's effect, write its receipt and store
 	// the decision's Next ledger, all in one transaction.
 	VerdictApply Verdict = iota + 1
-	// VerdictDuplicate: the segment was already accepted with this payload.
+	// VerdictDuplicate says the segment was already accepted with this payload.
 	// Return the original receipt and apply nothing; store Next, which may
 	// have moved to a newer fence that resent segment 1 of its operation.
 	VerdictDuplicate
@@ -269,14 +269,14 @@ func PayloadDigest(payload []byte) string {
 type MutationState int
 
 const (
-	// MutationUnknown: no receipt, but the write could still be accepted
+	// MutationUnknown means there is no receipt, but the write could still be accepted
 	// later (its fence is still the resource's highest). Do not redo it:
 	// either let a newer fence write first (which fences the attempt out)
 	// and look again, or report the operation for reconciliation.
 	MutationUnknown MutationState = iota
-	// MutationApplied: the resource holds a receipt; reuse it, do not redo.
+	// MutationApplied means the resource holds a receipt; reuse it, do not redo.
 	MutationApplied
-	// MutationAbsent: no receipt, and the resource has accepted a fence
+	// MutationAbsent means there is no receipt, and the resource has accepted a fence
 	// above the attempt's, so the attempt can never be accepted: a newer
 	// fence may redo the segment.
 	MutationAbsent

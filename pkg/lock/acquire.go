@@ -278,29 +278,29 @@ func (h *Handle) acquireError(try bool) error {
 	reason := h.m.Reason()
 	h.mu.Unlock()
 	switch reason {
-	case holder.ReasonTimedOut:
+	case fencing.ReasonTimedOut:
 		if try {
 			return ErrBusy
 		}
 		return ErrWaitTimeout
-	case holder.ReasonReleased:
+	case fencing.ReasonReleased:
 		return ErrWithdrawn
 	}
 	// The caller never held the lock: not "ownership lost".
 	return fmt.Errorf("lock: acquiring %s: grant %s ended before this call could confirm it held it: %w", h.resource, h.key, refusalOf(reason))
 }
 
-// phaseReason is the holder reason of a final phase.
-func phaseReason(p lockingv1alpha1.LockGrantPhase) string {
+// phaseReason is the catalog code of a final phase.
+func phaseReason(p lockingv1alpha1.LockGrantPhase) fencing.Reason {
 	switch p {
 	case lockingv1alpha1.PhaseExpired:
-		return string(fencing.ReasonExpired)
+		return fencing.ReasonExpired
 	case lockingv1alpha1.PhaseTimedOut:
-		return holder.ReasonTimedOut
+		return fencing.ReasonTimedOut
 	case lockingv1alpha1.PhaseRevoked:
-		return holder.ReasonRevoked
+		return fencing.ReasonRevoked
 	}
-	return holder.ReasonReleased
+	return fencing.ReasonReleased
 }
 
 // newDriverToken returns a random driver token: 32 hex digits.

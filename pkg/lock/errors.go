@@ -10,7 +10,6 @@ import (
 	lockingv1alpha1 "github.com/lockwarden/lockwarden/api/v1alpha1"
 	"github.com/lockwarden/lockwarden/pkg/fencing"
 	"github.com/lockwarden/lockwarden/pkg/fencing/denial"
-	"github.com/lockwarden/lockwarden/pkg/lock/holder"
 )
 
 // Sentinel errors, matched with errors.Is. Refusals by the registry are
@@ -52,26 +51,27 @@ var (
 // is for errors of other clients, such as a guarded write's.
 func Refusal(err error) *fencing.Error { return denial.Refusal(err) }
 
-// refusalOf is the refusal behind a holder machine's final reason.
-func refusalOf(reason string) *fencing.Error {
+// refusalOf is the refusal behind a holder machine's final reason (a code
+// of the fencing catalog).
+func refusalOf(reason fencing.Reason) *fencing.Error {
 	switch reason {
-	case holder.ReasonReleased:
+	case fencing.ReasonReleased:
 		return &fencing.Error{Reason: fencing.ReasonAlreadyEnded, Detail: "the grant was released"}
-	case holder.ReasonTimedOut:
+	case fencing.ReasonTimedOut:
 		return &fencing.Error{Reason: fencing.ReasonAlreadyEnded, Detail: "the request's wait limit passed before it was granted"}
-	case holder.ReasonDeleted:
+	case fencing.ReasonUnknownGrant:
 		return &fencing.Error{Reason: fencing.ReasonUnknownGrant, Detail: "the grant was deleted (a forced release), or its name now belongs to another acquisition"}
-	case holder.ReasonRevoked:
+	case fencing.ReasonRevoked:
 		return &fencing.Error{Reason: fencing.ReasonRevoked, Detail: "the issuer revoked the grant"}
 	}
-	if r, ok := fencing.ParseReason(reason); ok {
-		return &fencing.Error{Reason: r, Detail: "the registry refused or ended this acquisition"}
+	if _, ok := fencing.ParseReason(string(reason)); ok {
+		return &fencing.Error{Reason: reason, Detail: "the registry refused or ended this acquisition"}
 	}
-	return &fencing.Error{Reason: fencing.ReasonUnknownGrant, Detail: "the acquisition ended: " + reason}
+	return &fencing.Error{Reason: fencing.ReasonUnknownGrant, Detail: "the acquisition ended: " + string(reason)}
 }
 
 // lost wraps the reason a holder ended in ErrLost and its refusal.
-func lost(reason string) error {
+func lost(reason fencing.Reason) error {
 	return fmt.Errorf("%w: %w", ErrLost, refusalOf(reason))
 }
 

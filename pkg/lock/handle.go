@@ -254,7 +254,7 @@ func (h *Handle) spend(cause error) {
 	}
 	h.cause = cause
 	h.cancel(cause)
-	if cause != ErrReleased {
+	if !errors.Is(cause, ErrReleased) {
 		h.log.Info("Lock ownership ended", "grant", h.key, "resource", h.resource, "fence", h.m.Fence(), "cause", cause.Error())
 	}
 }

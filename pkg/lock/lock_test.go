@@ -259,8 +259,8 @@ func TestRenewAfterExpiry(t *testing.T) {
 			if g.Spec.Renewals != 0 || g.Status.Phase != lockingv1alpha1.PhaseExpired {
 				t.Fatalf("A's grant after the late renew: renewals %d, phase %s; want 0, Expired", g.Spec.Renewals, g.Status.Phase)
 			}
-			if c := meta.FindStatusCondition(g.Status.Conditions, lockingv1alpha1.ConditionReady); c == nil || c.Reason != string(fencing.ReasonExpired) {
-				t.Fatalf("Ready condition %+v, want the lapse (EXPIRED) visible", c)
+			if c := meta.FindStatusCondition(g.Status.Conditions, lockingv1alpha1.ConditionReady); c == nil || c.Reason != fencing.ReasonExpired.ConditionReason() {
+				t.Fatalf("Ready condition %+v, want the lapse (Expired) visible", c)
 			}
 			if !taken {
 				a2, err := locks.Acquire(t.Context(), res, lock.WithTTL(2*time.Second))

@@ -29,7 +29,7 @@ import (
 // (6 s) after the client's last renewal.
 const DefaultSessionTTL = 5 * time.Second
 
-// ErrSessionExpired: the client's session could not be renewed before its
+// ErrSessionExpired means the client's session could not be renewed before its
 // local deadline, or its Lease is gone. The registry withdraws the
 // session's requests and ends its grants; handles made under it are spent
 // (their Err wraps ErrOwnershipUnknown and ErrSessionExpired).

@@ -39,9 +39,6 @@ var (
 	clk *clocktesting.FakeClock
 )
 
-// managerNamespace holds the issuer's keys and trust bundle.
-const managerNamespace = testenv.ManagerNamespace
-
 func TestMain(m *testing.M) {
 	code := run(m)
 	// With the control plane stopped, no goroutine of the library may be

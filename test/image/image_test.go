@@ -8,6 +8,7 @@ import (
 	"archive/tar"
 	"compress/gzip"
 	"encoding/json"
+	"errors"
 	"io"
 	"os"
 	"os/exec"
@@ -135,7 +136,7 @@ func files(t *testing.T, tr *tar.Reader) map[string][]byte {
 	out := map[string][]byte{}
 	for {
 		h, err := tr.Next()
-		if err == io.EOF {
+		if errors.Is(err, io.EOF) {
 			return out
 		}
 		if err != nil {

@@ -6,6 +6,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -34,13 +35,31 @@ func TestBadGrantRequests(t *testing.T) {
 		{"born renewed", func(g *lockingv1alpha1.LockGrant) { g.Spec.Renewals = 3 }, "renewals"},
 		{"born released", func(g *lockingv1alpha1.LockGrant) { g.Spec.Release = true }, "release"},
 		{"negative wait", func(g *lockingv1alpha1.LockGrant) { g.Spec.WaitTimeoutSeconds = -1 }, "waitTimeoutSeconds"},
-		{"bad request ID", func(g *lockingv1alpha1.LockGrant) { g.Spec.RequestID = "no spaces" }, "requestID"},
+		{"bad request ID", func(g *lockingv1alpha1.LockGrant) { g.Spec.RequestID = "no spaces" }, "spec.requestID"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			_, err := acquire(t, a, ns, 10, tc.mutate)
 			if err == nil || !strings.Contains(err.Error(), tc.want) {
 				t.Fatalf("create: %v, want an error mentioning %q", err, tc.want)
+			}
+			if strings.Contains(err.Error(), "metadata.labels") {
+				t.Fatalf("create: %v names a label the user never set", err)
+			}
+		})
+	}
+	// Fields of the wrong JSON type, as kubectl apply sends them from YAML.
+	for name, lease := range map[string]any{"fractional ttl": 1.5, "ttl as a string": "10"} {
+		t.Run(name, func(t *testing.T) {
+			u := &unstructured.Unstructured{Object: map[string]any{
+				"apiVersion": lockingv1alpha1.GroupVersion.String(), "kind": "LockGrant",
+				"metadata": map[string]any{"namespace": ns, "generateName": "typed-"},
+				"spec":     map[string]any{"resource": "invoice/typed", "leaseDurationSeconds": lease},
+			}}
+			err := a.c.Create(t.Context(), u)
+			if !apierrors.IsInvalid(err) || !strings.Contains(err.Error(), "spec.leaseDurationSeconds") ||
+				!strings.Contains(err.Error(), "INVALID_SPEC: ") || strings.Contains(err.Error(), "json: cannot unmarshal") {
+				t.Fatalf("create: %v, want Invalid naming spec.leaseDurationSeconds with INVALID_SPEC", err)
 			}
 		})
 	}
@@ -168,20 +187,20 @@ func TestFenceCounterProtection(t *testing.T) {
 	if err := admin.Update(t.Context(), lower); err == nil || !strings.Contains(err.Error(), "never decrease") {
 		t.Fatalf("lowering the fence as admin: %v, want refused", err)
 	}
-	if err := admin.Delete(t.Context(), c); reason(err) != "FENCE_REGRESSION" {
-		t.Fatalf("deleting the counter while grants exist: %v, want FENCE_REGRESSION", err)
+	if err := admin.Delete(t.Context(), c); reason(err) != "COUNTER_PROTECTED" {
+		t.Fatalf("deleting the counter while grants exist: %v, want COUNTER_PROTECTED", err)
 	}
 	// Also once every grant is gone: a new counter would reissue fence 1.
 	if err := admin.Delete(t.Context(), g); err != nil {
 		t.Fatal(err)
 	}
-	if err := admin.Delete(t.Context(), c); reason(err) != "FENCE_REGRESSION" {
-		t.Fatalf("deleting the counter with no grants left: %v, want FENCE_REGRESSION", err)
+	if err := admin.Delete(t.Context(), c); reason(err) != "COUNTER_PROTECTED" {
+		t.Fatalf("deleting the counter with no grants left: %v, want COUNTER_PROTECTED", err)
 	}
 	iss := &lockingv1alpha1.FenceIssuer{}
 	iss.Name = lockingv1alpha1.DefaultFenceIssuerName
-	if err := admin.Delete(t.Context(), iss); reason(err) != "FENCE_REGRESSION" {
-		t.Fatalf("deleting the FenceIssuer: %v, want FENCE_REGRESSION", err)
+	if err := admin.Delete(t.Context(), iss); reason(err) != "COUNTER_PROTECTED" {
+		t.Fatalf("deleting the FenceIssuer: %v, want COUNTER_PROTECTED", err)
 	}
 	if err := as(t, "fc-a").c.Delete(t.Context(), c); !apierrors.IsForbidden(err) {
 		t.Fatalf("a user deleting the counter: %v, want Forbidden by RBAC", err)

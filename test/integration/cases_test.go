@@ -173,8 +173,8 @@ func TestRenewAfterExpiry(t *testing.T) {
 			wantReason(t, "renew at t=3.5", renew(t, a, g), "EXPIRED")
 			wake(t, g)
 			g = waitPhase(t, g, lockingv1alpha1.PhaseExpired)
-			if c := metaCond(g, lockingv1alpha1.ConditionReady); c == nil || c.Reason != "EXPIRED" {
-				t.Fatalf("Ready condition = %+v, want the lapse (EXPIRED) visible", c)
+			if c := metaCond(g, lockingv1alpha1.ConditionReady); c == nil || c.Reason != "Expired" {
+				t.Fatalf("Ready condition = %+v, want the lapse (Expired) visible", c)
 			}
 			if g.Spec.Renewals != 0 {
 				t.Fatalf("the refused renew was recorded: renewals = %d", g.Spec.Renewals)

@@ -241,7 +241,7 @@ func readCM(t *testing.T, ns, name string) (string, string) {
 	return cm.Data["result"], cm.Annotations[lockingv1alpha1.AcceptedFenceAnnotation]
 }
 
-var reasonRE = regexp.MustCompile(`\b(NO_FENCE|NO_RESOURCE|UNKNOWN_GRANT|BINDING_MISMATCH|NOT_OWNER|STALE_OWNER|EXPIRED|NOT_HELD|ALREADY_ENDED|FENCE_REGRESSION|BAD_SIGNATURE|REVOKED_EPOCH|REVOKED|SESSION_EXPIRED|INVALID_SPEC)\b`)
+var reasonRE = regexp.MustCompile(`\b(NO_FENCE|NO_RESOURCE|UNKNOWN_GRANT|BINDING_MISMATCH|NOT_OWNER|STALE_OWNER|EXPIRED|NOT_HELD|ALREADY_ENDED|FENCE_REGRESSION|BAD_SIGNATURE|REVOKED_EPOCH|REVOKED|SESSION_EXPIRED|INVALID_SPEC|INVALID_POLICY|COUNTER_PROTECTED)\b`)
 
 // reason is the reason code of an admission denial, or "" for none. The code
 // is in details.causes; the message must agree with it.

@@ -1,6 +1,7 @@
 package integration
 
 import (
+	"strings"
 	"testing"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -41,7 +42,7 @@ func TestLostAcquireResponseRecoveredByRequestID(t *testing.T) {
 	_, err = acquire(t, a, ns, 30, func(g *lockingv1alpha1.LockGrant) {
 		g.Spec.RequestID, g.GenerateName, g.Name = "other-request", "", "chosen-name"
 	})
-	if !apierrors.IsBadRequest(err) {
-		t.Fatalf("create with a request ID under another name: %v, want BadRequest", err)
+	if !apierrors.IsInvalid(err) || !strings.Contains(err.Error(), "metadata.name") || !strings.Contains(err.Error(), "INVALID_SPEC: ") {
+		t.Fatalf("create with a request ID under another name: %v, want Invalid naming metadata.name with INVALID_SPEC", err)
 	}
 }

@@ -98,8 +98,8 @@ func TestDeadWaiterAheadOfALiveOneIsNeverGranted(t *testing.T) {
 		t.Fatalf("the live waiter got fence %d, want %d", got.Status.FenceToken, a.Status.FenceToken+1)
 	}
 	d := waitFor(t, dead, "ended", func(g *lockingv1alpha1.LockGrant) bool { return g.Status.Phase.Final() })
-	if d.Status.Phase != lockingv1alpha1.PhaseReleased || d.Status.FenceToken != 0 || readyReasonOf(d) != string(fencing.ReasonSessionExpired) {
-		t.Fatalf("the dead waiter's request is %s (reason %s) with fence %d; want Released (SESSION_EXPIRED), never fenced", d.Status.Phase, readyReasonOf(d), d.Status.FenceToken)
+	if d.Status.Phase != lockingv1alpha1.PhaseReleased || d.Status.FenceToken != 0 || readyReasonOf(d) != fencing.ReasonSessionExpired.ConditionReason() {
+		t.Fatalf("the dead waiter's request is %s (reason %s) with fence %d; want Released (SessionExpired), never fenced", d.Status.Phase, readyReasonOf(d), d.Status.FenceToken)
 	}
 	if c := counterOf(t, ns); c.Spec.Fence != got.Status.FenceToken {
 		t.Fatalf("counter at fence %d, want %d: a withdrawn request consumed a fence", c.Spec.Fence, got.Status.FenceToken)
@@ -142,8 +142,8 @@ func TestSlowWaiterIsDroppedOnlyOnceItsSessionLapsed(t *testing.T) {
 	tl.at(6)
 	wake(t, slow)
 	ended := waitPhase(t, slow, lockingv1alpha1.PhaseExpired)
-	if readyReasonOf(ended) != string(fencing.ReasonSessionExpired) || ended.Status.FenceToken != held.Status.FenceToken {
-		t.Fatalf("slow ended with reason %s and fence %d; want SESSION_EXPIRED and fence %d", readyReasonOf(ended), ended.Status.FenceToken, held.Status.FenceToken)
+	if readyReasonOf(ended) != fencing.ReasonSessionExpired.ConditionReason() || ended.Status.FenceToken != held.Status.FenceToken {
+		t.Fatalf("slow ended with reason %s and fence %d; want SessionExpired and fence %d", readyReasonOf(ended), ended.Status.FenceToken, held.Status.FenceToken)
 	}
 	n := waitPhase(t, next, lockingv1alpha1.PhaseHeld)
 	if n.Status.FenceToken != held.Status.FenceToken+1 {

@@ -206,19 +206,19 @@ func TestRestoreFromOldSnapshot(t *testing.T) {
 			return meta.IsStatusConditionTrue(g.Status.Conditions, lockingv1alpha1.ConditionFenceRegression)
 		})
 		c := meta.FindStatusCondition(cur.Status.Conditions, lockingv1alpha1.ConditionFenceRegression)
-		if c.Reason != "FENCE_REGRESSION" || !strings.Contains(c.Message, "FENCE_REGRESSION") || !strings.Contains(c.Message, batchID) {
+		if c.Reason != "FenceRegression" || !strings.Contains(c.Message, "FENCE_REGRESSION") || !strings.Contains(c.Message, batchID) {
 			t.Fatalf("grant %s condition %+v; want reason FENCE_REGRESSION and the store's message", g.Name, c)
 		}
 		t.Logf("grant %s (fence %d, %s): condition %s=%s reason=%s message=%q", g.Name, cur.Status.FenceToken, cur.Status.Phase, c.Type, c.Status, c.Reason, c.Message)
-		ev := waitEvent(t, g, "FENCE_REGRESSION")
+		ev := waitEvent(t, g, "FenceRegression")
 		t.Logf("Event: type=%s reason=%s regarding=%s/%s note=%q", ev.Type, ev.Reason, ev.Regarding.Kind, ev.Regarding.Name, ev.Note)
 	}
 	// What an operator types (docs/segments.md).
-	kubectlOut, err := cp.kubectl(ctx, nil, "-n", billing, "get", "events", "--field-selector", "reason=FENCE_REGRESSION")
+	kubectlOut, err := cp.kubectl(ctx, nil, "-n", billing, "get", "events", "--field-selector", "reason=FenceRegression")
 	if err != nil || !strings.Contains(string(kubectlOut), "lockgrant/"+again3.Name) || !strings.Contains(string(kubectlOut), "lockgrant/"+again4.Name) {
-		t.Fatalf("kubectl get events --field-selector reason=FENCE_REGRESSION: %v\n%s", err, kubectlOut)
+		t.Fatalf("kubectl get events --field-selector reason=FenceRegression: %v\n%s", err, kubectlOut)
 	}
-	t.Logf("kubectl -n %s get events --field-selector reason=FENCE_REGRESSION:\n%s", billing, kubectlOut)
+	t.Logf("kubectl -n %s get events --field-selector reason=FenceRegression:\n%s", billing, kubectlOut)
 	kubectlOut, err = cp.kubectl(ctx, nil, "-n", billing, "get", "lockgrants", "-o",
 		`custom-columns=NAME:.metadata.name,RESOURCE:.spec.resource,FENCE:.status.fenceToken,PHASE:.status.phase,REGRESSION:.status.conditions[?(@.type=="FenceRegression")].status`)
 	if err != nil {
@@ -250,8 +250,8 @@ func TestRestoreFromOldSnapshot(t *testing.T) {
 	// The grant held across the restore ends Revoked; it can never renew
 	// or write again.
 	revoked := waitPhase(t, heldGrant, lockingv1alpha1.PhaseRevoked)
-	if c := meta.FindStatusCondition(revoked.Status.Conditions, lockingv1alpha1.ConditionReady); c == nil || c.Reason != "REVOKED_EPOCH" {
-		t.Fatalf("Ready condition of the revoked grant = %+v; want reason REVOKED_EPOCH", c)
+	if c := meta.FindStatusCondition(revoked.Status.Conditions, lockingv1alpha1.ConditionReady); c == nil || c.Reason != "RevokedEpoch" {
+		t.Fatalf("Ready condition of the revoked grant = %+v; want reason RevokedEpoch", c)
 	}
 	wantReason(t, "renew of the grant held across the restore", renew(ctx, w, heldGrant), "REVOKED")
 	wantReason(t, "write of the grant held across the restore", guardedWrite(ctx, w, billing, heldObject, heldID, heldGrant, "late"), "REVOKED")

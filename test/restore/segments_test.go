@@ -107,7 +107,7 @@ func installSegmentPolicy(ctx context.Context) error {
 		return reason(last) == "SEQUENCE_GAP", nil
 	})
 	if err != nil {
-		return fmt.Errorf("the segment policy is not enforced (last probe: %v): %w", last, err)
+		return fmt.Errorf("the segment policy is not enforced (last probe: %w): %w", last, err)
 	}
 	return nil
 }

@@ -9,9 +9,9 @@ import (
 	"fmt"
 
 	corev1 "k8s.io/api/core/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/validation/field"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
 
@@ -36,7 +36,9 @@ func NewValidator(s *runtime.Scheme, r client.Reader) *admission.Webhook {
 // ValidateCreate checks that the counter is named after its resource.
 func (v *Validator) ValidateCreate(_ context.Context, c *lockingv1alpha1.FenceCounter) (admission.Warnings, error) {
 	if want := lockingv1alpha1.FenceCounterName(c.Spec.Resource); c.Name != want {
-		return nil, apierrors.NewBadRequest(fmt.Sprintf("INVALID_SPEC: the FenceCounter of resource %q must be named %q", c.Spec.Resource, want))
+		return nil, denial.Invalid(lockingv1alpha1.GroupVersion.WithKind("FenceCounter").GroupKind(), c.Name, field.ErrorList{
+			denial.FieldInvalid(field.NewPath("metadata", "name"), c.Name, fencing.ReasonInvalidSpec,
+				fmt.Sprintf("the FenceCounter of resource %q must be named %q", c.Spec.Resource, want))})
 	}
 	return nil, nil
 }
@@ -59,7 +61,7 @@ func (v *Validator) ValidateUpdate(_ context.Context, oldC, newC *lockingv1alpha
 // deleted: a counter recreated from zero would reissue fences that guarded
 // objects and stores outside the cluster have already seen, even after every
 // grant of the resource is gone. The namespace is read directly from the
-// API server.
+// API server. The refusal is COUNTER_PROTECTED.
 func (v *Validator) ValidateDelete(ctx context.Context, c *lockingv1alpha1.FenceCounter) (admission.Warnings, error) {
 	ns := &corev1.Namespace{}
 	if err := v.Reader.Get(ctx, types.NamespacedName{Name: c.Namespace}, ns); err != nil {
@@ -68,7 +70,7 @@ func (v *Validator) ValidateDelete(ctx context.Context, c *lockingv1alpha1.Fence
 	if ns.DeletionTimestamp != nil {
 		return nil, nil
 	}
-	return nil, forbid(c.Name, &fencing.Error{Reason: fencing.ReasonFenceRegression,
+	return nil, forbid(c.Name, &fencing.Error{Reason: fencing.ReasonCounterProtected,
 		Detail: fmt.Sprintf("the fence record of resource %q is kept as long as its namespace: a new one would reissue fences from 1", c.Spec.Resource)})
 }
 

@@ -33,7 +33,7 @@ func observe(webhook string, req admission.Request, err error) {
 	if err != nil {
 		decision, reason = "denied", string(fencing.ReasonOf(err))
 		if reason == "" {
-			decision, reason = "error", "INTERNAL"
+			decision, reason = "error", string(fencing.ReasonInternal)
 		}
 	}
 	decisions.WithLabelValues(webhook, decision, reason, string(req.Operation)).Inc()

@@ -19,12 +19,6 @@ import (
 	"github.com/lockwarden/lockwarden/pkg/fencing"
 )
 
-// Path prefixes of the per-policy webhooks; the policy's name follows.
-const (
-	EnforcePathPrefix = "/guardpolicy/enforce/"
-	ShadowPathPrefix  = "/guardpolicy/shadow/"
-)
-
 // PolicyHandler serves the webhooks the GuardPolicy controller installs per
 // policy: for Enforce, a mutating one for creates and updates (check and
 // consume the claim, as LabelHandler) and a validating one for deletes; for
@@ -46,9 +40,9 @@ var _ admission.Handler = &PolicyHandler{}
 
 // Handle implements admission.Handler.
 func (h *PolicyHandler) Handle(ctx context.Context, req admission.Request) admission.Response {
-	prefix := EnforcePathPrefix
+	prefix := lockingv1alpha1.GuardPolicyEnforcePathPrefix
 	if h.Shadow {
-		prefix = ShadowPathPrefix
+		prefix = lockingv1alpha1.GuardPolicyShadowPathPrefix
 	}
 	name := strings.TrimPrefix(pathOf(ctx), prefix)
 	pol := &lockingv1alpha1.GuardPolicy{}

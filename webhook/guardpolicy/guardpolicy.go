@@ -5,14 +5,14 @@ package guardpolicy
 
 import (
 	"context"
-	"fmt"
 
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/runtime"
 	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
 
 	lockingv1alpha1 "github.com/lockwarden/lockwarden/api/v1alpha1"
+	"github.com/lockwarden/lockwarden/internal/denial"
 	"github.com/lockwarden/lockwarden/internal/policy"
+	"github.com/lockwarden/lockwarden/pkg/fencing"
 )
 
 // Validator refuses unusable GuardPolicies.
@@ -40,9 +40,12 @@ func (Validator) ValidateDelete(context.Context, *lockingv1alpha1.GuardPolicy) (
 	return nil, nil
 }
 
+// check refuses an unusable policy with a 422 Invalid error whose every
+// field detail starts with INVALID_POLICY.
 func check(p *lockingv1alpha1.GuardPolicy) error {
-	if err := policy.Validate(p); err != nil {
-		return apierrors.NewBadRequest(fmt.Sprintf("INVALID_POLICY: %v", err))
+	errs := policy.Fields(p)
+	for _, e := range errs {
+		e.Detail = string(fencing.ReasonInvalidPolicy) + ": " + e.Detail
 	}
-	return nil
+	return denial.Invalid(lockingv1alpha1.GroupVersion.WithKind("GuardPolicy").GroupKind(), p.Name, errs)
 }

@@ -5,8 +5,11 @@ package lockgrant
 
 import (
 	"context"
+	"encoding/json"
+	"errors"
 	"fmt"
 	"maps"
+	"reflect"
 	"slices"
 	"strings"
 	"time"
@@ -22,6 +25,8 @@ import (
 	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/util/validation"
+	"k8s.io/apimachinery/pkg/util/validation/field"
 	"k8s.io/utils/clock"
 	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
 
@@ -41,12 +46,18 @@ type Defaulter struct {
 
 var _ admission.Defaulter[*lockingv1alpha1.LockGrant] = &Defaulter{}
 
-// NewDefaulter returns the mutating webhook of LockGrants.
+// NewDefaulter returns the mutating webhook of LockGrants. A request whose
+// object does not decode (a field of the wrong JSON type, such as
+// leaseDurationSeconds: 1.5 or "10") is refused as INVALID_SPEC naming the
+// field, before the defaulter sees it.
 func NewDefaulter(s *runtime.Scheme, clk clock.PassiveClock) *admission.Webhook {
-	return admission.WithDefaulter(s, &Defaulter{Clock: clk})
+	wh := admission.WithDefaulter(s, &Defaulter{Clock: clk})
+	wh.Handler = typedFields{wh.Handler}
+	return wh
 }
 
-// Default implements admission.Defaulter.
+// Default implements admission.Defaulter. It refuses a requestID that
+// could not be the request-ID label's value, naming spec.requestID.
 func (d *Defaulter) Default(ctx context.Context, g *lockingv1alpha1.LockGrant) error {
 	req, err := admission.RequestFromContext(ctx)
 	if err != nil {
@@ -54,6 +65,11 @@ func (d *Defaulter) Default(ctx context.Context, g *lockingv1alpha1.LockGrant) e
 	}
 	if req.Operation != "CREATE" {
 		return nil // registered for CREATE only; renew and release skip it
+	}
+	if id := g.Spec.RequestID; id != "" {
+		if msgs := validation.IsValidLabelValue(id); len(msgs) > 0 {
+			return invalid(g.Name, denial.FieldInvalid(field.NewPath("spec", "requestID"), id, fencing.ReasonInvalidSpec, strings.Join(msgs, "; ")))
+		}
 	}
 	if g.Spec.RequestID != "" {
 		if g.Labels == nil {
@@ -120,13 +136,22 @@ func (v *Validator) ValidateCreate(ctx context.Context, g *lockingv1alpha1.LockG
 		return nil, deny(g.Name, &fencing.Error{Reason: fencing.ReasonNotOwner,
 			Detail: fmt.Sprintf("spec.owner %q must be the requesting user %q (leave it empty to default it)", g.Spec.Owner, user)})
 	}
-	if g.Spec.Renewals != 0 || g.Spec.Release {
-		return nil, apierrors.NewBadRequest("INVALID_SPEC: a new LockGrant must have spec.renewals 0 and spec.release false")
+	var errs field.ErrorList
+	spec := field.NewPath("spec")
+	if g.Spec.Renewals != 0 {
+		errs = append(errs, denial.FieldInvalid(spec.Child("renewals"), g.Spec.Renewals, fencing.ReasonInvalidSpec, "a new LockGrant must have renewals 0"))
+	}
+	if g.Spec.Release {
+		errs = append(errs, denial.FieldInvalid(spec.Child("release"), g.Spec.Release, fencing.ReasonInvalidSpec, "a new LockGrant cannot be released"))
 	}
 	if g.Spec.RequestID != "" {
 		if want := lockingv1alpha1.GrantNameForRequest(g.Spec.RequestID); g.Name != want {
-			return nil, apierrors.NewBadRequest(fmt.Sprintf("INVALID_SPEC: a LockGrant with requestID %q must be named %q (or use generateName)", g.Spec.RequestID, want))
+			errs = append(errs, denial.FieldInvalid(field.NewPath("metadata", "name"), g.Name, fencing.ReasonInvalidSpec,
+				fmt.Sprintf("a LockGrant with requestID %q must be named %q (or use generateName)", g.Spec.RequestID, want)))
 		}
+	}
+	if err := invalid(g.Name, errs...); err != nil {
+		return nil, err
 	}
 	if g.Spec.Session != nil {
 		if err := v.checkSession(ctx, g); err != nil {
@@ -159,9 +184,11 @@ func (v *Validator) checkSession(ctx context.Context, g *lockingv1alpha1.LockGra
 		return deny(g.Name, &fencing.Error{Reason: fencing.ReasonSessionExpired,
 			Detail: fmt.Sprintf("session Lease %s/%s has uid %s, not %s: it was replaced", g.Namespace, ref.Name, l.UID, ref.UID)})
 	case l.Labels[lockingv1alpha1.SessionLabel] != "true":
-		return apierrors.NewBadRequest(fmt.Sprintf("INVALID_SPEC: Lease %s/%s is not a session: it needs the label %s=true", g.Namespace, ref.Name, lockingv1alpha1.SessionLabel))
+		return invalid(g.Name, denial.FieldInvalid(field.NewPath("spec", "session", "name"), ref.Name, fencing.ReasonInvalidSpec,
+			fmt.Sprintf("Lease %s/%s is not a session: it needs the label %s=true", g.Namespace, ref.Name, lockingv1alpha1.SessionLabel)))
 	case l.Spec.LeaseDurationSeconds == nil || *l.Spec.LeaseDurationSeconds < 1:
-		return apierrors.NewBadRequest(fmt.Sprintf("INVALID_SPEC: session Lease %s/%s has no spec.leaseDurationSeconds", g.Namespace, ref.Name))
+		return invalid(g.Name, denial.FieldInvalid(field.NewPath("spec", "session", "name"), ref.Name, fencing.ReasonInvalidSpec,
+			fmt.Sprintf("session Lease %s/%s has no spec.leaseDurationSeconds", g.Namespace, ref.Name)))
 	case l.Spec.HolderIdentity == nil || *l.Spec.HolderIdentity != g.Spec.Owner:
 		holder := ""
 		if l.Spec.HolderIdentity != nil {
@@ -178,7 +205,7 @@ func (v *Validator) checkPolicy(ctx context.Context, g *lockingv1alpha1.LockGran
 	pol := &lockingv1alpha1.GuardPolicy{}
 	if err := v.Reader.Get(ctx, types.NamespacedName{Name: g.Spec.Policy}, pol); err != nil {
 		if apierrors.IsNotFound(err) {
-			return apierrors.NewBadRequest(fmt.Sprintf("INVALID_SPEC: GuardPolicy %q does not exist", g.Spec.Policy))
+			return invalid(g.Name, denial.FieldInvalid(field.NewPath("spec", "policy"), g.Spec.Policy, fencing.ReasonInvalidSpec, "no such GuardPolicy"))
 		}
 		return err
 	}
@@ -187,7 +214,8 @@ func (v *Validator) checkPolicy(ctx context.Context, g *lockingv1alpha1.LockGran
 			Detail: fmt.Sprintf("%q is not a holder of GuardPolicy %q", g.Spec.Owner, pol.Name)})
 	}
 	if !policy.AllowsTTL(pol, g.Spec.LeaseDurationSeconds) {
-		return apierrors.NewBadRequest(fmt.Sprintf("INVALID_SPEC: GuardPolicy %q allows leases of at most %d seconds", pol.Name, pol.Spec.MaxLeaseDurationSeconds))
+		return invalid(g.Name, denial.FieldInvalid(field.NewPath("spec", "leaseDurationSeconds"), g.Spec.LeaseDurationSeconds, fencing.ReasonInvalidSpec,
+			fmt.Sprintf("GuardPolicy %q allows leases of at most %d seconds", pol.Name, pol.Spec.MaxLeaseDurationSeconds)))
 	}
 	return nil
 }
@@ -204,13 +232,17 @@ func (v *Validator) ValidateUpdate(ctx context.Context, oldG, newG *lockingv1alp
 	if err != nil {
 		return nil, err
 	}
+	var errs field.ErrorList
 	for _, a := range []string{lockingv1alpha1.RequestedAtAnnotation, lockingv1alpha1.OwnerGroupsAnnotation} {
 		if oldG.Annotations[a] != newG.Annotations[a] {
-			return nil, apierrors.NewBadRequest("INVALID_SPEC: annotation " + a + " is immutable")
+			errs = append(errs, denial.FieldInvalid(field.NewPath("metadata", "annotations").Key(a), newG.Annotations[a], fencing.ReasonInvalidSpec, "immutable"))
 		}
 	}
-	if oldG.Labels[lockingv1alpha1.RequestIDLabel] != newG.Labels[lockingv1alpha1.RequestIDLabel] {
-		return nil, apierrors.NewBadRequest("INVALID_SPEC: label " + lockingv1alpha1.RequestIDLabel + " is immutable")
+	if l := lockingv1alpha1.RequestIDLabel; oldG.Labels[l] != newG.Labels[l] {
+		errs = append(errs, denial.FieldInvalid(field.NewPath("metadata", "labels").Key(l), newG.Labels[l], fencing.ReasonInvalidSpec, "immutable"))
+	}
+	if err := invalid(newG.Name, errs...); err != nil {
+		return nil, err
 	}
 	now := v.Clock.Now()
 	g := *facts.Grant(oldG)
@@ -317,4 +349,72 @@ func requester(ctx context.Context) (string, error) {
 // message starts with the reason code.
 func deny(name string, err error) error {
 	return denial.Error(err, lockingv1alpha1.GroupVersion.WithResource("lockgrants").GroupResource(), name)
+}
+
+// invalid is the 422 Invalid error of grant name for errs (nil for none).
+func invalid(name string, errs ...*field.Error) error {
+	return denial.Invalid(lockingv1alpha1.GroupVersion.WithKind("LockGrant").GroupKind(), name, errs)
+}
+
+// typedFields refuses a request whose LockGrant does not decode because a
+// field has the wrong JSON type, with INVALID_SPEC naming the field, instead
+// of the decoder's Go error; other requests go to the wrapped handler.
+type typedFields struct{ next admission.Handler }
+
+// Handle implements admission.Handler.
+func (h typedFields) Handle(ctx context.Context, req admission.Request) admission.Response {
+	if errs := fieldTypeErrors(req.Object.Raw); len(errs) > 0 {
+		return denial.InvalidResponse(lockingv1alpha1.GroupVersion.WithKind("LockGrant").GroupKind(), req.Name, errs)
+	}
+	return h.next.Handle(ctx, req)
+}
+
+// fieldTypeErrors returns the field whose JSON type does not fit the
+// LockGrant type in raw, if any.
+func fieldTypeErrors(raw []byte) field.ErrorList {
+	if len(raw) == 0 {
+		return nil
+	}
+	var te *json.UnmarshalTypeError
+	if err := json.Unmarshal(raw, &lockingv1alpha1.LockGrant{}); !errors.As(err, &te) || te.Field == "" {
+		return nil // decodes, or fails in a way the decoder itself reports
+	}
+	parts := strings.Split(te.Field, ".")
+	return field.ErrorList{denial.FieldInvalid(field.NewPath(parts[0], parts[1:]...), valueAt(raw, parts, te.Value), fencing.ReasonInvalidSpec,
+		"must be "+jsonType(te.Type))}
+}
+
+// valueAt is the JSON value at path in raw, as the user wrote it, or
+// otherwise the decoder's description of it.
+func valueAt(raw []byte, path []string, otherwise string) any {
+	var v any
+	if json.Unmarshal(raw, &v) != nil {
+		return otherwise
+	}
+	for _, p := range path {
+		m, ok := v.(map[string]any)
+		if !ok {
+			return otherwise
+		}
+		v = m[p]
+	}
+	return v
+}
+
+// jsonType says in JSON terms what a Go type accepts.
+func jsonType(t reflect.Type) string {
+	switch t.Kind() {
+	case reflect.Int, reflect.Int8, reflect.Int16, reflect.Int32, reflect.Int64,
+		reflect.Uint, reflect.Uint8, reflect.Uint16, reflect.Uint32, reflect.Uint64:
+		return "a whole number"
+	case reflect.String:
+		return "a string"
+	case reflect.Bool:
+		return "true or false"
+	case reflect.Slice, reflect.Array:
+		return "a list"
+	case reflect.Struct, reflect.Map, reflect.Pointer:
+		return "an object"
+	}
+	return "a " + t.String()
 }

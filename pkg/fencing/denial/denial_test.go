@@ -66,7 +66,7 @@ func TestNotRefusals(t *testing.T) {
 		if r := denial.Refusal(err); r != nil {
 			t.Errorf("%s: Refusal(%v) = %v, want nil", name, err, r)
 		}
-		if w := denial.Wrap(err); w != err {
+		if w := denial.Wrap(err); w != err { //nolint:errorlint // Wrap must return the very same error
 			t.Errorf("%s: Wrap changed the error", name)
 		}
 	}

@@ -23,20 +23,20 @@ func (m Mono) String() string { return "+" + time.Duration(m).String() }
 type State int
 
 const (
-	// Requested: the acquire was sent; validity is not confirmed yet.
+	// Requested means the acquire was sent; validity is not confirmed yet.
 	Requested State = iota + 1
-	// Held: the grant is the holder's until the local deadline.
+	// Held means the grant is the holder's until the local deadline.
 	Held
-	// Renewing: Held, with a renew sent whose effect is not observed yet.
+	// Renewing means Held, with a renew sent whose effect is not observed yet.
 	Renewing
-	// OwnershipUnknown: the local deadline passed without proof that the
+	// OwnershipUnknown means the local deadline passed without proof that the
 	// lease was extended. No new effects; reconcile by reading the grant.
 	OwnershipUnknown
-	// Expired: the registry says this acquisition does not hold: the lease
+	// Expired means the registry says this acquisition does not hold: the lease
 	// or the wait limit ran out, the grant was revoked or deleted, or a
 	// renew or release was refused. Final.
 	Expired
-	// Released: the registry ended the acquisition by a release (this
+	// Released means the registry ended the acquisition by a release (this
 	// holder's, or a withdrawal before it was granted). Final.
 	Released
 )
@@ -64,22 +64,13 @@ func (s State) String() string {
 // Final reports whether s can never change again.
 func (s State) Final() bool { return s == Expired || s == Released }
 
-// Reasons a machine gives for being Expired or Released, beyond the
-// fencing package's refusal codes (fencing.ReasonExpired,
-// fencing.ReasonNotOwner, fencing.ReasonAlreadyEnded, fencing.ReasonRevoked,
+// A machine's reasons for being Expired or Released are codes of the
+// fencing catalog: fencing.ReasonReleased, fencing.ReasonTimedOut,
+// fencing.ReasonRevoked, fencing.ReasonExpired, fencing.ReasonUnknownGrant
+// (the grant no longer exists, or its name now belongs to another
+// acquisition: an administrator's forced release), and the code of any
+// refusal that ended it (fencing.ReasonNotOwner,
 // fencing.ReasonDriverMismatch, ...).
-const (
-	// ReasonReleased: the registry reports the grant Released.
-	ReasonReleased = "RELEASED"
-	// ReasonTimedOut: the request's wait limit passed before it was granted.
-	ReasonTimedOut = "TIMED_OUT"
-	// ReasonDeleted: the grant no longer exists, or its name now belongs to
-	// another acquisition (an administrator's forced release).
-	ReasonDeleted = "DELETED"
-	// ReasonRevoked: the issuer ended the grant before its lease ran out
-	// (its issuer epoch was revoked, or its GuardPolicy stopped allowing it).
-	ReasonRevoked = "REVOKED"
-)
 
 // Config is a machine's lease parameters.
 type Config struct {
@@ -174,7 +165,7 @@ type Machine struct {
 	cfg   Config
 	state State
 	// reason says why the machine is final.
-	reason string
+	reason fencing.Reason
 	fence  int64
 	// granted: the registry has reported the grant Held at least once.
 	granted bool
@@ -207,10 +198,10 @@ func (m *Machine) Config() Config { return m.cfg }
 // State returns the current state. It does not advance time: call Tick first.
 func (m *Machine) State() State { return m.state }
 
-// Reason says why a final machine ended (a fencing reason code such as
-// EXPIRED or NOT_OWNER, or ReasonReleased, ReasonTimedOut, ReasonDeleted);
+// Reason says why a final machine ended, as a code of the fencing catalog
+// (RELEASED, TIMED_OUT, EXPIRED, REVOKED, UNKNOWN_GRANT, NOT_OWNER, ...);
 // "" while not final.
-func (m *Machine) Reason() string { return m.reason }
+func (m *Machine) Reason() fencing.Reason { return m.reason }
 
 // Fence returns the grant's fencing token, 0 until the registry reported it.
 func (m *Machine) Fence() int64 { return m.fence }
@@ -317,18 +308,18 @@ func (m *Machine) Observe(now Mono, f Facts) State {
 	switch {
 	case f.Gone:
 		if m.releasing {
-			m.end(Released, ReasonReleased)
+			m.end(Released, fencing.ReasonReleased)
 		} else {
-			m.end(Expired, ReasonDeleted)
+			m.end(Expired, fencing.ReasonUnknownGrant)
 		}
 	case f.Phase == lockingv1alpha1.PhaseReleased:
-		m.end(Released, ReasonReleased)
+		m.end(Released, fencing.ReasonReleased)
 	case f.Phase == lockingv1alpha1.PhaseExpired:
-		m.end(Expired, string(fencing.ReasonExpired))
+		m.end(Expired, fencing.ReasonExpired)
 	case f.Phase == lockingv1alpha1.PhaseTimedOut:
-		m.end(Expired, ReasonTimedOut)
+		m.end(Expired, fencing.ReasonTimedOut)
 	case f.Phase == lockingv1alpha1.PhaseRevoked:
-		m.end(Expired, ReasonRevoked)
+		m.end(Expired, fencing.ReasonRevoked)
 	case f.Phase == lockingv1alpha1.PhaseHeld:
 		if m.fence == 0 {
 			m.fence = f.Fence
@@ -348,23 +339,24 @@ func (m *Machine) Observe(now Mono, f Facts) State {
 }
 
 // Refused applies a definite refusal of this holder's renew or release, by
-// its reason code, and returns the new state. ALREADY_ENDED ends the
-// machine as Released; NOT_HELD (still queued) changes nothing; every other
-// refusal (EXPIRED, NOT_OWNER, REVOKED, STALE_OWNER, UNKNOWN_GRANT,
-// DRIVER_MISMATCH, ...) ends it as Expired with that reason: the registry
-// will not extend this lease, so the holder fails closed. A refusal is the
-// registry's judgement, not an assumption.
+// its reason code, and returns the new state. A code that does not end the
+// grant (fencing.EndsGrant false: NOT_HELD, still queued; INTERNAL, nothing
+// decided) changes nothing; ALREADY_ENDED and RELEASED end the machine as
+// Released; every other refusal (EXPIRED, NOT_OWNER, REVOKED, STALE_OWNER,
+// UNKNOWN_GRANT, DRIVER_MISMATCH, an unknown code, ...) ends it as Expired
+// with that reason: the registry will not extend this lease, so the holder
+// fails closed. A refusal is the registry's judgement, not an assumption.
 func (m *Machine) Refused(now Mono, r fencing.Reason) State {
 	if m.state.Final() {
 		return m.state
 	}
-	switch r {
-	case fencing.ReasonNotHeld:
+	switch {
+	case !fencing.EndsGrant(r):
 		m.settle(now)
-	case fencing.ReasonAlreadyEnded:
-		m.end(Released, string(r))
+	case r == fencing.ReasonAlreadyEnded || r == fencing.ReasonReleased:
+		m.end(Released, r)
 	default:
-		m.end(Expired, string(r))
+		m.end(Expired, r)
 	}
 	return m.state
 }
@@ -376,7 +368,7 @@ func (m *Machine) ReleaseSent(Mono) { m.releasing = true }
 // ReleaseAccepted records that the registry accepted the release: Released.
 func (m *Machine) ReleaseAccepted(Mono) State {
 	if !m.state.Final() {
-		m.end(Released, ReasonReleased)
+		m.end(Released, fencing.ReasonReleased)
 	}
 	return m.state
 }
@@ -387,7 +379,7 @@ func (m *Machine) setBase(b Mono) {
 	}
 }
 
-func (m *Machine) end(s State, reason string) {
+func (m *Machine) end(s State, reason fencing.Reason) {
 	m.state, m.reason = s, reason
 	m.pending = nil
 }

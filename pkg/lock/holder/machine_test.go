@@ -88,7 +88,7 @@ func TestMachine(t *testing.T) {
 		name  string
 		steps func(t *testing.T) []step
 		// reason is the final machine's Reason, when set.
-		reason string
+		reason fencing.Reason
 	}{
 		{"granted at once: deadline from the create's send time", func(t *testing.T) []step {
 			return []step{
@@ -146,7 +146,7 @@ func TestMachine(t *testing.T) {
 				{11, phase(lockingv1alpha1.PhaseExpired), E, 0, no},
 				{11.5, held(1, 1), E, 0, no}, // final stays final
 			}
-		}, string(fencing.ReasonExpired)},
+		}, fencing.ReasonExpired},
 		{"renew after the lease ran out is refused, never re-acquires", func(t *testing.T) []step {
 			return []step{
 				{0, created(0), R, 0, nil},
@@ -155,7 +155,7 @@ func TestMachine(t *testing.T) {
 				{9.6, renewSent(t, 1), U, 0, no},
 				{9.7, refused(fencing.ReasonExpired), E, 0, no},
 			}
-		}, string(fencing.ReasonExpired)},
+		}, fencing.ReasonExpired},
 		{"a renew by the wrong identity is refused NOT_OWNER", func(t *testing.T) []step {
 			return []step{
 				{0, created(0), R, 0, nil},
@@ -163,7 +163,7 @@ func TestMachine(t *testing.T) {
 				{3.4, renewSent(t, 1), N, 0, nil},
 				{3.5, refused(fencing.ReasonNotOwner), E, 0, no},
 			}
-		}, string(fencing.ReasonNotOwner)},
+		}, fencing.ReasonNotOwner},
 		{"found by request ID: validity unknown until a renew is observed", func(t *testing.T) []step {
 			return []step{
 				{1, held(3, 3), R, 0, no}, // no Created: the grant may be old
@@ -186,21 +186,21 @@ func TestMachine(t *testing.T) {
 				{0.2, phase(lockingv1alpha1.PhasePending), R, 0, nil},
 				{5, phase(lockingv1alpha1.PhaseTimedOut), E, 0, no},
 			}
-		}, holder.ReasonTimedOut},
+		}, fencing.ReasonTimedOut},
 		{"revoked by the issuer", func(t *testing.T) []step {
 			return []step{
 				{0, created(0), R, 0, nil},
 				{0.1, held(0, 0), H, 0, nil},
 				{2, phase(lockingv1alpha1.PhaseRevoked), E, 0, no},
 			}
-		}, holder.ReasonRevoked},
+		}, fencing.ReasonRevoked},
 		{"deleted by an administrator", func(t *testing.T) []step {
 			return []step{
 				{0, created(0), R, 0, nil},
 				{0.1, held(0, 0), H, 0, nil},
 				{2, gone, E, 0, no},
 			}
-		}, holder.ReasonDeleted},
+		}, fencing.ReasonUnknownGrant},
 		{"release: no new effects from the send, released on acceptance", func(t *testing.T) []step {
 			return []step{
 				{0, created(0), R, 0, nil},
@@ -208,7 +208,7 @@ func TestMachine(t *testing.T) {
 				{2, relSt, H, 0, no},
 				{2.1, relOK, D, 0, no},
 			}
-		}, holder.ReasonReleased},
+		}, fencing.ReasonReleased},
 		{"release whose reply was lost: the read settles it", func(t *testing.T) []step {
 			return []step{
 				{0, created(0), R, 0, nil},
@@ -216,7 +216,7 @@ func TestMachine(t *testing.T) {
 				{2, relSt, H, 0, no},
 				{2.5, phase(lockingv1alpha1.PhaseReleased), D, 0, no},
 			}
-		}, holder.ReasonReleased},
+		}, fencing.ReasonReleased},
 		{"released grant deleted before the holder read it", func(t *testing.T) []step {
 			return []step{
 				{0, created(0), R, 0, nil},
@@ -224,7 +224,7 @@ func TestMachine(t *testing.T) {
 				{2, relSt, H, 0, nil},
 				{3, gone, D, 0, no},
 			}
-		}, holder.ReasonReleased},
+		}, fencing.ReasonReleased},
 		{"renew refused ALREADY_ENDED: the grant was ended elsewhere", func(t *testing.T) []step {
 			return []step{
 				{0, created(0), R, 0, nil},
@@ -232,7 +232,7 @@ func TestMachine(t *testing.T) {
 				{3.4, renewSent(t, 1), N, 0, nil},
 				{3.5, refused(fencing.ReasonAlreadyEnded), D, 0, no},
 			}
-		}, string(fencing.ReasonAlreadyEnded)},
+		}, fencing.ReasonAlreadyEnded},
 		{"renew refused REVOKED: the machine ends instead of staying RENEWING", func(t *testing.T) []step {
 			return []step{
 				{0, created(0), R, 0, nil},
@@ -240,7 +240,7 @@ func TestMachine(t *testing.T) {
 				{3.4, renewSent(t, 1), N, 0, nil},
 				{3.5, refused(fencing.ReasonRevoked), E, 0, no},
 			}
-		}, string(fencing.ReasonRevoked)},
+		}, fencing.ReasonRevoked},
 		{"renew refused DRIVER_MISMATCH: a second driver stops", func(t *testing.T) []step {
 			return []step{
 				{0, created(0), R, 0, nil},
@@ -248,7 +248,7 @@ func TestMachine(t *testing.T) {
 				{3.4, renewSent(t, 1), N, 0, nil},
 				{3.5, refused(fencing.ReasonDriverMismatch), E, 0, no},
 			}
-		}, string(fencing.ReasonDriverMismatch)},
+		}, fencing.ReasonDriverMismatch},
 		{"renew refused NOT_HELD changes nothing", func(t *testing.T) []step {
 			return []step{
 				{0, created(0), R, 0, nil},
@@ -257,6 +257,23 @@ func TestMachine(t *testing.T) {
 				{3.5, refused(fencing.ReasonNotHeld), N, 0, nil},
 			}
 		}, ""},
+		{"renew refused INTERNAL changes nothing; the deadline still ends it", func(t *testing.T) []step {
+			return []step{
+				{0, created(0), R, 0, nil},
+				{0.1, held(0, 0), H, 0, nil},
+				{3.4, renewSent(t, 1), N, 0, nil},
+				{3.5, refused(fencing.ReasonInternal), N, 0, nil},
+				{30, tick, U, 0, no},
+			}
+		}, ""},
+		{"renew refused with an unknown code: the holder fails closed", func(t *testing.T) []step {
+			return []step{
+				{0, created(0), R, 0, nil},
+				{0.1, held(0, 0), H, 0, nil},
+				{3.4, renewSent(t, 1), N, 0, nil},
+				{3.5, refused("SOMETHING_NEW"), E, 0, no},
+			}
+		}, "SOMETHING_NEW"},
 		{"next renew target follows the registry's renewals", func(t *testing.T) []step {
 			return []step{
 				{0, created(0), R, 0, nil},

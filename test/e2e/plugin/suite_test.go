@@ -102,7 +102,7 @@ func buildPlugin(root, assets string) error {
 	build := exec.Command("go", "build", "-o", filepath.Join(binDir, "kubectl-lock"), "./cmd/kubectl-lock")
 	build.Dir = root
 	if out, err := build.CombinedOutput(); err != nil {
-		return fmt.Errorf("building kubectl-lock: %v\n%s", err, out)
+		return fmt.Errorf("building kubectl-lock: %w\n%s", err, out)
 	}
 	return os.Symlink(filepath.Join(assets, "kubectl"), filepath.Join(binDir, "kubectl"))
 }

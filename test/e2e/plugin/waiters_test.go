@@ -55,8 +55,8 @@ func TestRunDeadWaiterIsSkipped(t *testing.T) {
 			released = g.Status.EndedAt.Time
 		case g.UID == deadGrant.UID:
 			ready := meta.FindStatusCondition(g.Status.Conditions, lockingv1alpha1.ConditionReady)
-			if g.Status.FenceToken != 0 || g.Status.Phase != lockingv1alpha1.PhaseReleased || ready == nil || ready.Reason != string(fencing.ReasonSessionExpired) {
-				t.Errorf("the killed waiter's request ended %s (%+v) with fence %d; want Released (SESSION_EXPIRED) without a fence", g.Status.Phase, ready, g.Status.FenceToken)
+			if g.Status.FenceToken != 0 || g.Status.Phase != lockingv1alpha1.PhaseReleased || ready == nil || ready.Reason != fencing.ReasonSessionExpired.ConditionReason() {
+				t.Errorf("the killed waiter's request ended %s (%+v) with fence %d; want Released (SessionExpired) without a fence", g.Status.Phase, ready, g.Status.FenceToken)
 			}
 		default:
 			if g.Status.FenceToken != 2 {
