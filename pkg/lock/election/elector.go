@@ -185,13 +185,14 @@ func (e *Elector) Run(ctx context.Context) error {
 			continue
 		}
 		b = newBackoff()
-		e.lead(ctx, h, log)
+		e.lead(logr.NewContext(ctx, log), h)
 	}
 	return nil
 }
 
 // lead runs one term on h until it ends, then releases h.
-func (e *Elector) lead(ctx context.Context, h *lock.Handle, log logr.Logger) {
+func (e *Elector) lead(ctx context.Context, h *lock.Handle) {
+	log := logr.FromContextOrDiscard(ctx)
 	leaderCtx, cancel := context.WithCancelCause(h.Context())
 	stop := context.AfterFunc(ctx, func() { cancel(fmt.Errorf("election: stopped: %w", context.Cause(ctx))) })
 	defer stop()
