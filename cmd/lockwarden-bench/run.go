@@ -11,7 +11,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/klog/v2"
-	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
+	logf "sigs.k8s.io/controller-runtime/pkg/log"
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 )
 
@@ -35,7 +35,7 @@ func run(ctx context.Context, o options) (err error) {
 	}
 	defer logFile.Close()
 	logger := zap.New(zap.WriteTo(logFile))
-	ctrllog.SetLogger(logger)
+	logf.SetLogger(logger)
 	klog.SetLogger(logger) // client-go's leader election logs through klog
 
 	b := &bench{o: o, dir: dir, res: &results{}}

@@ -14,18 +14,18 @@ import (
 // The fault schedule. Worker faults start every 1.5-4 s, one at a time per
 // worker; a manager replica is killed about every --manager-kill-every.
 const (
-	workerFaultGapMin = 1500 * time.Millisecond
-	workerFaultGapMax = 4 * time.Second
-	netFaultMin       = 2 * time.Second
-	netFaultMax       = 7 * time.Second
-	latencyMin        = 300 * time.Millisecond
-	latencyMax        = 2500 * time.Millisecond
-	// freezeExtraMin/Max: a frozen worker stays frozen TTL plus this long,
+	minWorkerFaultGap = 1500 * time.Millisecond
+	maxWorkerFaultGap = 4 * time.Second
+	minNetFault       = 2 * time.Second
+	maxNetFault       = 7 * time.Second
+	minLatency        = 300 * time.Millisecond
+	maxLatency        = 2500 * time.Millisecond
+	// minFreezeExtra, maxFreezeExtra: a frozen worker stays frozen TTL plus this long,
 	// past the end of its lease.
-	freezeExtraMin = time.Second
-	freezeExtraMax = 4 * time.Second
-	managerDownMin = 3 * time.Second
-	managerDownMax = 8 * time.Second
+	minFreezeExtra = time.Second
+	maxFreezeExtra = 4 * time.Second
+	minManagerDown = 3 * time.Second
+	maxManagerDown = 8 * time.Second
 	// failoverTimeout is how long a new leader may take after the leader
 	// was killed: the Lease (15 s) plus a generous margin for a loaded
 	// machine. Beyond it the run fails: the manager cannot fail over.

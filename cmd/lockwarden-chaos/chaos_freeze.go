@@ -21,7 +21,7 @@ func (c *chaos) freezeReplica(ctx context.Context, r *replica) {
 	if err := m.Process().Signal(syscall.SIGSTOP); err != nil {
 		return
 	}
-	_ = sleep(ctx, c.between(managerDownMin, managerDownMax))
+	_ = sleep(ctx, c.between(minManagerDown, maxManagerDown))
 	_ = m.Process().Signal(syscall.SIGCONT)
 	c.note(NoteHeal, fmt.Sprintf("thaw %s with SIGCONT", r.name()))
 	c.awaitReplica(ctx, r)

@@ -70,7 +70,7 @@ func (c *chaos) killReplica(ctx context.Context) {
 			c.awaitFailover(oldLeader, killedAt)
 		}()
 	}
-	_ = sleep(ctx, c.between(managerDownMin, managerDownMax))
+	_ = sleep(ctx, c.between(minManagerDown, maxManagerDown))
 	c.restart(context.WithoutCancel(ctx), r)
 }
 
@@ -129,7 +129,7 @@ func (c *chaos) partitionReplica(ctx context.Context, r *replica) {
 	if err := c.mnet.inject(r.index, faultBlackhole, 0, 0); err != nil {
 		c.note(NoteManagerNotReady, err.Error())
 	}
-	_ = sleep(ctx, c.between(managerDownMin, managerDownMax))
+	_ = sleep(ctx, c.between(minManagerDown, maxManagerDown))
 	if err := c.mnet.heal(r.index); err != nil {
 		c.note(NoteManagerNotReady, err.Error())
 		return

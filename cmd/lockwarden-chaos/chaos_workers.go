@@ -10,7 +10,7 @@ import (
 // the TTL (one in five), a pause between the validity check and the write
 // (three in ten), or a network fault on its path to the API server.
 func (c *chaos) workerFaults(ctx context.Context) {
-	for sleep(ctx, c.between(workerFaultGapMin, workerFaultGapMax)) == nil {
+	for sleep(ctx, c.between(minWorkerFaultGap, maxWorkerFaultGap)) == nil {
 		r := c.float()
 		switch {
 		case r < 0.2:
@@ -69,7 +69,7 @@ func (c *chaos) freeze(ctx context.Context) {
 		return
 	}
 	wp := c.workers[i]
-	d := c.ttl + c.between(freezeExtraMin, freezeExtraMax)
+	d := c.ttl + c.between(minFreezeExtra, maxFreezeExtra)
 	if !wp.freeze() {
 		c.release(i)
 		return
@@ -118,7 +118,7 @@ func (c *chaos) pauseAtWrite(ctx context.Context) {
 			case <-tick.C:
 			}
 		}
-		d := c.ttl + c.between(freezeExtraMin, freezeExtraMax)
+		d := c.ttl + c.between(minFreezeExtra, maxFreezeExtra)
 		c.note(NoteFault, fmt.Sprintf("freeze %s before its write for %s (SIGSTOP by itself)", wp.name(), d.Round(time.Millisecond)))
 		_ = sleep(ctx, d)
 		wp.thaw()
@@ -133,8 +133,8 @@ func (c *chaos) netFault(ctx context.Context, kind string) {
 	if i < 0 {
 		return
 	}
-	d := c.between(netFaultMin, netFaultMax)
-	lat := c.between(latencyMin, latencyMax)
+	d := c.between(minNetFault, maxNetFault)
+	lat := c.between(minLatency, maxLatency)
 	detail := fmt.Sprintf("%s on %s for %s", kind, workerName(i), d.Round(time.Millisecond))
 	if kind == faultLatency {
 		detail = fmt.Sprintf("latency %s±%s on %s for %s", lat.Round(time.Millisecond), (lat / 4).Round(time.Millisecond), workerName(i), d.Round(time.Millisecond))

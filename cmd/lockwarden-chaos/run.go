@@ -13,7 +13,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/client-go/tools/clientcmd"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
+	logf "sigs.k8s.io/controller-runtime/pkg/log"
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 
 	lockingv1alpha1 "github.com/lockwarden/lockwarden/api/v1alpha1"
@@ -38,7 +38,7 @@ func run(ctx context.Context, o options) (*Report, error) {
 		return nil, err
 	}
 	defer driverLog.Close()
-	ctrllog.SetLogger(zap.New(zap.WriteTo(driverLog)))
+	logf.SetLogger(zap.New(zap.WriteTo(driverLog)))
 	rec, err := newRecorder(filepath.Join(dir, "parts", "driver.jsonl"), "driver")
 	if err != nil {
 		return nil, err

@@ -14,7 +14,7 @@ import (
 
 	"k8s.io/client-go/tools/clientcmd"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
+	logf "sigs.k8s.io/controller-runtime/pkg/log"
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 
 	"github.com/lockwarden/lockwarden/pkg/lock/holder"
@@ -101,7 +101,7 @@ func runWorker(args []string) int {
 		fmt.Fprintln(os.Stderr, "worker: --id, --kubeconfig, --history, --resources and a --ttl of at least 1s are required")
 		return 2
 	}
-	ctrllog.SetLogger(zap.New(zap.WriteTo(os.Stderr)))
+	logf.SetLogger(zap.New(zap.WriteTo(os.Stderr)))
 
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()

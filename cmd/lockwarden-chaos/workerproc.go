@@ -112,13 +112,6 @@ func (wp *workerProc) thaw() {
 	}
 }
 
-// isFrozen reports whether the worker is frozen now.
-func (wp *workerProc) isFrozen() bool {
-	wp.mu.Lock()
-	defer wp.mu.Unlock()
-	return wp.frozen
-}
-
 // arm asks the worker to stop itself before its next write (SIGUSR1).
 func (wp *workerProc) arm() bool {
 	return !wp.proc.done() && wp.proc.cmd.Process.Signal(syscall.SIGUSR1) == nil

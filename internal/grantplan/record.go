@@ -6,7 +6,7 @@ import (
 	"github.com/lockwarden/lockwarden/pkg/fencing"
 )
 
-// sign publishes the signed grant record of every grant that becomes Held in
+// Sign publishes the signed grant record of every grant that becomes Held in
 // this pass. revision is the FenceCounter's resourceVersion after the fence
 // was issued. A record, once published, never changes.
 func Sign(p Plan, params issuer.Params, revision string) {

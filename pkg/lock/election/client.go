@@ -64,6 +64,7 @@ func (s *stampingClient) stamp(obj client.Object) (bool, error) {
 	return true, nil
 }
 
+// Create stamps obj with the term's claim when it is guarded, then creates it.
 func (s *stampingClient) Create(ctx context.Context, obj client.Object, opts ...client.CreateOption) error {
 	if _, err := s.stamp(obj); err != nil {
 		return err
@@ -71,6 +72,7 @@ func (s *stampingClient) Create(ctx context.Context, obj client.Object, opts ...
 	return s.Client.Create(ctx, obj, opts...)
 }
 
+// Update stamps obj with the term's claim when it is guarded, then updates it.
 func (s *stampingClient) Update(ctx context.Context, obj client.Object, opts ...client.UpdateOption) error {
 	if _, err := s.stamp(obj); err != nil {
 		return err
@@ -78,6 +80,8 @@ func (s *stampingClient) Update(ctx context.Context, obj client.Object, opts ...
 	return s.Client.Update(ctx, obj, opts...)
 }
 
+// Patch stamps obj with the term's claim when it is guarded and adds the
+// claim to the patch itself (claimPatch), then sends the patch.
 func (s *stampingClient) Patch(ctx context.Context, obj client.Object, patch client.Patch, opts ...client.PatchOption) error {
 	ok, err := s.stamp(obj)
 	if err != nil {
@@ -89,6 +93,9 @@ func (s *stampingClient) Patch(ctx context.Context, obj client.Object, patch cli
 	return s.Client.Patch(ctx, obj, patch, opts...)
 }
 
+// Delete reads the object; when it is guarded, it first writes the term's
+// claim with intent "delete", then deletes with that write's resourceVersion
+// and the object's UID as preconditions. Other objects are deleted as asked.
 func (s *stampingClient) Delete(ctx context.Context, obj client.Object, opts ...client.DeleteOption) error {
 	cur, ok := obj.DeepCopyObject().(client.Object)
 	if !ok {
@@ -113,36 +120,51 @@ func (s *stampingClient) Delete(ctx context.Context, obj client.Object, opts ...
 	return s.Client.Delete(ctx, cur, append(opts, client.Preconditions{UID: &uid, ResourceVersion: &rv})...)
 }
 
+// Status returns the status writer whose writes are stamped like this
+// client's.
 func (s *stampingClient) Status() client.SubResourceWriter {
 	return &stampingSubResource{SubResourceWriter: s.Client.Status(), s: s}
 }
 
+// SubResource returns the subresource client whose writes are stamped like
+// this client's; its reads are unchanged.
 func (s *stampingClient) SubResource(subResource string) client.SubResourceClient {
 	return &stampingSubResourceClient{SubResourceClient: s.Client.SubResource(subResource), s: s}
 }
 
+// stampingSubResourceClient is a subresource client whose writes carry the
+// term's claim (stampingSubResource).
 type stampingSubResourceClient struct {
 	client.SubResourceClient
 	s *stampingClient
 }
 
+// Create stamps obj like stampingSubResource.Create, then creates sub.
 func (c *stampingSubResourceClient) Create(ctx context.Context, obj, sub client.Object, opts ...client.SubResourceCreateOption) error {
 	return (&stampingSubResource{SubResourceWriter: c.SubResourceClient, s: c.s}).Create(ctx, obj, sub, opts...)
 }
 
+// Update stamps obj like stampingSubResource.Update, then updates the
+// subresource.
 func (c *stampingSubResourceClient) Update(ctx context.Context, obj client.Object, opts ...client.SubResourceUpdateOption) error {
 	return (&stampingSubResource{SubResourceWriter: c.SubResourceClient, s: c.s}).Update(ctx, obj, opts...)
 }
 
+// Patch stamps obj and its patch like stampingSubResource.Patch, then
+// patches the subresource.
 func (c *stampingSubResourceClient) Patch(ctx context.Context, obj client.Object, patch client.Patch, opts ...client.SubResourcePatchOption) error {
 	return (&stampingSubResource{SubResourceWriter: c.SubResourceClient, s: c.s}).Patch(ctx, obj, patch, opts...)
 }
 
+// stampingSubResource is a subresource writer whose writes carry the term's
+// claim.
 type stampingSubResource struct {
 	client.SubResourceWriter
 	s *stampingClient
 }
 
+// Create stamps obj with the term's claim when it is guarded, then creates
+// sub.
 func (w *stampingSubResource) Create(ctx context.Context, obj, sub client.Object, opts ...client.SubResourceCreateOption) error {
 	if _, err := w.s.stamp(obj); err != nil {
 		return err
@@ -150,6 +172,8 @@ func (w *stampingSubResource) Create(ctx context.Context, obj, sub client.Object
 	return w.SubResourceWriter.Create(ctx, obj, sub, opts...)
 }
 
+// Update stamps obj with the term's claim when it is guarded, then updates
+// the subresource.
 func (w *stampingSubResource) Update(ctx context.Context, obj client.Object, opts ...client.SubResourceUpdateOption) error {
 	if _, err := w.s.stamp(obj); err != nil {
 		return err
@@ -157,6 +181,8 @@ func (w *stampingSubResource) Update(ctx context.Context, obj client.Object, opt
 	return w.SubResourceWriter.Update(ctx, obj, opts...)
 }
 
+// Patch stamps obj with the term's claim when it is guarded and adds the
+// claim to the patch itself (claimPatch), then patches the subresource.
 func (w *stampingSubResource) Patch(ctx context.Context, obj client.Object, patch client.Patch, opts ...client.SubResourcePatchOption) error {
 	ok, err := w.s.stamp(obj)
 	if err != nil {
@@ -179,6 +205,10 @@ type claimPatch struct {
 	client.Patch
 }
 
+// Data returns the wrapped patch's data with obj's claim annotations and the
+// guarded label added: merged into a merge or strategic merge patch, as
+// "add" operations in a JSON patch. Other patches (apply) are returned
+// as they are, since they serialize obj, which is stamped.
 func (p claimPatch) Data(obj client.Object) ([]byte, error) {
 	data, err := p.Patch.Data(obj)
 	if err != nil {

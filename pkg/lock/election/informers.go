@@ -29,6 +29,8 @@ type registration struct {
 	reg toolscache.ResourceEventHandlerRegistration
 }
 
+// GetInformer returns the shared informer for obj, wrapped so that the
+// event handlers added through it are removed when the term ends.
 func (c *termCache) GetInformer(ctx context.Context, obj client.Object, opts ...cache.InformerGetOption) (cache.Informer, error) {
 	inf, err := c.Cache.GetInformer(ctx, obj, opts...)
 	if err != nil {
@@ -37,6 +39,8 @@ func (c *termCache) GetInformer(ctx context.Context, obj client.Object, opts ...
 	return &termInformer{Informer: inf, c: c}, nil
 }
 
+// GetInformerForKind returns the shared informer for gvk, wrapped so that
+// the event handlers added through it are removed when the term ends.
 func (c *termCache) GetInformerForKind(ctx context.Context, gvk schema.GroupVersionKind, opts ...cache.InformerGetOption) (cache.Informer, error) {
 	inf, err := c.Cache.GetInformerForKind(ctx, gvk, opts...)
 	if err != nil {
@@ -73,21 +77,30 @@ func (c *termCache) track(inf cache.Informer, reg toolscache.ResourceEventHandle
 	return reg, err
 }
 
+// termInformer is a shared informer whose added event handlers are tracked
+// by the term's cache, to be removed when the term ends.
 type termInformer struct {
 	cache.Informer
 	c *termCache
 }
 
+// AddEventHandler adds h to the shared informer and records its
+// registration for removal when the term ends.
 func (i *termInformer) AddEventHandler(h toolscache.ResourceEventHandler) (toolscache.ResourceEventHandlerRegistration, error) {
 	reg, err := i.Informer.AddEventHandler(h)
 	return i.c.track(i.Informer, reg, err)
 }
 
+// AddEventHandlerWithResyncPeriod adds h with resync period d to the
+// shared informer and records its registration for removal when the term
+// ends.
 func (i *termInformer) AddEventHandlerWithResyncPeriod(h toolscache.ResourceEventHandler, d time.Duration) (toolscache.ResourceEventHandlerRegistration, error) {
 	reg, err := i.Informer.AddEventHandlerWithResyncPeriod(h, d)
 	return i.c.track(i.Informer, reg, err)
 }
 
+// AddEventHandlerWithOptions adds h with options o to the shared informer
+// and records its registration for removal when the term ends.
 func (i *termInformer) AddEventHandlerWithOptions(h toolscache.ResourceEventHandler, o toolscache.HandlerOptions) (toolscache.ResourceEventHandlerRegistration, error) {
 	reg, err := i.Informer.AddEventHandlerWithOptions(h, o)
 	return i.c.track(i.Informer, reg, err)

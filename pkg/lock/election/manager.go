@@ -170,15 +170,22 @@ type termManager struct {
 	runnables []manager.Runnable
 }
 
+// GetCache returns the term's view of the manager's cache (termCache).
 func (m *termManager) GetCache() cache.Cache { return m.cache }
 
+// GetFieldIndexer returns the term's cache, which adds each field index
+// only once across terms.
 func (m *termManager) GetFieldIndexer() client.FieldIndexer { return m.cache }
 
+// Add keeps r for the term instead of handing it to the manager.
 func (m *termManager) Add(r manager.Runnable) error {
 	m.runnables = append(m.runnables, r)
 	return nil
 }
 
+// GetControllerOptions returns the manager's controller options with name
+// validation skipped, since every term builds its controllers anew under
+// the same names.
 func (m *termManager) GetControllerOptions() config.Controller {
 	o := m.Manager.GetControllerOptions()
 	o.SkipNameValidation = ptr.To(true)
