@@ -266,14 +266,30 @@ func (p *progress) update(g *lockingv1alpha1.LockGrant) {
 	if g.Status.Phase != lockingv1alpha1.PhasePending || g.Status.QueuePosition == nil {
 		return
 	}
-	line := fmt.Sprintf("waiting for %s: position %d in the queue", p.resource, *g.Status.QueuePosition)
-	// The holder, when the user may read the resource's fence record.
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()
+	// status.queuePosition is the position when the request joined (and 0
+	// once it is next); the live one is counted from the queue, when the
+	// user may list the namespace's grants.
+	pos := *g.Status.QueuePosition
+	var list lockingv1alpha1.LockGrantList
+	if err := p.c.List(ctx, &list, client.InNamespace(p.ns)); err == nil {
+		if live, ok := livePositions(list.Items)[g.UID]; ok {
+			pos = live
+		}
+	}
+	line := fmt.Sprintf("waiting for %s: position %d in the queue", p.resource, pos)
+	// The holder, or the lock-delay, when the user may read the resource's
+	// fence record.
 	var fc lockingv1alpha1.FenceCounter
 	key := types.NamespacedName{Namespace: p.ns, Name: lockingv1alpha1.FenceCounterName(p.resource)}
-	if err := p.c.Get(ctx, key, &fc); err == nil && fc.Spec.Holder != nil {
-		line += fmt.Sprintf(", held by %s (%s, fence %d)", fc.Spec.Holder.Name, fc.Spec.Holder.Owner, fc.Spec.Holder.Fence)
+	if err := p.c.Get(ctx, key, &fc); err == nil {
+		switch {
+		case fc.Spec.Holder != nil:
+			line += fmt.Sprintf(", held by %s (%s, fence %d)", fc.Spec.Holder.Name, fc.Spec.Holder.Owner, fc.Spec.Holder.Fence)
+		case fc.Spec.LockDelayUntil != nil && time.Until(fc.Spec.LockDelayUntil.Time) > 0:
+			line += fmt.Sprintf(", lock-delay until %s (the last holder's lease ended without a release)", fc.Spec.LockDelayUntil.UTC().Format(time.RFC3339))
+		}
 	}
 	if line == p.last {
 		return

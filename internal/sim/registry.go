@@ -12,10 +12,10 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 
 	lockingv1alpha1 "github.com/lockwarden/lockwarden/api/v1alpha1"
-	"github.com/lockwarden/lockwarden/internal/facts"
 	"github.com/lockwarden/lockwarden/internal/grantplan"
 	"github.com/lockwarden/lockwarden/internal/issuer"
 	"github.com/lockwarden/lockwarden/pkg/fencing"
+	facts "github.com/lockwarden/lockwarden/pkg/fencing/k8s"
 )
 
 // epochBase is the virtual clock's origin on the registry's wall clock.

@@ -31,9 +31,7 @@ import (
 	"encoding/json"
 	"fmt"
 
-	"golang.org/x/sync/errgroup"
 	admissionv1 "k8s.io/api/admission/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/utils/clock"
@@ -41,9 +39,9 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
 
 	lockingv1alpha1 "github.com/lockwarden/lockwarden/api/v1alpha1"
-	"github.com/lockwarden/lockwarden/internal/facts"
 	"github.com/lockwarden/lockwarden/internal/policy"
 	"github.com/lockwarden/lockwarden/pkg/fencing"
+	facts "github.com/lockwarden/lockwarden/pkg/fencing/k8s"
 )
 
 // Checker gathers the facts of a guarded write and decides on it.
@@ -144,7 +142,7 @@ func (c *Checker) gather(ctx context.Context, w write, g guarding) (fencing.Guar
 	}
 	if ns, name, ok := r.Target(); ok {
 		var err error
-		if r.Grant, r.Counter, err = c.registry(ctx, types.NamespacedName{Namespace: ns, Name: name}, g.resource); err != nil {
+		if r.Grant, r.Counter, err = facts.ReadRegistry(ctx, c.Reader, ns, name, g.resource); err != nil {
 			return r, err
 		}
 	}
@@ -179,37 +177,6 @@ func (c *Checker) decide(ctx context.Context, w write, g guarding) (fencing.Acce
 		return fencing.Accepted{}, err
 	}
 	return fencing.CheckGuardedRequest(r)
-}
-
-// registry reads the grant and the resource's counter directly from the API
-// server, both at once; nil when absent.
-func (c *Checker) registry(ctx context.Context, grantKey types.NamespacedName, resource string) (*fencing.Grant, *fencing.Counter, error) {
-	grant := &lockingv1alpha1.LockGrant{}
-	counter := &lockingv1alpha1.FenceCounter{}
-	counterKey := types.NamespacedName{Namespace: grantKey.Namespace, Name: lockingv1alpha1.FenceCounterName(resource)}
-	var g errgroup.Group
-	g.Go(func() error {
-		switch err := c.Reader.Get(ctx, grantKey, grant); {
-		case apierrors.IsNotFound(err):
-			grant = nil
-		case err != nil:
-			return fmt.Errorf("reading grant %s: %w", grantKey, err)
-		}
-		return nil
-	})
-	g.Go(func() error {
-		switch err := c.Reader.Get(ctx, counterKey, counter); {
-		case apierrors.IsNotFound(err):
-			counter = nil
-		case err != nil:
-			return fmt.Errorf("reading fence counter %s: %w", counterKey, err)
-		}
-		return nil
-	})
-	if err := g.Wait(); err != nil {
-		return nil, nil, err
-	}
-	return facts.Grant(grant), facts.Counter(counter), nil
 }
 
 func (c *Checker) namespaceTerminating(ctx context.Context, name string) bool {

@@ -32,9 +32,9 @@ import (
 
 	lockingv1alpha1 "github.com/lockwarden/lockwarden/api/v1alpha1"
 	"github.com/lockwarden/lockwarden/internal/denial"
-	"github.com/lockwarden/lockwarden/internal/facts"
 	"github.com/lockwarden/lockwarden/internal/policy"
 	"github.com/lockwarden/lockwarden/pkg/fencing"
+	facts "github.com/lockwarden/lockwarden/pkg/fencing/k8s"
 )
 
 // Defaulter fills in what the API server knows and the client must not

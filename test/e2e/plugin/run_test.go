@@ -46,14 +46,18 @@ func TestRunSerializes(t *testing.T) {
 		t.Errorf("bob's progress line does not name the holder:\n%s", b.stderr)
 	}
 	// Alice's command has been running for a while with bob waiting: let it
-	// finish, after renewals were needed (TTL 5 s, renew every 1.7 s).
+	// finish once a renewal was needed (TTL 5 s, renew every 1.7 s). Not
+	// later: bob's client counts its lease from its request's send time (it
+	// cannot know when it was granted), so the longer bob waits, the sooner
+	// its first renew must be confirmed, and a loaded machine may not
+	// confirm it in time.
 	eventually(t, 30*time.Second, "alice's grant was renewed", func() bool {
 		var list lockingv1alpha1.LockGrantList
 		if err := admin.List(t.Context(), &list); err != nil {
 			return false
 		}
 		for _, g := range list.Items {
-			if g.Namespace == ns && g.Spec.Owner == "alice" && g.Status.ObservedRenewals >= 2 {
+			if g.Namespace == ns && g.Spec.Owner == "alice" && g.Status.ObservedRenewals >= 1 {
 				return true
 			}
 		}
