@@ -126,7 +126,11 @@ func setupOwnership(ctx context.Context, mgr ctrl.Manager, o Options) (*lockgran
 	}
 	return &lockgrant.Ownership{
 		ID: ro.ID, Members: members, Namespace: o.Namespace, Clock: clock.RealClock{},
-		Takeover: &membership.Takeover{Delay: ro.TakeoverDelay},
+		MaxLeaseDuration: ro.LeaseDuration,
+		// However the state moves, a deferral ends within a Lease's
+		// duration past the delay: a preferred replica that never acts
+		// (or a Lease that names none) slows a resource, never stalls it.
+		Takeover: &membership.Takeover{Delay: ro.TakeoverDelay, MaxWait: ro.TakeoverDelay + ro.LeaseDuration},
 	}, nil
 }
 

@@ -48,6 +48,13 @@ type Ownership struct {
 	Clock clock.PassiveClock
 	// Takeover holds the delay and the deferrals in progress.
 	Takeover *membership.Takeover
+	// MaxLeaseDuration is the longest a replica Lease is trusted to last
+	// past its renew time, and a renew time is never trusted to lie in the
+	// future: every replica runs with the same Lease duration, so a longer
+	// one (or a renew time ahead of our clock by more than that) is not a
+	// replica's, and must not keep a resource waiting for it. 0: trust
+	// the Leases as written.
+	MaxLeaseDuration time.Duration
 }
 
 // Wait returns how long this replica leaves req's resource to its preferred
@@ -114,7 +121,18 @@ func (o *Ownership) live(ctx context.Context, now time.Time) ([]string, error) {
 	}
 	members := make([]membership.Member, 0, len(leases.Items))
 	for i := range leases.Items {
-		members = append(members, memberOf(&leases.Items[i]))
+		l := &leases.Items[i]
+		m := memberOf(l)
+		if l.Name != ReplicaLeasePrefix+m.ID {
+			continue // not a replica's own Lease
+		}
+		if o.MaxLeaseDuration > 0 {
+			m.Duration = min(m.Duration, o.MaxLeaseDuration)
+			if m.RenewTime.After(now) {
+				m.RenewTime = now
+			}
+		}
+		members = append(members, m)
 	}
 	return membership.Live(members, o.ID, now), nil
 }

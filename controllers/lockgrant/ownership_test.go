@@ -115,6 +115,47 @@ func TestTakeoverFromAnAbsentPreferredReplica(t *testing.T) {
 			t.Fatalf("granted after %s: a replica whose Lease lapsed was still preferred", d)
 		}
 	})
+
+	t.Run("a forged replica Lease that never lapses slows a resource, never stalls it", func(t *testing.T) {
+		// Someone who may write Leases in the manager's namespace forges a
+		// replica's: an endless duration, a renew time an hour ahead.
+		ahead := metav1.NewMicroTime(time.Now().Add(time.Hour))
+		ghost := &coordinationv1.Lease{
+			ObjectMeta: metav1.ObjectMeta{Namespace: systemNS, Name: lockgrant.ReplicaLeasePrefix + "ghost", Labels: map[string]string{lockgrant.ReplicaLabel: "true"}},
+			Spec:       coordinationv1.LeaseSpec{HolderIdentity: ptr.To("ghost"), LeaseDurationSeconds: ptr.To(int32(2_000_000_000)), RenewTime: &ahead},
+		}
+		if err := c.Create(t.Context(), ghost); err != nil {
+			t.Fatal(err)
+		}
+		var res string
+		for i := range 1000 {
+			r := fmt.Sprintf("ghost/%d", i)
+			if membership.Preferred(ns.Name+"/"+lockingv1alpha1.FenceCounterName(r), []string{selfID, "ghost"}) == "ghost" {
+				res = r
+				break
+			}
+		}
+		// A flood of requests keeps the resource's state moving, so this
+		// replica never sees it quiet for the takeover delay.
+		const flood = 4*takeoverDelay + 2*time.Second
+		ctx, stop := context.WithTimeout(t.Context(), flood)
+		defer stop()
+		go wait.UntilWithContext(ctx, func(ctx context.Context) {
+			g := &lockingv1alpha1.LockGrant{
+				ObjectMeta: metav1.ObjectMeta{Namespace: ns.Name, GenerateName: "flood-"},
+				Spec:       lockingv1alpha1.LockGrantSpec{Resource: res, LeaseDurationSeconds: 30},
+			}
+			_ = c.Create(ctx, g)
+		}, 200*time.Millisecond)
+		start := time.Now()
+		first := acquire(t, c, ns.Name, res, 30)
+		waitHeld(t, c, first, flood)
+		// Bounded by the deferral's cap: the delay plus a replica Lease's
+		// duration (1 s here), with room for a loaded machine.
+		if d := time.Since(start); d >= 3*takeoverDelay {
+			t.Fatalf("granted after %s under a forged Lease: the deferral is not capped", d)
+		}
+	})
 }
 
 // startEnv starts a control plane with the CRDs and this replica's
