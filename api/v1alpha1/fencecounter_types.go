@@ -32,10 +32,10 @@ type FenceCounterSpec struct {
 
 	// lockDelayUntil is set when the holder's lease ended without a release
 	// and the holder asked for a lock-delay: the resource is not granted
-	// again before this instant, by the controller's clock. Cleared by the
-	// next grant.
+	// again before this instant, by the controller's clock, in whole
+	// seconds (rounded up). Cleared by the next grant.
 	// +optional
-	LockDelayUntil *metav1.MicroTime `json:"lockDelayUntil,omitempty"`
+	LockDelayUntil *metav1.Time `json:"lockDelayUntil,omitempty"`
 }
 
 // FenceHolder identifies one acquisition.

@@ -35,7 +35,7 @@ type resourceStatus struct {
 	// LockDelayUntil is set while the resource waits out the lock-delay
 	// of a holder whose lease ended without a release: nobody is granted
 	// before it, by the controller's clock.
-	LockDelayUntil *metav1.MicroTime `json:"lockDelayUntil,omitempty"`
+	LockDelayUntil *metav1.Time `json:"lockDelayUntil,omitempty"`
 	// Queue are the waiting requests, next first.
 	Queue []queuedRequest `json:"queue"`
 }
@@ -196,7 +196,7 @@ func printStatus(a *app, st *resourceStatus) {
 		fmt.Fprintf(w, "Highest fence:\t%d\n", st.HighestFence)
 	}
 	if d := st.LockDelayUntil; d != nil && time.Until(d.Time) > -time.Minute {
-		fmt.Fprintf(w, "Lock-delay:\tuntil %s (%s, by the controller's clock): the last holder's lease ended without a release\n", timestamp(d), relative(d.Time))
+		fmt.Fprintf(w, "Lock-delay:\tuntil %s (%s, by the controller's clock): the last holder's lease ended without a release\n", d.UTC().Format(time.RFC3339), relative(d.Time))
 	}
 	fmt.Fprintf(w, "Queue:\t%d waiting\n", len(st.Queue))
 	for _, q := range st.Queue {

@@ -301,7 +301,12 @@ func Decide(f Facts) Plan {
 		delayUntil = f.Counter.Spec.LockDelayUntil.Time
 	}
 	if !holderLive && holder != nil && holder.LockDelaySeconds > 0 && holderEnd != lockingv1alpha1.PhaseReleased {
-		if until := f.Now.Add(time.Duration(holder.LockDelaySeconds) * time.Second); until.After(delayUntil) {
+		// Rounded up to a whole second, as the counter stores it.
+		until := f.Now.Add(time.Duration(holder.LockDelaySeconds) * time.Second)
+		if r := until.Truncate(time.Second); !r.Equal(until) {
+			until = r.Add(time.Second)
+		}
+		if until.After(delayUntil) {
 			delayUntil = until
 		}
 	}
@@ -335,7 +340,7 @@ func Decide(f Facts) Plan {
 		// runs: free the resource, with the delay's end.
 		p.Counter = &lockingv1alpha1.FenceCounterSpec{Resource: f.Resource, Fence: fence}
 		if delayed {
-			until := metav1.NewMicroTime(delayUntil)
+			until := metav1.NewTime(delayUntil)
 			p.Counter.LockDelayUntil = &until
 		}
 	}
