@@ -170,7 +170,10 @@ type GuardedRequest struct {
 	RequireProof     bool
 	Policy           string
 	PolicyGeneration int64
-	// Bundle is the trust bundle proofs are verified with.
+	// Bundle is the trust bundle proofs are verified with. Its current and
+	// revoked epochs also judge every fence, proof or not: a fence of a
+	// revoked or superseded issuer epoch is refused at once, before the
+	// controller has revoked its grant. nil skips that check.
 	Bundle *TrustBundle
 	// Grant and Counter are the registry's facts for the claimed grant (for
 	// a delete: the recorded grant) and the resource, read linearizably.
@@ -258,7 +261,9 @@ func validName(s string) bool {
 //  3. Create, update: ReasonNoFence when the request claims nothing, or only
 //     what the stored object already carried (an inherited claim is not an
 //     assertion); ParseClaim's refusals; ReasonNoFence when a proof is
-//     required and missing; then CheckProvenWrite (with a proof) or
+//     required and missing; ReasonRevokedEpoch when, by the Bundle, the
+//     fence's issuer epoch is revoked or superseded (deletes: the recorded
+//     fence's); then CheckProvenWrite (with a proof) or
 //     CheckWrite, against the stored record when the stored object was
 //     guarded.
 //
@@ -302,6 +307,9 @@ func CheckGuardedRequest(r GuardedRequest) (Accepted, error) {
 	if r.RequireProof && a.Proof == "" {
 		return Accepted{}, refuse(ReasonNoFence, "objects under GuardPolicy %q need the grant's proof with every write", r.Policy)
 	}
+	if err := checkEpoch(r.Bundle, a.Fence); err != nil {
+		return Accepted{}, err
+	}
 	w := Write{Resource: r.Resource, Caller: r.Caller, Fence: a.Fence, Recorded: recorded, Grant: r.Grant, Counter: r.Counter, Now: r.Now}
 	if a.Proof == "" {
 		err = CheckWrite(w)
@@ -327,7 +335,25 @@ func checkDelete(r GuardedRequest, recorded int64) error {
 	case r.Record.Intent != IntentDelete:
 		return refuse(ReasonNoFence, "the last accepted write did not claim intent %q; write your grant with that intent, then delete with its resourceVersion as precondition", IntentDelete)
 	}
+	if err := checkEpoch(r.Bundle, recorded); err != nil {
+		return err
+	}
 	return CheckWrite(Write{Resource: r.Resource, Caller: r.Caller, Fence: recorded, Recorded: recorded, Grant: r.Grant, Counter: r.Counter, Now: r.Now})
+}
+
+// checkEpoch refuses a fence of an issuer epoch the bundle revoked or moved
+// past (ReasonRevokedEpoch); nil without a bundle.
+func checkEpoch(b *TrustBundle, fence int64) error {
+	if b == nil {
+		return nil
+	}
+	switch e := EpochOf(fence); {
+	case b.Revoked(e):
+		return refuse(ReasonRevokedEpoch, "fence %s was issued in revoked issuer epoch %d", FormatFence(fence), e)
+	case e < b.CurrentEpoch:
+		return refuse(ReasonRevokedEpoch, "fence %s was issued in issuer epoch %d; the issuer moved to epoch %d", FormatFence(fence), e, b.CurrentEpoch)
+	}
+	return nil
 }
 
 func describe(sub string) string {

@@ -42,6 +42,15 @@ func TestCheckGuardedRequest(t *testing.T) {
 		want fencing.Reason // "" means accepted
 	}{
 		{"current holder asserts", update(claimA2, a2()), ""},
+		{"the holder's fence in the issuer's current epoch", with(update(claimA2, a2()), func(r *fencing.GuardedRequest) {
+			r.Bundle = &fencing.TrustBundle{CurrentEpoch: 0}
+		}), ""},
+		{"a fence of a revoked issuer epoch, before the controller revoked its grant", with(update(claimA2, a2()), func(r *fencing.GuardedRequest) {
+			r.Bundle = &fencing.TrustBundle{CurrentEpoch: 1, RevokedEpochs: []int64{0}}
+		}), fencing.ReasonRevokedEpoch},
+		{"a fence of an issuer epoch the issuer moved past", with(update(claimA2, a2()), func(r *fencing.GuardedRequest) {
+			r.Bundle = &fencing.TrustBundle{CurrentEpoch: 1}
+		}), fencing.ReasonRevokedEpoch},
 		{"a patch that asserts nothing, even by the holder's identity", update(fencing.Claim{}, a2()), fencing.ReasonNoFence},
 		{"an inherited claim is not an assertion", with(update(claimA2, a2()), func(r *fencing.GuardedRequest) { r.StoredClaim = claimA2 }), fencing.ReasonNoFence},
 		{"a fresh write ID tells the holder's claim from a squatted copy", with(update(fencing.Claim{Grant: "a2", Fence: "2", WriteID: "7f3a"}, a2()), func(r *fencing.GuardedRequest) {

@@ -146,7 +146,8 @@ func (c *Checker) gather(ctx context.Context, w write, g guarding) (fencing.Guar
 			return r, err
 		}
 	}
-	if r.Claim.Proof != "" || r.Record.Proof != "" {
+	if _, _, ok := r.Target(); ok || r.Claim.Proof != "" || r.Record.Proof != "" {
+		// The bundle verifies proofs, and its epochs judge every fence.
 		bundle, err := c.Bundle(ctx)
 		if err != nil {
 			return r, fmt.Errorf("reading the trust bundle: %w", err)
