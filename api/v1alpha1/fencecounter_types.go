@@ -32,10 +32,13 @@ type FenceCounterSpec struct {
 
 	// lockDelayUntil is set when the holder's lease ended without a release
 	// and the holder asked for a lock-delay: the resource is not granted
-	// again before this instant, by the controller's clock, in whole
-	// seconds (rounded up). Cleared by the next grant.
+	// again before this instant, by the controller's clock (RFC 3339, any
+	// fraction of a second). Cleared by the next grant. A value the
+	// controller cannot read keeps the resource from being granted until
+	// it is corrected (fail closed).
 	// +optional
-	LockDelayUntil *metav1.Time `json:"lockDelayUntil,omitempty"`
+	// +kubebuilder:validation:Format=date-time
+	LockDelayUntil string `json:"lockDelayUntil,omitempty"`
 }
 
 // FenceHolder identifies one acquisition.

@@ -287,8 +287,8 @@ func (p *progress) update(g *lockingv1alpha1.LockGrant) {
 		switch {
 		case fc.Spec.Holder != nil:
 			line += fmt.Sprintf(", held by %s (%s, fence %d)", fc.Spec.Holder.Name, fc.Spec.Holder.Owner, fc.Spec.Holder.Fence)
-		case fc.Spec.LockDelayUntil != nil && time.Until(fc.Spec.LockDelayUntil.Time) > 0:
-			line += fmt.Sprintf(", lock-delay until %s (the last holder's lease ended without a release)", fc.Spec.LockDelayUntil.UTC().Format(time.RFC3339))
+		case lockDelayAhead(fc.Spec.LockDelayUntil):
+			line += fmt.Sprintf(", lock-delay until %s (the last holder's lease ended without a release)", fc.Spec.LockDelayUntil)
 		}
 	}
 	if line == p.last {
@@ -313,4 +313,11 @@ func (p *progress) finish(msg string) {
 	if msg != "" {
 		fmt.Fprintf(p.w, "kubectl-lock: %s\n", msg)
 	}
+}
+
+// lockDelayAhead reports whether a counter's lockDelayUntil lies ahead, by
+// the local clock (for display only).
+func lockDelayAhead(until string) bool {
+	t, err := time.Parse(time.RFC3339Nano, until)
+	return err == nil && time.Until(t) > 0
 }

@@ -166,8 +166,8 @@ func readStatus(ctx context.Context, c client.Client, ns, resource string) (*res
 	switch err := c.Get(ctx, types.NamespacedName{Namespace: ns, Name: lockingv1alpha1.FenceCounterName(resource)}, &fc); {
 	case err == nil:
 		st.HighestFence = max(st.HighestFence, fc.Spec.Fence)
-		if d := fc.Spec.LockDelayUntil; d != nil && fc.Spec.Holder == nil {
-			st.LockDelayUntil = d
+		if t, err := time.Parse(time.RFC3339Nano, fc.Spec.LockDelayUntil); err == nil && fc.Spec.Holder == nil {
+			st.LockDelayUntil = &metav1.Time{Time: t}
 		}
 	case apierrors.IsNotFound(err), apierrors.IsForbidden(err):
 	default:
@@ -196,7 +196,7 @@ func printStatus(a *app, st *resourceStatus) {
 		fmt.Fprintf(w, "Highest fence:\t%d\n", st.HighestFence)
 	}
 	if d := st.LockDelayUntil; d != nil && time.Until(d.Time) > -time.Minute {
-		fmt.Fprintf(w, "Lock-delay:\tuntil %s (%s, by the controller's clock): the last holder's lease ended without a release\n", d.UTC().Format(time.RFC3339), relative(d.Time))
+		fmt.Fprintf(w, "Lock-delay:\tuntil %s (%s, by the controller's clock): the last holder's lease ended without a release\n", d.UTC().Format(time.RFC3339Nano), relative(d.Time))
 	}
 	fmt.Fprintf(w, "Queue:\t%d waiting\n", len(st.Queue))
 	for _, q := range st.Queue {

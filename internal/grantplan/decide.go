@@ -297,16 +297,17 @@ func Decide(f Facts) Plan {
 	// can drain. The counter keeps the instant, so the delay survives the
 	// grant's deletion and a restart.
 	var delayUntil time.Time
-	if f.Counter != nil && f.Counter.Spec.LockDelayUntil != nil {
-		delayUntil = f.Counter.Spec.LockDelayUntil.Time
+	if f.Counter != nil && f.Counter.Spec.LockDelayUntil != "" {
+		t, err := time.Parse(time.RFC3339Nano, f.Counter.Spec.LockDelayUntil)
+		if err != nil {
+			// Unreadable (edited by hand): nobody is granted until it is
+			// corrected.
+			t = f.Now.Add(lockingv1alpha1.MaxLockDelaySeconds * time.Second)
+		}
+		delayUntil = t
 	}
 	if !holderLive && holder != nil && holder.LockDelaySeconds > 0 && holderEnd != lockingv1alpha1.PhaseReleased {
-		// Rounded up to a whole second, as the counter stores it.
-		until := f.Now.Add(time.Duration(holder.LockDelaySeconds) * time.Second)
-		if r := until.Truncate(time.Second); !r.Equal(until) {
-			until = r.Add(time.Second)
-		}
-		if until.After(delayUntil) {
+		if until := f.Now.Add(time.Duration(holder.LockDelaySeconds) * time.Second); until.After(delayUntil) {
 			delayUntil = until
 		}
 	}
@@ -340,8 +341,7 @@ func Decide(f Facts) Plan {
 		// runs: free the resource, with the delay's end.
 		p.Counter = &lockingv1alpha1.FenceCounterSpec{Resource: f.Resource, Fence: fence}
 		if delayed {
-			until := metav1.NewTime(delayUntil)
-			p.Counter.LockDelayUntil = &until
+			p.Counter.LockDelayUntil = delayUntil.UTC().Format(time.RFC3339Nano)
 		}
 	}
 

@@ -30,7 +30,7 @@ func TestLockDelayAfterExpiry(t *testing.T) {
 	if p.Granted != nil {
 		t.Fatalf("b granted during a's lock-delay")
 	}
-	if p.Counter == nil || p.Counter.Holder != nil || p.Counter.Fence != 1 || p.Counter.LockDelayUntil == nil || !p.Counter.LockDelayUntil.Time.Equal(sec(8)) {
+	if p.Counter == nil || p.Counter.Holder != nil || p.Counter.Fence != 1 || !delayUntil(p.Counter).Equal(sec(8)) {
 		t.Fatalf("counter = %+v, want free at fence 1 with the delay until t=8", p.Counter)
 	}
 	if s := statusOf(p, "b"); s == nil || findCond(s, lockingv1alpha1.ConditionReady).Reason != ReasonLockDelay {
@@ -49,7 +49,7 @@ func TestLockDelayAfterExpiry(t *testing.T) {
 		t.Fatalf("at t=7.9 the plan grants or moves the counter: %+v", p.Counter)
 	}
 	p = Decide(Facts{Now: sec(8), Resource: res, Counter: freed, Grants: []lockingv1alpha1.LockGrant{a, b}})
-	if p.Granted == nil || p.Granted.Name != "b" || p.Counter.Fence != 2 || p.Counter.LockDelayUntil != nil {
+	if p.Granted == nil || p.Granted.Name != "b" || p.Counter.Fence != 2 || p.Counter.LockDelayUntil != "" {
 		t.Fatalf("at t=8: granted %v, counter %+v; want b with fence 2 and no delay", p.Granted, p.Counter)
 	}
 }
@@ -61,7 +61,7 @@ func TestNoLockDelayAfterRelease(t *testing.T) {
 	a.Spec.Release = true
 	b := grant("b", 1, 5)
 	p := Decide(Facts{Now: sec(2), Resource: res, Counter: c, Grants: []lockingv1alpha1.LockGrant{a, b}})
-	if p.Granted == nil || p.Granted.Name != "b" || p.Counter.LockDelayUntil != nil {
+	if p.Granted == nil || p.Granted.Name != "b" || p.Counter.LockDelayUntil != "" {
 		t.Fatalf("after a release: granted %v, counter %+v; want b at once", p.Granted, p.Counter)
 	}
 }
@@ -72,7 +72,7 @@ func TestLockDelayOfADeletedHolder(t *testing.T) {
 	_, c := delayedHolder(2, 5)
 	b := grant("b", 1, 5)
 	p := Decide(Facts{Now: sec(3), Resource: res, Counter: c, Grants: []lockingv1alpha1.LockGrant{b}})
-	if p.Granted != nil || p.Counter == nil || p.Counter.LockDelayUntil == nil || !p.Counter.LockDelayUntil.Time.Equal(sec(5)) {
+	if p.Granted != nil || p.Counter == nil || !delayUntil(p.Counter).Equal(sec(5)) {
 		t.Fatalf("after the holder's grant vanished: granted %v, counter %+v; want nobody until t=5", p.Granted, p.Counter)
 	}
 }
@@ -84,5 +84,22 @@ func TestLockDelayRecordedWithTheHolder(t *testing.T) {
 	p := Decide(Facts{Now: sec(2), Resource: res, Counter: counter(0, nil), Grants: []lockingv1alpha1.LockGrant{b}})
 	if p.Counter == nil || p.Counter.Holder == nil || p.Counter.Holder.LockDelaySeconds != 4 {
 		t.Fatalf("counter = %+v, want b named with its 4 s lock-delay", p.Counter)
+	}
+}
+
+// delayUntil reads the lock-delay a counter spec carries; zero for none.
+func delayUntil(c *lockingv1alpha1.FenceCounterSpec) time.Time {
+	t, _ := time.Parse(time.RFC3339Nano, c.LockDelayUntil)
+	return t
+}
+
+// A lock-delay the controller cannot read (a counter edited by hand) keeps
+// the resource from being granted: fail closed.
+func TestUnreadableLockDelayGrantsNobody(t *testing.T) {
+	c := counter(1, nil)
+	c.Spec.LockDelayUntil = "yesterday"
+	p := Decide(Facts{Now: sec(2), Resource: res, Counter: c, Grants: []lockingv1alpha1.LockGrant{grant("b", 1, 5)}})
+	if p.Granted != nil {
+		t.Fatalf("granted under an unreadable lock-delay")
 	}
 }

@@ -59,7 +59,7 @@ func (r *registry) forgetLockDelay(c *lockingv1alpha1.FenceCounter) {
 	if !r.dropLockDelay {
 		return
 	}
-	c.Spec.LockDelayUntil = nil
+	c.Spec.LockDelayUntil = ""
 	if c.Spec.Holder != nil {
 		c.Spec.Holder.LockDelaySeconds = 0
 	}

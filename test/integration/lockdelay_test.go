@@ -2,6 +2,7 @@ package integration
 
 import (
 	"testing"
+	"time"
 
 	lockingv1alpha1 "github.com/lockwarden/lockwarden/api/v1alpha1"
 )
@@ -34,7 +35,7 @@ func TestLockDelayAfterExpiry(t *testing.T) {
 		return g.Status.Phase == lockingv1alpha1.PhasePending && readyReasonOf(g) == "LockDelay"
 	})
 	c := counterOf(t, ns)
-	if c.Spec.Holder != nil || c.Spec.LockDelayUntil == nil || c.Spec.LockDelayUntil.Time.Before(tl.t(30)) {
+	if c.Spec.Holder != nil || c.Spec.LockDelayUntil == "" || mustTime(t, c.Spec.LockDelayUntil).Before(tl.t(30)) {
 		t.Fatalf("counter after the expiry = %+v, want free with a lock-delay until t=30 or later", c.Spec)
 	}
 
@@ -44,7 +45,7 @@ func TestLockDelayAfterExpiry(t *testing.T) {
 	if b.Status.FenceToken <= a.Status.FenceToken {
 		t.Fatalf("b's fence %d, want above a's %d", b.Status.FenceToken, a.Status.FenceToken)
 	}
-	if c := counterOf(t, ns); c.Spec.LockDelayUntil != nil {
+	if c := counterOf(t, ns); c.Spec.LockDelayUntil != "" {
 		t.Fatalf("counter after the grant = %+v, want the lock-delay cleared", c.Spec)
 	}
 }
@@ -67,4 +68,13 @@ func TestNoLockDelayAfterRelease(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitPhase(t, b, lockingv1alpha1.PhaseHeld)
+}
+
+func mustTime(t *testing.T, s string) time.Time {
+	t.Helper()
+	v, err := time.Parse(time.RFC3339Nano, s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return v
 }
