@@ -254,7 +254,9 @@ func TestRestoreFromOldSnapshot(t *testing.T) {
 		t.Fatalf("Ready condition of the revoked grant = %+v; want reason RevokedEpoch", c)
 	}
 	wantReason(t, "renew of the grant held across the restore", renew(ctx, w, heldGrant), "REVOKED")
-	wantReason(t, "write of the grant held across the restore", guardedWrite(ctx, w, billing, heldObject, heldID, heldGrant, "late"), "REVOKED")
+	// Its write is refused by the trust bundle's epochs before the grant
+	// itself is judged.
+	wantReason(t, "write of the grant held across the restore", guardedWrite(ctx, w, billing, heldObject, heldID, heldGrant, "late"), "REVOKED_EPOCH")
 
 	// The next grant's fence is above everything issued before the restore:
 	// the worker settles its batch now, starting with segment 1.
@@ -284,7 +286,7 @@ func TestRestoreFromOldSnapshot(t *testing.T) {
 	if err := guardedWrite(ctx, w, billing, heldObject, heldID, nextHeld, "written in epoch 1"); err != nil {
 		t.Fatalf("a write under the new epoch: %v", err)
 	}
-	wantReason(t, "write of the grant held across the restore, after a new-epoch write", guardedWrite(ctx, w, billing, heldObject, heldID, heldGrant, "late"), "STALE_OWNER")
+	wantReason(t, "write of the grant held across the restore, after a new-epoch write", guardedWrite(ctx, w, billing, heldObject, heldID, heldGrant, "late"), "REVOKED_EPOCH")
 	wantReason(t, "renew of the grant held across the restore, later", renew(ctx, w, heldGrant), "REVOKED")
 	if cm := configMap(t, billing, heldObject); cm.Data["result"] != "written in epoch 1" {
 		t.Fatalf("guarded object %s = %v; want the new epoch's write", heldObject, cm.Data)
