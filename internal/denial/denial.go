@@ -4,6 +4,7 @@
 package denial
 
 import (
+	"errors"
 	"net/http"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -48,6 +49,17 @@ func Response(err error, gr schema.GroupResource, name string) admission.Respons
 // Invalid.
 func FieldInvalid(path *field.Path, value any, r fencing.Reason, detail string) *field.Error {
 	return field.Invalid(path, value, string(r)+": "+detail)
+}
+
+// Field is refusal err (a *fencing.Error, such as fencing.CheckCounterName's)
+// as a field error about path with value, for Invalid: its detail starts
+// with the reason code. An error that is no refusal keeps its text.
+func Field(path *field.Path, value any, err error) *field.Error {
+	var e *fencing.Error
+	if !errors.As(err, &e) {
+		return field.Invalid(path, value, err.Error())
+	}
+	return FieldInvalid(path, value, e.Reason, e.Detail)
 }
 
 // Invalid returns the 422 Invalid API error of object gk/name that errs

@@ -15,6 +15,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/validation/field"
 
 	lockingv1alpha1 "github.com/lockwarden/lockwarden/api/v1alpha1"
+	"github.com/lockwarden/lockwarden/pkg/fencing"
 )
 
 // AllowsHolder reports whether an identity (user name and groups) is among
@@ -144,6 +145,16 @@ func Fields(p *lockingv1alpha1.GuardPolicy) field.ErrorList {
 		case h.Kind != rbacv1.UserKind && h.Kind != rbacv1.GroupKind && h.Kind != rbacv1.ServiceAccountKind:
 			errs = append(errs, field.NotSupported(path.Child("kind"), h.Kind, []string{rbacv1.UserKind, rbacv1.GroupKind, rbacv1.ServiceAccountKind}))
 		}
+	}
+	return errs
+}
+
+// Refusals is Fields with every detail starting with INVALID_POLICY: the
+// refusal of an unusable policy, empty when it is usable.
+func Refusals(p *lockingv1alpha1.GuardPolicy) field.ErrorList {
+	errs := Fields(p)
+	for _, e := range errs {
+		e.Detail = string(fencing.ReasonInvalidPolicy) + ": " + e.Detail
 	}
 	return errs
 }

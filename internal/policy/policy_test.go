@@ -1,6 +1,7 @@
 package policy
 
 import (
+	"strings"
 	"testing"
 
 	rbacv1 "k8s.io/api/rbac/v1"
@@ -39,5 +40,25 @@ func TestValidate(t *testing.T) {
 		if err := Validate(p); err == nil {
 			t.Errorf("%s: accepted", name)
 		}
+	}
+}
+
+func TestRefusals(t *testing.T) {
+	p := &lockingv1alpha1.GuardPolicy{Spec: lockingv1alpha1.GuardPolicySpec{
+		ResourceIDTemplate: "x/{nope}",
+		Holders:            []rbacv1.Subject{{Kind: "Robot", Name: "r"}},
+	}}
+	errs := Refusals(p)
+	if len(errs) != 2 {
+		t.Fatalf("got %v, want two refusals", errs)
+	}
+	for _, e := range errs {
+		if !strings.HasPrefix(e.Detail, "INVALID_POLICY: ") {
+			t.Errorf("%s: detail %q does not start with the reason", e.Field, e.Detail)
+		}
+	}
+	good := &lockingv1alpha1.GuardPolicy{}
+	if errs := Refusals(good); len(errs) != 0 {
+		t.Fatalf("an empty policy: %v", errs)
 	}
 }

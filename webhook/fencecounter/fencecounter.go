@@ -6,11 +6,8 @@ package fencecounter
 
 import (
 	"context"
-	"fmt"
 
-	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/runtime"
-	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/validation/field"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
@@ -18,6 +15,7 @@ import (
 	lockingv1alpha1 "github.com/lockwarden/lockwarden/api/v1alpha1"
 	"github.com/lockwarden/lockwarden/internal/denial"
 	"github.com/lockwarden/lockwarden/pkg/fencing"
+	facts "github.com/lockwarden/lockwarden/pkg/fencing/k8s"
 )
 
 // Validator guards FenceCounters.
@@ -35,10 +33,9 @@ func NewValidator(s *runtime.Scheme, r client.Reader) *admission.Webhook {
 
 // ValidateCreate checks that the counter is named after its resource.
 func (v *Validator) ValidateCreate(_ context.Context, c *lockingv1alpha1.FenceCounter) (admission.Warnings, error) {
-	if want := lockingv1alpha1.FenceCounterName(c.Spec.Resource); c.Name != want {
+	if err := fencing.CheckCounterName(c.Name, c.Spec.Resource, lockingv1alpha1.FenceCounterName(c.Spec.Resource)); err != nil {
 		return nil, denial.Invalid(lockingv1alpha1.GroupVersion.WithKind("FenceCounter").GroupKind(), c.Name, field.ErrorList{
-			denial.FieldInvalid(field.NewPath("metadata", "name"), c.Name, fencing.ReasonInvalidSpec,
-				fmt.Sprintf("the FenceCounter of resource %q must be named %q", c.Spec.Resource, want))})
+			denial.Field(field.NewPath("metadata", "name"), c.Name, err)})
 	}
 	return nil, nil
 }
@@ -50,9 +47,8 @@ func (v *Validator) ValidateCreate(_ context.Context, c *lockingv1alpha1.FenceCo
 // handoff path then costs no webhook call. ValidateUpdate stays for
 // clusters that register UPDATE too.
 func (v *Validator) ValidateUpdate(_ context.Context, oldC, newC *lockingv1alpha1.FenceCounter) (admission.Warnings, error) {
-	if newC.Spec.Fence < oldC.Spec.Fence {
-		return nil, forbid(newC.Name, &fencing.Error{Reason: fencing.ReasonFenceRegression,
-			Detail: fmt.Sprintf("fence may never decrease (%d -> %d)", oldC.Spec.Fence, newC.Spec.Fence)})
+	if err := fencing.CheckCounterUpdate(oldC.Spec.Fence, newC.Spec.Fence); err != nil {
+		return nil, forbid(newC.Name, err)
 	}
 	return nil, nil
 }
@@ -63,15 +59,14 @@ func (v *Validator) ValidateUpdate(_ context.Context, oldC, newC *lockingv1alpha
 // grant of the resource is gone. The namespace is read directly from the
 // API server. The refusal is COUNTER_PROTECTED.
 func (v *Validator) ValidateDelete(ctx context.Context, c *lockingv1alpha1.FenceCounter) (admission.Warnings, error) {
-	ns := &corev1.Namespace{}
-	if err := v.Reader.Get(ctx, types.NamespacedName{Name: c.Namespace}, ns); err != nil {
-		return nil, fmt.Errorf("reading namespace %s: %w", c.Namespace, err)
+	terminating, err := facts.NamespaceTerminating(ctx, v.Reader, c.Namespace)
+	if err != nil {
+		return nil, err
 	}
-	if ns.DeletionTimestamp != nil {
-		return nil, nil
+	if err := fencing.CheckCounterDelete(terminating, c.Spec.Resource); err != nil {
+		return nil, forbid(c.Name, err)
 	}
-	return nil, forbid(c.Name, &fencing.Error{Reason: fencing.ReasonCounterProtected,
-		Detail: fmt.Sprintf("the fence record of resource %q is kept as long as its namespace: a new one would reissue fences from 1", c.Spec.Resource)})
+	return nil, nil
 }
 
 func forbid(name string, err error) error {

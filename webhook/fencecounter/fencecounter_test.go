@@ -5,7 +5,11 @@ import (
 	"strings"
 	"testing"
 
+	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	lockingv1alpha1 "github.com/lockwarden/lockwarden/api/v1alpha1"
 	"github.com/lockwarden/lockwarden/pkg/fencing"
@@ -18,6 +22,52 @@ func counter(name, resource string, fence int64) *lockingv1alpha1.FenceCounter {
 	c := &lockingv1alpha1.FenceCounter{Spec: lockingv1alpha1.FenceCounterSpec{Resource: resource, Fence: fence}}
 	c.Name, c.Namespace = name, "ns"
 	return c
+}
+
+// namespaces is a reader of namespaces by name; a missing one is NotFound.
+type namespaces map[string]*corev1.Namespace
+
+func (n namespaces) Get(_ context.Context, key client.ObjectKey, obj client.Object, _ ...client.GetOption) error {
+	ns, ok := n[key.Name]
+	if !ok {
+		return apierrors.NewNotFound(schema.GroupResource{Resource: "namespaces"}, key.Name)
+	}
+	ns.DeepCopyInto(obj.(*corev1.Namespace))
+	return nil
+}
+
+func (namespaces) List(context.Context, client.ObjectList, ...client.ListOption) error { return nil }
+
+// TestFenceCounterDelete checks that a delete is judged on the counter's
+// namespace as read, and that a failed read is an error, not a refusal.
+func TestFenceCounterDelete(t *testing.T) {
+	gone := metav1.Now()
+	v := &fencecounter.Validator{Reader: namespaces{
+		"ns":          {ObjectMeta: metav1.ObjectMeta{Name: "ns"}},
+		"terminating": {ObjectMeta: metav1.ObjectMeta{Name: "terminating", DeletionTimestamp: &gone}},
+	}}
+	tests := []struct {
+		namespace string
+		code      fencing.Reason
+		errs      bool
+	}{
+		{"ns", fencing.ReasonCounterProtected, true},
+		{"terminating", "", false},
+		{"missing", "", true},
+	}
+	for _, tc := range tests {
+		t.Run(tc.namespace, func(t *testing.T) {
+			c := counter(lockingv1alpha1.FenceCounterName("orders"), "orders", 3)
+			c.Namespace = tc.namespace
+			_, err := v.ValidateDelete(context.Background(), c)
+			if (err != nil) != tc.errs {
+				t.Fatalf("error %v, want one: %v", err, tc.errs)
+			}
+			if got := denial.Reason(err); got != tc.code {
+				t.Fatalf("%v: reason %q, want %q", err, got, tc.code)
+			}
+		})
+	}
 }
 
 func TestFenceCounterRules(t *testing.T) {

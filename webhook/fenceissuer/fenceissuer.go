@@ -37,7 +37,5 @@ func (Validator) ValidateUpdate(context.Context, *lockingv1alpha1.FenceIssuer, *
 
 // ValidateDelete refuses with COUNTER_PROTECTED.
 func (Validator) ValidateDelete(_ context.Context, iss *lockingv1alpha1.FenceIssuer) (admission.Warnings, error) {
-	return nil, denial.Error(&fencing.Error{Reason: fencing.ReasonCounterProtected,
-		Detail: "deleting the issuer would restart epochs at 0 and forget revoked epochs and retired keys; change it instead"},
-		lockingv1alpha1.GroupVersion.WithResource("fenceissuers").GroupResource(), iss.Name)
+	return nil, denial.Error(fencing.CheckIssuerDelete(), lockingv1alpha1.GroupVersion.WithResource("fenceissuers").GroupResource(), iss.Name)
 }

@@ -33,7 +33,6 @@ import (
 
 	admissionv1 "k8s.io/api/admission/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/utils/clock"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
@@ -180,17 +179,11 @@ func (c *Checker) decide(ctx context.Context, w write, g guarding) (fencing.Acce
 	return fencing.CheckGuardedRequest(r)
 }
 
+// namespaceTerminating reports whether namespace name is being deleted; a
+// failed read counts as not.
 func (c *Checker) namespaceTerminating(ctx context.Context, name string) bool {
-	if name == "" {
-		return false
-	}
-	ns := &metav1.PartialObjectMetadata{}
-	ns.SetGroupVersionKind(metav1.SchemeGroupVersion.WithKind("Namespace"))
-	ns.APIVersion = "v1"
-	if err := c.Reader.Get(ctx, types.NamespacedName{Name: name}, ns); err != nil {
-		return false
-	}
-	return ns.DeletionTimestamp != nil
+	terminating, err := facts.NamespaceTerminating(ctx, c.Reader, name)
+	return err == nil && terminating
 }
 
 // consume is the accepted create or update with its claim removed and rec
@@ -241,20 +234,20 @@ func consume(req admission.Request, rec fencing.Accepted) admission.Response {
 // guarded is refused.
 func labelGuarding(w write) (guarding, error) {
 	oldGuarded, newGuarded := labeled(w.old), labeled(w.new)
-	var resource string
-	switch {
-	case oldGuarded:
-		resource = w.old.Annotations[lockingv1alpha1.ResourceAnnotation]
-		if newGuarded && w.new.Annotations[lockingv1alpha1.ResourceAnnotation] != resource {
-			return guarding{}, &fencing.Error{Reason: fencing.ReasonBindingMismatch, Detail: "annotation " + lockingv1alpha1.ResourceAnnotation + " cannot change while the object is guarded"}
-		}
-	default:
-		resource = w.new.Annotations[lockingv1alpha1.ResourceAnnotation]
-	}
-	if !lockingv1alpha1.ValidResourceID(resource) {
-		return guarding{}, &fencing.Error{Reason: fencing.ReasonNoResource, Detail: fmt.Sprintf("guarded objects need annotation %s with a valid resource ID, got %q", lockingv1alpha1.ResourceAnnotation, resource)}
+	resource, err := fencing.CheckLabelBinding(oldGuarded, newGuarded, annotation(w.old, lockingv1alpha1.ResourceAnnotation),
+		annotation(w.new, lockingv1alpha1.ResourceAnnotation), lockingv1alpha1.ResourceAnnotation, lockingv1alpha1.ValidResourceID)
+	if err != nil {
+		return guarding{}, err
 	}
 	return guarding{resource: resource, storedGuarded: oldGuarded, unguard: !newGuarded}, nil
+}
+
+// annotation is annotation key of o; "" for nil.
+func annotation(o *object, key string) string {
+	if o == nil {
+		return ""
+	}
+	return o.Annotations[key]
 }
 
 func labeled(o *object) bool {
@@ -265,23 +258,22 @@ func labeled(o *object) bool {
 // ID of the stored object when there is one; a write that would change it is
 // refused.
 func policyGuarding(w write, pol *lockingv1alpha1.GuardPolicy, newCovered bool) (guarding, error) {
-	id := func(o *object) string { return policy.ResourceID(pol, o.Namespace, o.Name, o.Annotations) }
-	var resource string
-	if w.old != nil {
-		resource = id(w.old)
-		if w.new != nil && resource != "" && id(w.new) != resource {
-			return guarding{}, &fencing.Error{Reason: fencing.ReasonBindingMismatch, Detail: "the write would change the object's resource ID"}
-		}
-	} else {
-		resource = id(w.new)
-	}
-	if resource == "" {
-		return guarding{}, &fencing.Error{Reason: fencing.ReasonNoResource, Detail: fmt.Sprintf("GuardPolicy %q maps the object to no valid resource ID", pol.Name)}
+	resource, err := policy.CheckBinding(pol, policyObject(w.old), policyObject(w.new))
+	if err != nil {
+		return guarding{}, err
 	}
 	// The stored record counts only if its proof verifies (VerifyRecord):
 	// whether the policy covered the object when it was written cannot be
 	// known now (Shadow mode, a widened selector).
 	return guarding{resource: resource, storedGuarded: w.old != nil, unguard: !newCovered, policy: pol}, nil
+}
+
+// policyObject is what the GuardPolicy rules read of o; nil for nil.
+func policyObject(o *object) *policy.Object {
+	if o == nil {
+		return nil
+	}
+	return &policy.Object{Namespace: o.Namespace, Name: o.Name, Annotations: o.Annotations}
 }
 
 // objectNamespace is the namespace the object lives in, "" for a

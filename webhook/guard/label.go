@@ -12,6 +12,7 @@ import (
 
 	lockingv1alpha1 "github.com/lockwarden/lockwarden/api/v1alpha1"
 	"github.com/lockwarden/lockwarden/internal/denial"
+	"github.com/lockwarden/lockwarden/internal/policy"
 	"github.com/lockwarden/lockwarden/pkg/fencing"
 )
 
@@ -61,7 +62,7 @@ func (h *LabelHandler) Handle(ctx context.Context, req admission.Request) admiss
 		if err != nil {
 			return err
 		}
-		if err := onePolicy(pols); err != nil {
+		if err := policy.CheckOne(pols); err != nil {
 			return err
 		}
 		if len(pols) == 1 {

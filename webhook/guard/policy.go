@@ -88,7 +88,7 @@ func (h *PolicyHandler) Handle(ctx context.Context, req admission.Request) admis
 	}
 	var rec fencing.Accepted
 	decision := func() error {
-		if err := onePolicy(pols); err != nil {
+		if err := policy.CheckOne(pols); err != nil {
 			return err
 		}
 		g, err := policyGuarding(w, pol, newCovered)
@@ -182,18 +182,4 @@ func enforcing(ctx context.Context, policies client.Reader, req admission.Reques
 		}
 	}
 	return out, nil
-}
-
-// onePolicy refuses an object covered by more than one Enforce policy: each
-// would map it to a resource and require proofs of its own.
-func onePolicy(pols []*lockingv1alpha1.GuardPolicy) error {
-	if len(pols) < 2 {
-		return nil
-	}
-	names := make([]string, len(pols))
-	for i, p := range pols {
-		names[i] = p.Name
-	}
-	return &fencing.Error{Reason: fencing.ReasonBindingMismatch, Detail: fmt.Sprintf(
-		"the object is covered by the Enforce GuardPolicies %s; a guarded object takes one policy: make their selectors disjoint", strings.Join(names, ", "))}
 }

@@ -12,7 +12,6 @@ import (
 	lockingv1alpha1 "github.com/lockwarden/lockwarden/api/v1alpha1"
 	"github.com/lockwarden/lockwarden/internal/denial"
 	"github.com/lockwarden/lockwarden/internal/policy"
-	"github.com/lockwarden/lockwarden/pkg/fencing"
 )
 
 // Validator refuses unusable GuardPolicies.
@@ -41,11 +40,7 @@ func (Validator) ValidateDelete(context.Context, *lockingv1alpha1.GuardPolicy) (
 }
 
 // check refuses an unusable policy with a 422 Invalid error whose every
-// field detail starts with INVALID_POLICY.
+// field detail starts with INVALID_POLICY (policy.Refusals).
 func check(p *lockingv1alpha1.GuardPolicy) error {
-	errs := policy.Fields(p)
-	for _, e := range errs {
-		e.Detail = string(fencing.ReasonInvalidPolicy) + ": " + e.Detail
-	}
-	return denial.Invalid(lockingv1alpha1.GroupVersion.WithKind("GuardPolicy").GroupKind(), p.Name, errs)
+	return denial.Invalid(lockingv1alpha1.GroupVersion.WithKind("GuardPolicy").GroupKind(), p.Name, policy.Refusals(p))
 }

@@ -16,7 +16,6 @@ import (
 
 	authorizationv1 "k8s.io/api/authorization/v1"
 	coordinationv1 "k8s.io/api/coordination/v1"
-	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/klog/v2"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -108,15 +107,12 @@ type Validator struct {
 }
 
 // ForceReleaseVerb is the RBAC verb on lockgrants that lets an identity
-// delete (force-release) a live grant it does not own. Owners delete their
-// own grants with the ordinary delete verb.
-const ForceReleaseVerb = "force-release"
+// delete (force-release) a live grant it does not own: fencing.ForceReleaseVerb.
+const ForceReleaseVerb = fencing.ForceReleaseVerb
 
 // AdministerVerb is the RBAC verb on lockgrants that lets an identity change
-// the labels, annotations, finalizers or owner references of a grant it does
-// not own (for example clear a fence-regression report). Without it, only the owner may: a
-// fence-regression report raises an alarm in the owner's name.
-const AdministerVerb = "administer"
+// the metadata of a grant it does not own: fencing.AdministerVerb.
+const AdministerVerb = fencing.AdministerVerb
 
 var _ admission.Validator[*lockingv1alpha1.LockGrant] = &Validator{}
 
@@ -132,9 +128,8 @@ func (v *Validator) ValidateCreate(ctx context.Context, g *lockingv1alpha1.LockG
 	if err != nil {
 		return nil, err
 	}
-	if g.Spec.Owner != user {
-		return nil, deny(g.Name, &fencing.Error{Reason: fencing.ReasonNotOwner,
-			Detail: fmt.Sprintf("spec.owner %q must be the requesting user %q (leave it empty to default it)", g.Spec.Owner, user)})
+	if err := fencing.CheckGrantOwner(g.Spec.Owner, user); err != nil {
+		return nil, deny(g.Name, err)
 	}
 	var errs field.ErrorList
 	spec := field.NewPath("spec")
@@ -174,30 +169,19 @@ func (v *Validator) checkSession(ctx context.Context, g *lockingv1alpha1.LockGra
 	ref := g.Spec.Session
 	l := &coordinationv1.Lease{}
 	err := v.Sessions.Get(ctx, types.NamespacedName{Namespace: g.Namespace, Name: ref.Name}, l)
-	switch {
-	case apierrors.IsNotFound(err):
-		return deny(g.Name, &fencing.Error{Reason: fencing.ReasonSessionExpired,
-			Detail: fmt.Sprintf("session Lease %s/%s does not exist", g.Namespace, ref.Name)})
-	case err != nil:
+	if err != nil && !apierrors.IsNotFound(err) {
 		return fmt.Errorf("reading session Lease %s/%s: %w", g.Namespace, ref.Name, err)
-	case string(l.UID) != ref.UID:
-		return deny(g.Name, &fencing.Error{Reason: fencing.ReasonSessionExpired,
-			Detail: fmt.Sprintf("session Lease %s/%s has uid %s, not %s: it was replaced", g.Namespace, ref.Name, l.UID, ref.UID)})
-	case l.Labels[lockingv1alpha1.SessionLabel] != "true":
-		return invalid(g.Name, denial.FieldInvalid(field.NewPath("spec", "session", "name"), ref.Name, fencing.ReasonInvalidSpec,
-			fmt.Sprintf("Lease %s/%s is not a session: it needs the label %s=true", g.Namespace, ref.Name, lockingv1alpha1.SessionLabel)))
-	case l.Spec.LeaseDurationSeconds == nil || *l.Spec.LeaseDurationSeconds < 1:
-		return invalid(g.Name, denial.FieldInvalid(field.NewPath("spec", "session", "name"), ref.Name, fencing.ReasonInvalidSpec,
-			fmt.Sprintf("session Lease %s/%s has no spec.leaseDurationSeconds", g.Namespace, ref.Name)))
-	case l.Spec.HolderIdentity == nil || *l.Spec.HolderIdentity != g.Spec.Owner:
-		holder := ""
-		if l.Spec.HolderIdentity != nil {
-			holder = *l.Spec.HolderIdentity
-		}
-		return deny(g.Name, &fencing.Error{Reason: fencing.ReasonNotOwner,
-			Detail: fmt.Sprintf("session Lease %s/%s is held by %q, not by the requester %q", g.Namespace, ref.Name, holder, g.Spec.Owner)})
 	}
-	return nil
+	lease := fencing.SessionLease{Namespace: g.Namespace, Name: ref.Name, UID: ref.UID, Found: err == nil, Label: lockingv1alpha1.SessionLabel}
+	if lease.Found {
+		lease.ActualUID = string(l.UID)
+		lease.Labeled = l.Labels[lockingv1alpha1.SessionLabel] == "true"
+		lease.HasDuration = l.Spec.LeaseDurationSeconds != nil && *l.Spec.LeaseDurationSeconds >= 1
+		if l.Spec.HolderIdentity != nil {
+			lease.Holder, lease.HasHolder = *l.Spec.HolderIdentity, true
+		}
+	}
+	return refusal(g.Name, field.NewPath("spec", "session", "name"), ref.Name, fencing.CheckSessionLease(lease, g.Spec.Owner))
 }
 
 // checkPolicy refuses a request its GuardPolicy does not allow.
@@ -209,15 +193,8 @@ func (v *Validator) checkPolicy(ctx context.Context, g *lockingv1alpha1.LockGran
 		}
 		return err
 	}
-	if !policy.AllowsHolder(pol, g.Spec.Owner, policy.Groups(g)) {
-		return deny(g.Name, &fencing.Error{Reason: fencing.ReasonNotOwner,
-			Detail: fmt.Sprintf("%q is not a holder of GuardPolicy %q", g.Spec.Owner, pol.Name)})
-	}
-	if !policy.AllowsTTL(pol, g.Spec.LeaseDurationSeconds) {
-		return invalid(g.Name, denial.FieldInvalid(field.NewPath("spec", "leaseDurationSeconds"), g.Spec.LeaseDurationSeconds, fencing.ReasonInvalidSpec,
-			fmt.Sprintf("GuardPolicy %q allows leases of at most %d seconds", pol.Name, pol.Spec.MaxLeaseDurationSeconds)))
-	}
-	return nil
+	return refusal(g.Name, field.NewPath("spec", "leaseDurationSeconds"), g.Spec.LeaseDurationSeconds,
+		policy.CheckGrant(pol, g.Spec.Owner, policy.Groups(g), g.Spec.LeaseDurationSeconds))
 }
 
 // ValidateUpdate lets the owner renew (raise spec.renewals) or release (set
@@ -249,17 +226,12 @@ func (v *Validator) ValidateUpdate(ctx context.Context, oldG, newG *lockingv1alp
 	renew := newG.Spec.Renewals > oldG.Spec.Renewals
 	release := newG.Spec.Release
 	specChanged := renew || newG.Spec.Release != oldG.Spec.Release
-	if user != g.Owner && metadataChanged(oldG, newG) {
-		// A grant's metadata (a fence-regression report above all) speaks
-		// for its owner: others need the administer verb.
-		allowed, err := v.authorized(ctx, newG, AdministerVerb)
-		if err != nil {
-			return nil, err
-		}
-		if !allowed {
-			return nil, deny(newG.Name, &fencing.Error{Reason: fencing.ReasonNotOwner, Detail: fmt.Sprintf(
-				"%q is not the owner of this grant; changing its labels, annotations, finalizers or owner references needs the %q verb on lockgrants", user, AdministerVerb)})
-		}
+	// A grant's metadata (a fence-regression report above all) speaks for
+	// its owner: others need the administer verb.
+	if err := fencing.CheckGrantMetadata(user, g.Owner, metadataChanged(oldG, newG), func() (bool, error) {
+		return v.authorized(ctx, newG, AdministerVerb)
+	}); err != nil {
+		return nil, answer(newG.Name, err)
 	}
 	switch {
 	case !specChanged && user != g.Owner:
@@ -284,21 +256,19 @@ func (v *Validator) ValidateDelete(ctx context.Context, g *lockingv1alpha1.LockG
 	if err != nil {
 		return nil, err
 	}
-	if req.UserInfo.Username == g.Spec.Owner || g.Status.Phase.Final() {
-		return nil, nil
-	}
-	ns := &corev1.Namespace{}
-	if err := v.Reader.Get(ctx, types.NamespacedName{Name: g.Namespace}, ns); err == nil && ns.DeletionTimestamp != nil {
-		return nil, nil
-	}
-	allowed, err := v.authorized(ctx, g, ForceReleaseVerb)
+	forced, err := fencing.CheckGrantDelete(fencing.GrantDelete{
+		Caller: req.UserInfo.Username, Owner: g.Spec.Owner, Phase: string(g.Status.Phase), Ended: g.Status.Phase.Final(),
+		NamespaceTerminating: func() bool {
+			terminating, err := facts.NamespaceTerminating(ctx, v.Reader, g.Namespace)
+			return err == nil && terminating
+		},
+		ForceRelease: func() (bool, error) { return v.authorized(ctx, g, ForceReleaseVerb) },
+	})
 	if err != nil {
-		return nil, err
+		return nil, answer(g.Name, err)
 	}
-	if !allowed {
-		return nil, deny(g.Name, &fencing.Error{Reason: fencing.ReasonNotOwner, Detail: fmt.Sprintf(
-			"%q is not the owner of this %s grant; deleting it is a forced release, which needs the %q verb on lockgrants",
-			req.UserInfo.Username, g.Status.Phase, ForceReleaseVerb)})
+	if !forced {
+		return nil, nil
 	}
 	logf.FromContext(ctx).Info("Forced release", "grant", klog.KObj(g), "by", req.UserInfo.Username, "owner", g.Spec.Owner, "fence", g.Status.FenceToken)
 	return admission.Warnings{fmt.Sprintf("forced release of %s's grant (fence %d)", g.Spec.Owner, g.Status.FenceToken)}, nil
@@ -349,6 +319,27 @@ func requester(ctx context.Context) (string, error) {
 // message starts with the reason code.
 func deny(name string, err error) error {
 	return denial.Error(err, lockingv1alpha1.GroupVersion.WithResource("lockgrants").GroupResource(), name)
+}
+
+// refusal is err as the admission error of grant name: a refusal with
+// INVALID_SPEC is an Invalid error about path with value, any other refusal
+// is denied (Forbidden), and an error that is no refusal (a failed read) is
+// returned as is. nil for nil.
+func refusal(name string, path *field.Path, value any, err error) error {
+	if fencing.ReasonOf(err) == fencing.ReasonInvalidSpec {
+		return invalid(name, denial.Field(path, value, err))
+	}
+	return answer(name, err)
+}
+
+// answer is err as the admission error of grant name: a refusal is denied
+// (Forbidden), an error that is no refusal (a failed authorization request)
+// is returned as is. nil for nil.
+func answer(name string, err error) error {
+	if fencing.ReasonOf(err) == "" {
+		return err
+	}
+	return deny(name, err)
 }
 
 // invalid is the 422 Invalid error of grant name for errs (nil for none).

@@ -14,6 +14,7 @@ import (
 	"fmt"
 
 	"golang.org/x/sync/errgroup"
+	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -21,6 +22,22 @@ import (
 	lockingv1alpha1 "github.com/lockwarden/lockwarden/api/v1alpha1"
 	"github.com/lockwarden/lockwarden/pkg/fencing"
 )
+
+// NamespaceTerminating reports whether namespace name is being deleted, the
+// fact the rules that let records go with their namespace judge
+// (fencing.CheckCounterDelete, fencing.CheckGrantDelete, the delete of a
+// guarded object). An empty name (a cluster-scoped object) is no namespace:
+// false.
+func NamespaceTerminating(ctx context.Context, r client.Reader, name string) (bool, error) {
+	if name == "" {
+		return false, nil
+	}
+	ns := &corev1.Namespace{}
+	if err := r.Get(ctx, types.NamespacedName{Name: name}, ns); err != nil {
+		return false, fmt.Errorf("reading namespace %s: %w", name, err)
+	}
+	return ns.DeletionTimestamp != nil, nil
+}
 
 // ReadRegistry reads the grant ns/name and the FenceCounter of resource in
 // ns with r, both at once, and returns their facts; nil for one that does

@@ -1,0 +1,123 @@
+package fencing
+
+// AdministerVerb is the RBAC verb on lockgrants that lets an identity change
+// the labels, annotations, finalizers or owner references of a grant it does
+// not own (for example clear a fence-regression report). Without it, only
+// the owner may: a fence-regression report raises an alarm in the owner's
+// name.
+const AdministerVerb = "administer"
+
+// ForceReleaseVerb is the RBAC verb on lockgrants that lets an identity
+// delete (force-release) a live grant it does not own. Owners delete their
+// own grants with the ordinary delete verb.
+const ForceReleaseVerb = "force-release"
+
+// CheckGrantOwner reports whether requester may create a grant for owner:
+// only for itself (ReasonNotOwner otherwise).
+func CheckGrantOwner(owner, requester string) error {
+	if owner != requester {
+		return refuse(ReasonNotOwner, "spec.owner %q must be the requesting user %q (leave it empty to default it)", owner, requester)
+	}
+	return nil
+}
+
+// SessionLease is what a grant request's session Lease looks like when the
+// request is made, for CheckSessionLease.
+type SessionLease struct {
+	// Namespace and Name locate the Lease; UID is the UID the request names.
+	Namespace, Name, UID string
+	// Found reports whether the Lease exists; the fields below are read only then.
+	Found bool
+	// ActualUID is the Lease's UID.
+	ActualUID string
+	// Labeled reports whether the Lease carries the session label.
+	Labeled bool
+	// Label is the session label's name, for the message.
+	Label string
+	// HasDuration reports whether the Lease has a lease duration of at least a second.
+	HasDuration bool
+	// Holder is the Lease's holder identity; HasHolder whether it has one.
+	Holder    string
+	HasHolder bool
+}
+
+// CheckSessionLease reports whether a request by owner may name session
+// Lease l: it must exist with the UID the request names
+// (ReasonSessionExpired otherwise), carry the session label and a lease
+// duration (ReasonInvalidSpec, about spec.session.name), and name the owner
+// as its holder (ReasonNotOwner). Whether the session is still live is the
+// registry's decision, by its own observations (CheckSession).
+func CheckSessionLease(l SessionLease, owner string) error {
+	switch {
+	case !l.Found:
+		return refuse(ReasonSessionExpired, "session Lease %s/%s does not exist", l.Namespace, l.Name)
+	case l.ActualUID != l.UID:
+		return refuse(ReasonSessionExpired, "session Lease %s/%s has uid %s, not %s: it was replaced", l.Namespace, l.Name, l.ActualUID, l.UID)
+	case !l.Labeled:
+		return refuse(ReasonInvalidSpec, "Lease %s/%s is not a session: it needs the label %s=true", l.Namespace, l.Name, l.Label)
+	case !l.HasDuration:
+		return refuse(ReasonInvalidSpec, "session Lease %s/%s has no spec.leaseDurationSeconds", l.Namespace, l.Name)
+	case !l.HasHolder || l.Holder != owner:
+		return refuse(ReasonNotOwner, "session Lease %s/%s is held by %q, not by the requester %q", l.Namespace, l.Name, l.Holder, owner)
+	}
+	return nil
+}
+
+// CheckGrantMetadata reports whether caller may change the labels,
+// annotations, finalizers or owner references of a grant owned by owner
+// (changed: the update changes them). The owner may; others only with
+// AdministerVerb, which administer reports. administer is asked only when
+// the rule needs it (it is an authorization request); its error is
+// returned as is. The refusal is ReasonNotOwner.
+func CheckGrantMetadata(caller, owner string, changed bool, administer func() (bool, error)) error {
+	if caller == owner || !changed {
+		return nil
+	}
+	allowed, err := administer()
+	if err != nil {
+		return err
+	}
+	if !allowed {
+		return refuse(ReasonNotOwner,
+			"%q is not the owner of this grant; changing its labels, annotations, finalizers or owner references needs the %q verb on lockgrants", caller, AdministerVerb)
+	}
+	return nil
+}
+
+// GrantDelete is what a delete of a LockGrant involves, for
+// CheckGrantDelete. The functions are asked only when the rule needs them,
+// in the order below, so that an owner's delete costs no read.
+type GrantDelete struct {
+	// Caller is the requesting identity; Owner the grant's owner.
+	Caller, Owner string
+	// Phase is the grant's phase as the API shows it, for the message;
+	// Ended reports whether it is final.
+	Phase string
+	Ended bool
+	// NamespaceTerminating reports whether the grant's namespace is being
+	// deleted.
+	NamespaceTerminating func() bool
+	// ForceRelease reports whether the caller has ForceReleaseVerb on the
+	// grant; its error is returned as is.
+	ForceRelease func() (bool, error)
+}
+
+// CheckGrantDelete reports whether d may delete the grant: the owner may,
+// anyone (with delete rights) may delete an ended grant or one whose
+// namespace is being deleted, and otherwise deleting a live grant someone
+// else holds is a forced release, which needs ForceReleaseVerb
+// (ReasonNotOwner without it). forced reports an allowed forced release.
+func CheckGrantDelete(d GrantDelete) (forced bool, err error) {
+	if d.Caller == d.Owner || d.Ended || d.NamespaceTerminating() {
+		return false, nil
+	}
+	allowed, err := d.ForceRelease()
+	if err != nil {
+		return false, err
+	}
+	if !allowed {
+		return false, refuse(ReasonNotOwner, "%q is not the owner of this %s grant; deleting it is a forced release, which needs the %q verb on lockgrants",
+			d.Caller, d.Phase, ForceReleaseVerb)
+	}
+	return true, nil
+}
