@@ -135,20 +135,26 @@ func TestTakeoverFromAnAbsentPreferredReplica(t *testing.T) {
 				break
 			}
 		}
-		// A flood of requests keeps the resource's state moving, so this
-		// replica never sees it quiet for the takeover delay.
+		// A flood of requests behind the first keeps the resource's state
+		// moving, so this replica never sees it quiet for the takeover
+		// delay.
 		const flood = 4*takeoverDelay + 2*time.Second
+		start := time.Now()
+		first := acquire(t, c, ns.Name, res, 30)
 		ctx, stop := context.WithTimeout(t.Context(), flood)
 		defer stop()
 		go wait.UntilWithContext(ctx, func(ctx context.Context) {
+			// Stamped as admission would, after the first request: this
+			// suite runs no webhooks, and creation times have whole
+			// seconds only.
 			g := &lockingv1alpha1.LockGrant{
-				ObjectMeta: metav1.ObjectMeta{Namespace: ns.Name, GenerateName: "flood-"},
-				Spec:       lockingv1alpha1.LockGrantSpec{Resource: res, LeaseDurationSeconds: 30},
+				ObjectMeta: metav1.ObjectMeta{Namespace: ns.Name, GenerateName: "flood-", Annotations: map[string]string{
+					lockingv1alpha1.RequestedAtAnnotation: time.Now().Add(time.Hour).UTC().Format(time.RFC3339Nano),
+				}},
+				Spec: lockingv1alpha1.LockGrantSpec{Resource: res, LeaseDurationSeconds: 30},
 			}
 			_ = c.Create(ctx, g)
 		}, 200*time.Millisecond)
-		start := time.Now()
-		first := acquire(t, c, ns.Name, res, 30)
 		waitHeld(t, c, first, flood)
 		// Bounded by the deferral's cap: the delay plus a replica Lease's
 		// duration (1 s here), with room for a loaded machine.
