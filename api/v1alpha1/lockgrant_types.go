@@ -21,17 +21,17 @@ const (
 // LockGrantSpec is an acquisition request: who wants which resource, for how
 // long each lease lasts, and, later, the owner's renewals and release.
 //
-// +kubebuilder:validation:XValidation:rule="!has(oldSelf.owner) || (has(self.owner) && self.owner == oldSelf.owner)",message="INVALID_SPEC: owner is immutable"
-// +kubebuilder:validation:XValidation:rule="(has(self.waitTimeoutSeconds) ? self.waitTimeoutSeconds : 0) == (has(oldSelf.waitTimeoutSeconds) ? oldSelf.waitTimeoutSeconds : 0)",message="INVALID_SPEC: waitTimeoutSeconds is immutable"
-// +kubebuilder:validation:XValidation:rule="(has(self.lockDelaySeconds) ? self.lockDelaySeconds : 0) == (has(oldSelf.lockDelaySeconds) ? oldSelf.lockDelaySeconds : 0)",message="INVALID_SPEC: lockDelaySeconds is immutable"
-// +kubebuilder:validation:XValidation:rule="has(self.requestID) == has(oldSelf.requestID) && (!has(self.requestID) || self.requestID == oldSelf.requestID)",message="INVALID_SPEC: requestID is immutable"
-// +kubebuilder:validation:XValidation:rule="(has(self.renewals) ? self.renewals : 0) >= (has(oldSelf.renewals) ? oldSelf.renewals : 0)",message="INVALID_SPEC: renewals never decreases"
-// +kubebuilder:validation:XValidation:rule="(has(self.renewals) ? self.renewals : 0) <= (has(oldSelf.renewals) ? oldSelf.renewals : 0) + 1",message="INVALID_SPEC: renewals rises by one per renew"
-// +kubebuilder:validation:XValidation:rule="has(self.operationRoot) == has(oldSelf.operationRoot) && (!has(self.operationRoot) || self.operationRoot == oldSelf.operationRoot)",message="INVALID_SPEC: operationRoot is immutable"
-// +kubebuilder:validation:XValidation:rule="has(self.operationClass) == has(oldSelf.operationClass) && (!has(self.operationClass) || self.operationClass == oldSelf.operationClass)",message="INVALID_SPEC: operationClass is immutable"
-// +kubebuilder:validation:XValidation:rule="has(self.policy) == has(oldSelf.policy) && (!has(self.policy) || self.policy == oldSelf.policy)",message="INVALID_SPEC: policy is immutable"
-// +kubebuilder:validation:XValidation:rule="has(self.session) == has(oldSelf.session) && (!has(self.session) || self.session == oldSelf.session)",message="INVALID_SPEC: session is immutable"
-// +kubebuilder:validation:XValidation:rule="!(has(oldSelf.release) && oldSelf.release) || (has(self.release) && self.release)",message="INVALID_SPEC: release cannot be unset"
+// +kubebuilder:validation:XValidation:rule="!has(oldSelf.owner) || (has(self.owner) && self.owner == oldSelf.owner)",message="INVALID_SPEC: owner is immutable",fieldPath=".owner"
+// +kubebuilder:validation:XValidation:rule="(has(self.waitTimeoutSeconds) ? self.waitTimeoutSeconds : 0) == (has(oldSelf.waitTimeoutSeconds) ? oldSelf.waitTimeoutSeconds : 0)",message="INVALID_SPEC: waitTimeoutSeconds is immutable",fieldPath=".waitTimeoutSeconds"
+// +kubebuilder:validation:XValidation:rule="(has(self.lockDelaySeconds) ? self.lockDelaySeconds : 0) == (has(oldSelf.lockDelaySeconds) ? oldSelf.lockDelaySeconds : 0)",message="INVALID_SPEC: lockDelaySeconds is immutable",fieldPath=".lockDelaySeconds"
+// +kubebuilder:validation:XValidation:rule="has(self.requestID) == has(oldSelf.requestID) && (!has(self.requestID) || self.requestID == oldSelf.requestID)",message="INVALID_SPEC: requestID is immutable",fieldPath=".requestID"
+// +kubebuilder:validation:XValidation:rule="(has(self.renewals) ? self.renewals : 0) >= (has(oldSelf.renewals) ? oldSelf.renewals : 0)",message="INVALID_SPEC: renewals never decreases",fieldPath=".renewals"
+// +kubebuilder:validation:XValidation:rule="(has(self.renewals) ? self.renewals : 0) <= (has(oldSelf.renewals) ? oldSelf.renewals : 0) + 1",message="INVALID_SPEC: renewals rises by one per renew",fieldPath=".renewals"
+// +kubebuilder:validation:XValidation:rule="has(self.operationRoot) == has(oldSelf.operationRoot) && (!has(self.operationRoot) || self.operationRoot == oldSelf.operationRoot)",message="INVALID_SPEC: operationRoot is immutable",fieldPath=".operationRoot"
+// +kubebuilder:validation:XValidation:rule="has(self.operationClass) == has(oldSelf.operationClass) && (!has(self.operationClass) || self.operationClass == oldSelf.operationClass)",message="INVALID_SPEC: operationClass is immutable",fieldPath=".operationClass"
+// +kubebuilder:validation:XValidation:rule="has(self.policy) == has(oldSelf.policy) && (!has(self.policy) || self.policy == oldSelf.policy)",message="INVALID_SPEC: policy is immutable",fieldPath=".policy"
+// +kubebuilder:validation:XValidation:rule="has(self.session) == has(oldSelf.session) && (!has(self.session) || self.session == oldSelf.session)",message="INVALID_SPEC: session is immutable",fieldPath=".session"
+// +kubebuilder:validation:XValidation:rule="!(has(oldSelf.release) && oldSelf.release) || (has(self.release) && self.release)",message="INVALID_SPEC: release cannot be unset",fieldPath=".release"
 type LockGrantSpec struct {
 	// resource is the canonical ID of the protected resource, for example
 	// "invoice-batch/2026-07-19". It is one or more segments separated by "/";
@@ -58,8 +58,7 @@ type LockGrantSpec struct {
 	// from 1 to 3600. A grant expires leaseDurationSeconds after it was granted
 	// or last renewed, judged by the controller's clock. Immutable.
 	// +required
-	// +kubebuilder:validation:Minimum=1
-	// +kubebuilder:validation:Maximum=3600
+	// +kubebuilder:validation:XValidation:rule="self >= 1 && self <= 3600",message="INVALID_SPEC: leaseDurationSeconds must be from 1 to 3600"
 	// +kubebuilder:validation:XValidation:rule="self == oldSelf",message="INVALID_SPEC: leaseDurationSeconds is immutable"
 	LeaseDurationSeconds int32 `json:"leaseDurationSeconds"`
 
@@ -68,8 +67,7 @@ type LockGrantSpec struct {
 	// as TimedOut and is never granted later. 0 or unset waits without limit;
 	// at most 86400. Immutable.
 	// +optional
-	// +kubebuilder:validation:Minimum=0
-	// +kubebuilder:validation:Maximum=86400
+	// +kubebuilder:validation:XValidation:rule="self >= 0 && self <= 86400",message="INVALID_SPEC: waitTimeoutSeconds must be from 0 to 86400"
 	WaitTimeoutSeconds int32 `json:"waitTimeoutSeconds,omitempty"`
 
 	// lockDelaySeconds is this grant's lock-delay, in seconds: when its lease
@@ -81,8 +79,7 @@ type LockGrantSpec struct {
 	// is judged by the controller's clock, like the lease. 0 or unset: none;
 	// at most 3600. Immutable.
 	// +optional
-	// +kubebuilder:validation:Minimum=0
-	// +kubebuilder:validation:Maximum=3600
+	// +kubebuilder:validation:XValidation:rule="self >= 0 && self <= 3600",message="INVALID_SPEC: lockDelaySeconds must be from 0 to 3600"
 	LockDelaySeconds int32 `json:"lockDelaySeconds,omitempty"`
 
 	// requestID is the client's idempotency key for this acquisition: 1 to 63

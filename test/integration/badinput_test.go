@@ -35,6 +35,8 @@ func TestBadGrantRequests(t *testing.T) {
 		{"born renewed", func(g *lockingv1alpha1.LockGrant) { g.Spec.Renewals = 3 }, "renewals"},
 		{"born released", func(g *lockingv1alpha1.LockGrant) { g.Spec.Release = true }, "release"},
 		{"negative wait", func(g *lockingv1alpha1.LockGrant) { g.Spec.WaitTimeoutSeconds = -1 }, "waitTimeoutSeconds"},
+		{"negative lock-delay", func(g *lockingv1alpha1.LockGrant) { g.Spec.LockDelaySeconds = -1 }, "spec.lockDelaySeconds"},
+		{"lock-delay over an hour", func(g *lockingv1alpha1.LockGrant) { g.Spec.LockDelaySeconds = 3601 }, "spec.lockDelaySeconds"},
 		{"bad request ID", func(g *lockingv1alpha1.LockGrant) { g.Spec.RequestID = "no spaces" }, "spec.requestID"},
 	}
 	for _, tc := range tests {
@@ -45,6 +47,11 @@ func TestBadGrantRequests(t *testing.T) {
 			}
 			if strings.Contains(err.Error(), "metadata.labels") {
 				t.Fatalf("create: %v names a label the user never set", err)
+			}
+			// Bounds of the numeric fields are refused with the code, at
+			// the field.
+			if strings.Contains(tc.want, "Seconds") && (!strings.Contains(err.Error(), "INVALID_SPEC") || !strings.Contains(err.Error(), "spec."+strings.TrimPrefix(tc.want, "spec."))) {
+				t.Fatalf("create: %v, want INVALID_SPEC at spec.%s", err, strings.TrimPrefix(tc.want, "spec."))
 			}
 		})
 	}
@@ -89,13 +96,14 @@ func TestGrantOwnershipAndImmutability(t *testing.T) {
 	if err := release(t, b, g); denial.Reason(err) != "NOT_OWNER" {
 		t.Fatalf("release by another identity: %v, want NOT_OWNER in details.causes", err)
 	}
-	for field, value := range map[string]any{"resource": "other", "leaseDurationSeconds": 3600, "owner": b.name, "requestID": "x"} {
-		if err := patchGrant(t, a, g, map[string]any{field: value}); !apierrors.IsInvalid(err) {
-			t.Errorf("changing spec.%s: %v, want Invalid", field, err)
+	for field, value := range map[string]any{"resource": "other", "leaseDurationSeconds": 3600, "owner": b.name, "requestID": "x", "lockDelaySeconds": 5, "waitTimeoutSeconds": 9} {
+		err := patchGrant(t, a, g, map[string]any{field: value})
+		if !apierrors.IsInvalid(err) || !strings.Contains(err.Error(), "spec."+field+": ") || !strings.Contains(err.Error(), "INVALID_SPEC") {
+			t.Errorf("changing spec.%s: %v, want Invalid with INVALID_SPEC at spec.%s", field, err, field)
 		}
 	}
-	if err := patchGrant(t, a, g, map[string]any{"renewals": 3}); !apierrors.IsInvalid(err) {
-		t.Errorf("renewals jumping by 3: %v, want Invalid", err)
+	if err := patchGrant(t, a, g, map[string]any{"renewals": 3}); !apierrors.IsInvalid(err) || !strings.Contains(err.Error(), "spec.renewals: ") {
+		t.Errorf("renewals jumping by 3: %v, want Invalid at spec.renewals", err)
 	}
 	if err := patchGrant(t, a, g, map[string]any{"release": true}); err != nil {
 		t.Fatal(err)
