@@ -5,8 +5,6 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"time"
-
-	"k8s.io/client-go/kubernetes"
 )
 
 // queueDepth is how many waiters are in line in the deep-queue series.
@@ -34,29 +32,17 @@ func (b *bench) deepQueue(ctx context.Context, n int) error {
 	}
 	var line []inLine
 	for i, c := range clients {
-		t, err := c.Request(ctx, resource)
-		if err != nil {
-			return err
-		}
-		if i == 0 {
-			err = t.waitHeld(ctx, holdTimeout)
-		} else {
-			err = t.waitQueued(ctx, queueTimeout)
-		}
+		t, err := getInLine(ctx, c, resource, i == 0)
 		if err != nil {
 			return fmt.Errorf("deep queue, request %d: %w", i, err)
 		}
 		line = append(line, inLine{c, t})
 	}
-	cs, err := kubernetes.NewForConfig(b.cp.clientConfig())
+	api, err := newAPIScraper(b.cp)
 	if err != nil {
 		return err
 	}
-	scrape := func() (promScrape, error) {
-		raw, err := cs.CoreV1().RESTClient().Get().AbsPath("/metrics").DoRaw(ctx)
-		return parseProm(string(raw), "apiserver_request_total"), err
-	}
-	before, err := scrape()
+	before, err := api.scrape(ctx)
 	if err != nil {
 		return err
 	}
@@ -83,7 +69,7 @@ func (b *bench) deepQueue(ctx context.Context, n int) error {
 		}
 		line = append(line[1:], inLine{holder.c, t})
 	}
-	after, err := scrape()
+	after, err := api.scrape(ctx)
 	if err != nil {
 		return err
 	}

@@ -43,15 +43,7 @@ func (b *bench) longQueue(ctx context.Context) error {
 	const resource = "long-queue"
 	line := make([]*ticket, 0, n)
 	for i := range n {
-		t, err := c.Request(ctx, resource)
-		if err != nil {
-			return err
-		}
-		if i == 0 {
-			err = t.waitHeld(ctx, holdTimeout)
-		} else {
-			err = t.waitQueued(ctx, queueTimeout)
-		}
+		t, err := getInLine(ctx, c, resource, i == 0)
 		if err != nil {
 			return fmt.Errorf("long queue, request %d: %w", i, err)
 		}
@@ -108,4 +100,19 @@ func (b *bench) longQueue(ctx context.Context) error {
 	res.deep, res.shallow = summarize(deep.ms), summarize(shallow.ms)
 	b.res.longQueue = res
 	return nil
+}
+
+// getInLine requests resource with c and waits until the request holds it
+// (first) or waits in its queue.
+func getInLine(ctx context.Context, c *lwClient, resource string, first bool) (*ticket, error) {
+	t, err := c.Request(ctx, resource)
+	if err != nil {
+		return nil, err
+	}
+	if first {
+		err = t.waitHeld(ctx, holdTimeout)
+	} else {
+		err = t.waitQueued(ctx, queueTimeout)
+	}
+	return t, err
 }
