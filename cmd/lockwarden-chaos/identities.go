@@ -10,7 +10,6 @@ import (
 	rbacv1 "k8s.io/api/rbac/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
-	"k8s.io/client-go/tools/clientcmd"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 
@@ -115,18 +114,7 @@ func addUser(cp *localcp.ControlPlane, file string, u envtest.User, server strin
 	if err != nil {
 		return "", err
 	}
-	cfg, err := clientcmd.LoadFromFile(path)
-	if err != nil {
-		return "", err
-	}
-	for _, c := range cfg.Clusters {
-		c.Server = server
-	}
-	kc, err := clientcmd.Write(*cfg)
-	if err != nil {
-		return "", err
-	}
-	return cp.WriteKubeconfig(file, kc)
+	return pointKubeconfig(cp, path, file, server)
 }
 
 // waitAllowed waits until the API server's authorizer lets user create

@@ -218,7 +218,13 @@ func run(ctx context.Context, o options) (*Report, error) {
 // proxiedKubeconfig writes a copy of the admin kubeconfig, named after a
 // replica, whose server is the replica's fault proxy.
 func proxiedKubeconfig(cp *localcp.ControlPlane, name, server string) (string, error) {
-	cfg, err := clientcmd.LoadFromFile(cp.AdminKubeconfig)
+	return pointKubeconfig(cp, cp.AdminKubeconfig, name, server)
+}
+
+// pointKubeconfig writes a copy of the kubeconfig at src, named name, whose
+// every cluster is reached at server (a fault proxy).
+func pointKubeconfig(cp *localcp.ControlPlane, src, name, server string) (string, error) {
+	cfg, err := clientcmd.LoadFromFile(src)
 	if err != nil {
 		return "", err
 	}
