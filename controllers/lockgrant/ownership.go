@@ -2,7 +2,6 @@ package lockgrant
 
 import (
 	"context"
-	"hash/fnv"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -165,24 +164,16 @@ func resourceState(ctx context.Context, cache client.Reader, req reconcile.Reque
 	case err != nil:
 		return 0, err
 	default:
-		sum = hashOf("counter", counter.ResourceVersion)
+		sum = membership.PairHash("counter", counter.ResourceVersion)
 	}
 	var list lockingv1alpha1.LockGrantList
 	if err := cache.List(ctx, &list, client.InNamespace(req.Namespace), client.MatchingFields{CounterNameField: req.Name}, client.UnsafeDisableDeepCopy); err != nil {
 		return 0, err
 	}
 	for i := range list.Items {
-		sum += hashOf(string(list.Items[i].UID), list.Items[i].ResourceVersion)
+		sum += membership.PairHash(string(list.Items[i].UID), list.Items[i].ResourceVersion)
 	}
 	return sum, nil
-}
-
-func hashOf(a, b string) uint64 {
-	h := fnv.New64a()
-	_, _ = h.Write([]byte(a))
-	_, _ = h.Write([]byte{0})
-	_, _ = h.Write([]byte(b))
-	return h.Sum64()
 }
 
 // deferrals, checks and takeovers count what a replica that is not

@@ -50,16 +50,23 @@ func Preferred(key string, live []string) string {
 	return best
 }
 
+// PairHash is FNV-1a of a and b with a separator that neither contains, so
+// that ("ab", "c") and ("a", "bc") differ. Summed over the objects of a
+// resource, it fingerprints the resource's state for Takeover.
+func PairHash(a, b string) uint64 {
+	h := fnv.New64a()
+	_, _ = h.Write([]byte(a))
+	_, _ = h.Write([]byte{0})
+	_, _ = h.Write([]byte(b))
+	return h.Sum64()
+}
+
 // weight is FNV-1a of the member and the key, with a separator that
 // neither contains, so that ("ab", "c") and ("a", "bc") differ, finished
 // with a 64-bit mixer so that keys that differ in their last bytes spread
 // over the whole range.
 func weight(id, key string) uint64 {
-	h := fnv.New64a()
-	_, _ = h.Write([]byte(id))
-	_, _ = h.Write([]byte{0})
-	_, _ = h.Write([]byte(key))
-	x := h.Sum64()
+	x := PairHash(id, key)
 	// splitmix64's finalizer.
 	x ^= x >> 30
 	x *= 0xbf58476d1ce4e5b9

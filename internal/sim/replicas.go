@@ -2,7 +2,6 @@ package sim
 
 import (
 	"fmt"
-	"hash/fnv"
 	"math/rand/v2"
 	"slices"
 	"strconv"
@@ -333,21 +332,13 @@ func (w *world) replicaPass(rp *replica, resource string) {
 func (r *registry) state(resource string) uint64 {
 	var sum uint64
 	if c := r.counters[resource]; c != nil {
-		sum = hashOf("counter", c.ResourceVersion)
+		sum = membership.PairHash("counter", c.ResourceVersion)
 	}
 	for _, g := range r.grants {
 		if g.Spec.Resource != resource {
 			continue
 		}
-		sum += hashOf(string(g.UID), fmt.Sprintf("%v|%v|%d|%v|%v", g.Spec.Renewals, g.Spec.Release, g.Status.FenceToken, g.Status.Phase, g.Status.ExpiresAt))
+		sum += membership.PairHash(string(g.UID), fmt.Sprintf("%v|%v|%d|%v|%v", g.Spec.Renewals, g.Spec.Release, g.Status.FenceToken, g.Status.Phase, g.Status.ExpiresAt))
 	}
 	return sum
-}
-
-func hashOf(a, b string) uint64 {
-	h := fnv.New64a()
-	_, _ = h.Write([]byte(a))
-	_, _ = h.Write([]byte{0})
-	_, _ = h.Write([]byte(b))
-	return h.Sum64()
 }
