@@ -95,12 +95,8 @@ func (f Facts) session(g *lockingv1alpha1.LockGrant) (time.Time, error) {
 // no longer allows it.
 func (f Facts) revocation(g *lockingv1alpha1.LockGrant) (reason, msg string) {
 	if g.Status.FenceToken > 0 {
-		e := fencing.EpochOf(g.Status.FenceToken)
-		switch {
-		case slices.Contains(f.Revoked, e):
-			return ReasonRevokedEpoch, fmt.Sprintf("Issuer epoch %d was revoked", e)
-		case e < f.Epoch:
-			return ReasonRevokedEpoch, fmt.Sprintf("Issued in epoch %d; the issuer moved to epoch %d", e, f.Epoch)
+		if err := fencing.CheckFenceEpoch(g.Status.FenceToken, f.Epoch, f.Revoked); err != nil {
+			return ReasonRevokedEpoch, detail(err)
 		}
 	}
 	if name := g.Spec.Policy; name != "" {

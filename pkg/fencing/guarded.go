@@ -2,6 +2,7 @@ package fencing
 
 import (
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 )
@@ -341,17 +342,24 @@ func checkDelete(r GuardedRequest, recorded int64) error {
 	return CheckWrite(Write{Resource: r.Resource, Caller: r.Caller, Fence: recorded, Recorded: recorded, Grant: r.Grant, Counter: r.Counter, Now: r.Now})
 }
 
-// checkEpoch refuses a fence of an issuer epoch the bundle revoked or moved
-// past (ReasonRevokedEpoch); nil without a bundle.
+// checkEpoch is CheckFenceEpoch by the bundle's epochs; nil without a
+// bundle.
 func checkEpoch(b *TrustBundle, fence int64) error {
 	if b == nil {
 		return nil
 	}
+	return CheckFenceEpoch(fence, b.CurrentEpoch, b.RevokedEpochs)
+}
+
+// CheckFenceEpoch refuses (ReasonRevokedEpoch) a fence issued in an issuer
+// epoch that is revoked or older than the current one: every grant of such
+// an epoch is revoked, whether or not the controller has said so yet.
+func CheckFenceEpoch(fence, current int64, revoked []int64) error {
 	switch e := EpochOf(fence); {
-	case b.Revoked(e):
+	case slices.Contains(revoked, e):
 		return refuse(ReasonRevokedEpoch, "fence %s was issued in revoked issuer epoch %d", FormatFence(fence), e)
-	case e < b.CurrentEpoch:
-		return refuse(ReasonRevokedEpoch, "fence %s was issued in issuer epoch %d; the issuer moved to epoch %d", FormatFence(fence), e, b.CurrentEpoch)
+	case e < current:
+		return refuse(ReasonRevokedEpoch, "fence %s was issued in issuer epoch %d; the issuer moved to epoch %d", FormatFence(fence), e, current)
 	}
 	return nil
 }
