@@ -38,6 +38,8 @@ func TestBadGrantRequests(t *testing.T) {
 		{"negative lock-delay", func(g *lockingv1alpha1.LockGrant) { g.Spec.LockDelaySeconds = -1 }, "spec.lockDelaySeconds"},
 		{"lock-delay over an hour", func(g *lockingv1alpha1.LockGrant) { g.Spec.LockDelaySeconds = 3601 }, "spec.lockDelaySeconds"},
 		{"bad request ID", func(g *lockingv1alpha1.LockGrant) { g.Spec.RequestID = "no spaces" }, "spec.requestID"},
+		{"bad operation root", func(g *lockingv1alpha1.LockGrant) { g.Spec.OperationRoot = "sha256:beef" }, "spec.operationRoot"},
+		{"bad operation class", func(g *lockingv1alpha1.LockGrant) { g.Spec.OperationClass = "Settle Up" }, "spec.operationClass"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -48,9 +50,9 @@ func TestBadGrantRequests(t *testing.T) {
 			if strings.Contains(err.Error(), "metadata.labels") {
 				t.Fatalf("create: %v names a label the user never set", err)
 			}
-			// Bounds of the numeric fields are refused with the code, at
-			// the field.
-			if strings.Contains(tc.want, "Seconds") && (!strings.Contains(err.Error(), "INVALID_SPEC") || !strings.Contains(err.Error(), "spec."+strings.TrimPrefix(tc.want, "spec."))) {
+			// Every malformed field, the schema's bounds and patterns
+			// included, is refused with the code, at the field.
+			if tc.want != "NOT_OWNER" && (!strings.Contains(err.Error(), "INVALID_SPEC") || !strings.Contains(err.Error(), "spec."+strings.TrimPrefix(tc.want, "spec."))) {
 				t.Fatalf("create: %v, want INVALID_SPEC at spec.%s", err, strings.TrimPrefix(tc.want, "spec."))
 			}
 		})

@@ -24,7 +24,6 @@ import (
 	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/runtime"
-	"k8s.io/apimachinery/pkg/util/validation"
 	"k8s.io/apimachinery/pkg/util/validation/field"
 	"k8s.io/utils/clock"
 	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
@@ -55,8 +54,10 @@ func NewDefaulter(s *runtime.Scheme, clk clock.PassiveClock) *admission.Webhook 
 	return wh
 }
 
-// Default implements admission.Defaulter. It refuses a requestID that
-// could not be the request-ID label's value, naming spec.requestID.
+// Default implements admission.Defaulter. It refuses a spec the schema
+// would refuse (a resource ID, request ID or other string field of the
+// wrong syntax or length), with INVALID_SPEC naming the field, before
+// schema validation answers without a code.
 func (d *Defaulter) Default(ctx context.Context, g *lockingv1alpha1.LockGrant) error {
 	req, err := admission.RequestFromContext(ctx)
 	if err != nil {
@@ -65,10 +66,8 @@ func (d *Defaulter) Default(ctx context.Context, g *lockingv1alpha1.LockGrant) e
 	if req.Operation != "CREATE" {
 		return nil // registered for CREATE only; renew and release skip it
 	}
-	if id := g.Spec.RequestID; id != "" {
-		if msgs := validation.IsValidLabelValue(id); len(msgs) > 0 {
-			return invalid(g.Name, denial.FieldInvalid(field.NewPath("spec", "requestID"), id, fencing.ReasonInvalidSpec, strings.Join(msgs, "; ")))
-		}
+	if errs := syntaxErrors(&g.Spec); len(errs) > 0 {
+		return invalid(g.Name, errs...)
 	}
 	if g.Spec.RequestID != "" {
 		if g.Labels == nil {

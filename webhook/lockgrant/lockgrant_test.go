@@ -54,8 +54,8 @@ func wantField(t *testing.T, st *metav1.Status, field string, code fencing.Reaso
 }
 
 // The mutating webhook answers a LockGrant it cannot decode, or one whose
-// requestID could not be a label value, with INVALID_SPEC naming the user's
-// field.
+// string fields the schema would refuse (the schema's own message has no
+// code), with INVALID_SPEC naming the user's field.
 func TestDefaulterRefusesMalformedFields(t *testing.T) {
 	wh := lockgrant.NewDefaulter(scheme(t), clocktesting.NewFakePassiveClock(time.Unix(0, 0)))
 	grant := func(spec string) []byte {
@@ -72,7 +72,16 @@ func TestDefaulterRefusesMalformedFields(t *testing.T) {
 		{"release as a string", grant(`{"resource":"r","leaseDurationSeconds":10,"release":"no"}`), "spec.release"},
 		{"a requestID that is not a label value", grant(`{"resource":"r","leaseDurationSeconds":10,"requestID":"` + strings.Repeat("x", 64) + `"}`), "spec.requestID"},
 		{"a requestID with a slash", grant(`{"resource":"r","leaseDurationSeconds":10,"requestID":"a/b"}`), "spec.requestID"},
-		{"a well-formed request", grant(`{"resource":"r","leaseDurationSeconds":10,"requestID":"job-7"}`), ""},
+		{"a resource ID with capitals", grant(`{"resource":"Batch/7","leaseDurationSeconds":10}`), "spec.resource"},
+		{"a resource ID with an empty segment", grant(`{"resource":"batch//7","leaseDurationSeconds":10}`), "spec.resource"},
+		{"a resource ID over 200 bytes", grant(`{"resource":"` + strings.Repeat("r", 201) + `","leaseDurationSeconds":10}`), "spec.resource"},
+		{"an empty resource ID", grant(`{"resource":"","leaseDurationSeconds":10}`), "spec.resource"},
+		{"an operationRoot that is no digest", grant(`{"resource":"r","leaseDurationSeconds":10,"operationRoot":"sha256:xyz"}`), "spec.operationRoot"},
+		{"an operationClass with capitals", grant(`{"resource":"r","leaseDurationSeconds":10,"operationClass":"Settle"}`), "spec.operationClass"},
+		{"an owner over 253 bytes", grant(`{"resource":"r","leaseDurationSeconds":10,"owner":"` + strings.Repeat("o", 254) + `"}`), "spec.owner"},
+		{"a session without a UID", grant(`{"resource":"r","leaseDurationSeconds":10,"session":{"name":"s","uid":""}}`), "spec.session.uid"},
+		{"negative renewals", grant(`{"resource":"r","leaseDurationSeconds":10,"renewals":-1}`), "spec.renewals"},
+		{"a well-formed request", grant(`{"resource":"batch/2026-07-19","leaseDurationSeconds":10,"requestID":"job-7","operationClass":"settlement","operationRoot":"sha256:` + strings.Repeat("ab", 32) + `"}`), ""},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
