@@ -33,6 +33,11 @@ DELETE_CRDS ?= false
 # envtest finds kube-apiserver and etcd here (built by hack/build-tools.sh).
 export KUBEBUILDER_ASSETS ?= $(LOCALBIN)
 GO_TEST_FLAGS ?= -count=1 -timeout 25m
+# The test module (its own go.mod, requiring the product module by a replace):
+# the integration, end-to-end, restore, install and chaos suites and the
+# programs behind demo, bench, chaos and faults, so that the product's go.mod
+# requires none of their dependencies. Every Go target covers both modules.
+TEST_MODULE := test
 
 .PHONY: all
 all: build
@@ -60,28 +65,32 @@ generate: controller-gen ## Generate DeepCopy methods.
 	$(CONTROLLER_GEN) object:headerFile="hack/boilerplate.go.txt" paths="./api/..."
 
 .PHONY: fmt
-fmt: ## Run go fmt.
+fmt: ## Run go fmt (both modules).
 	go fmt ./...
+	go -C $(TEST_MODULE) fmt ./...
 
 .PHONY: vet
-vet: ## Run go vet.
+vet: ## Run go vet (both modules).
 	go vet ./...
+	go -C $(TEST_MODULE) vet ./...
 
 .PHONY: lint
-lint: golangci-lint ## Run golangci-lint (.golangci.yml: errorlint, importas, revive's exported rules, govet, staticcheck, ...).
+lint: golangci-lint ## Run golangci-lint on both modules (.golangci.yml: errorlint, importas, revive's exported rules, govet, staticcheck, ...).
 	$(GOLANGCI_LINT) run ./...
+	cd $(TEST_MODULE) && $(GOLANGCI_LINT) run --config $(CURDIR)/.golangci.yml ./...
 
 .PHONY: test
-test: tools vet ## Run every test: unit, envtest (real kube-apiserver + etcd) and end-to-end.
+test: tools vet ## Run every test of both modules: unit, envtest (real kube-apiserver + etcd) and end-to-end.
 	go test $(GO_TEST_FLAGS) ./...
+	go -C $(TEST_MODULE) test $(GO_TEST_FLAGS) ./...
 
 .PHONY: faults
 faults: ## Run the fault simulation's release gate: ROUNDS rounds (default 100,000) of mixed faults.
-	go run ./cmd/lockwarden-faults -rounds $(or $(ROUNDS),100000) $(if $(SEED),-seed $(SEED))
+	go -C $(TEST_MODULE) run ./cmd/lockwarden-faults -rounds $(or $(ROUNDS),100000) $(if $(SEED),-seed $(SEED))
 
 .PHONY: chaos
 chaos: tools build ## Run the real-process chaos suite for DURATION (default 2m; SEED to fix the fault schedule) and check its history.
-	go build -o $(LOCALBIN)/lockwarden-chaos ./cmd/lockwarden-chaos
+	go -C $(TEST_MODULE) build -o $(abspath $(LOCALBIN))/lockwarden-chaos ./cmd/lockwarden-chaos
 	$(LOCALBIN)/lockwarden-chaos --assets $(LOCALBIN) --manager $(LOCALBIN)/manager --duration $(or $(DURATION),2m) $(if $(SEED),--seed $(SEED))
 
 .PHONY: verify
@@ -93,7 +102,7 @@ verify: manifests generate ## Fail if generated files are out of date.
 .PHONY: build
 build: ## Build the manager, the demo and the kubectl plugin (kubectl-lockwarden, and kubectl-lock for compatibility) into bin/.
 	go build -ldflags "$(VERSION_LDFLAGS)" -o $(LOCALBIN)/manager ./cmd/manager
-	go build -o $(LOCALBIN)/lockwarden-demo ./cmd/lockwarden-demo
+	go -C $(TEST_MODULE) build -o $(abspath $(LOCALBIN))/lockwarden-demo ./cmd/lockwarden-demo
 	go build -ldflags "$(VERSION_LDFLAGS)" -o $(LOCALBIN)/kubectl-lockwarden ./cmd/kubectl-lock
 	cp $(LOCALBIN)/kubectl-lockwarden $(LOCALBIN)/kubectl-lock
 
@@ -149,7 +158,7 @@ BENCH_FLAGS ?=
 
 .PHONY: bench
 bench: tools build ## Measure lockwarden against etcd's mutex, a Lease lock and leader election on one local control plane; results in results/<time>/ (BENCH_QUICK=1 for ~2-3 min; BENCH_HANDOFFS, BENCH_SCALE, BENCH_FLAGS).
-	go build -o $(LOCALBIN)/lockwarden-bench ./cmd/lockwarden-bench
+	go -C $(TEST_MODULE) build -o $(abspath $(LOCALBIN))/lockwarden-bench ./cmd/lockwarden-bench
 	$(LOCALBIN)/lockwarden-bench --assets $(LOCALBIN) --manager $(LOCALBIN)/manager --out results $(if $(BENCH_QUICK),--quick) $(if $(BENCH_HANDOFFS),--handoffs=$(BENCH_HANDOFFS)) $(if $(BENCH_SCALE),--scale=$(BENCH_SCALE)) $(BENCH_FLAGS)
 
 .PHONY: run

@@ -22,8 +22,9 @@ func Repo(t testing.TB, rel string) string {
 	return root
 }
 
-// Build compiles the main package pkg (e.g. "./cmd/manager") of the
-// repository at root into dir and returns the binary's path.
+// Build compiles the main package pkg (e.g. "./cmd/manager") of the Go
+// module whose directory is root (the repository, or its test module in
+// test/) into dir and returns the binary's path.
 func Build(t testing.TB, root, dir, pkg string) string {
 	t.Helper()
 	out := filepath.Join(dir, filepath.Base(pkg))

@@ -21,7 +21,7 @@ func TestChaos(t *testing.T) {
 	assets := filepath.Join(root, "bin")
 	bins := t.TempDir()
 	manager := testenv.Build(t, root, bins, "./cmd/manager")
-	chaos := testenv.Build(t, root, bins, "./cmd/lockwarden-chaos")
+	chaos := testenv.Build(t, filepath.Join(root, "test"), bins, "./cmd/lockwarden-chaos")
 	runDir, err := os.MkdirTemp("", "lockwarden-chaos-test-")
 	if err != nil {
 		t.Fatal(err)

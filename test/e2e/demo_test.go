@@ -22,7 +22,7 @@ func TestDemo(t *testing.T) {
 	assets := filepath.Join(root, "bin")
 	dir := t.TempDir()
 	manager := testenv.Build(t, root, dir, "./cmd/manager")
-	demo := testenv.Build(t, root, dir, "./cmd/lockwarden-demo")
+	demo := testenv.Build(t, filepath.Join(root, "test"), dir, "./cmd/lockwarden-demo")
 
 	ctx, cancel := context.WithTimeout(t.Context(), 4*time.Minute)
 	defer cancel()

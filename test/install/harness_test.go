@@ -37,8 +37,8 @@ import (
 	logf "sigs.k8s.io/controller-runtime/pkg/log"
 
 	lockingv1alpha1 "github.com/lockwarden/lockwarden/api/v1alpha1"
-	"github.com/lockwarden/lockwarden/internal/localcp"
 	"github.com/lockwarden/lockwarden/internal/testenv"
+	"github.com/lockwarden/lockwarden/test/internal/localcp"
 )
 
 const (

@@ -21,7 +21,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 
 	lockingv1alpha1 "github.com/lockwarden/lockwarden/api/v1alpha1"
-	"github.com/lockwarden/lockwarden/internal/localcp"
+	"github.com/lockwarden/lockwarden/test/internal/localcp"
 )
 
 // localWebhookURL is where config/local points the API server's webhook

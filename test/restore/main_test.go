@@ -23,8 +23,8 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 
 	lockingv1alpha1 "github.com/lockwarden/lockwarden/api/v1alpha1"
-	"github.com/lockwarden/lockwarden/internal/localcp"
 	"github.com/lockwarden/lockwarden/internal/pgtest"
+	"github.com/lockwarden/lockwarden/test/internal/localcp"
 )
 
 // setupTimeout bounds everything TestMain does before the tests run.

@@ -19,8 +19,8 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	lockingv1alpha1 "github.com/lockwarden/lockwarden/api/v1alpha1"
-	"github.com/lockwarden/lockwarden/internal/localcp"
 	"github.com/lockwarden/lockwarden/pkg/fencing"
+	"github.com/lockwarden/lockwarden/test/internal/localcp"
 )
 
 // observer watches, as the admin and around the fault proxies, every

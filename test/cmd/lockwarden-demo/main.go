@@ -16,7 +16,7 @@ import (
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 
 	lockingv1alpha1 "github.com/lockwarden/lockwarden/api/v1alpha1"
-	"github.com/lockwarden/lockwarden/internal/localcp"
+	"github.com/lockwarden/lockwarden/test/internal/localcp"
 )
 
 // options are the demo's flags.

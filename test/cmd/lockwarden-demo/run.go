@@ -11,7 +11,7 @@ import (
 	logf "sigs.k8s.io/controller-runtime/pkg/log"
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 
-	"github.com/lockwarden/lockwarden/internal/localcp"
+	"github.com/lockwarden/lockwarden/test/internal/localcp"
 )
 
 // The story's cast and props.

@@ -11,7 +11,7 @@ import (
 
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
-	"github.com/lockwarden/lockwarden/internal/localcp"
+	"github.com/lockwarden/lockwarden/test/internal/localcp"
 )
 
 // managerProc is the lockwarden manager under measurement: the process

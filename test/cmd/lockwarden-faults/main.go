@@ -16,7 +16,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/lockwarden/lockwarden/internal/sim"
+	"github.com/lockwarden/lockwarden/test/internal/sim"
 )
 
 func main() {

@@ -11,7 +11,7 @@ import (
 
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
-	"github.com/lockwarden/lockwarden/internal/localcp"
+	"github.com/lockwarden/lockwarden/test/internal/localcp"
 )
 
 // leaderElectionID is the manager's leader election Lease, in
