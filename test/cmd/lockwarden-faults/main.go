@@ -1,11 +1,11 @@
 // Command lockwarden-faults runs the deterministic fault simulation
-// (internal/sim): by default 100,000 rounds of mixed fault schedules, then a
+// (test/internal/sim): by default 100,000 rounds of mixed fault schedules, then a
 // one-line summary of every count the release gate requires to be zero. A
 // failing round's seed is printed; -replay SEED plays it again exactly.
 //
-//	go run ./cmd/lockwarden-faults                    # the full gate (make faults)
-//	go run ./cmd/lockwarden-faults -rounds 2000       # a quick run
-//	go run ./cmd/lockwarden-faults -replay 1234567    # one round, again
+//	go -C test run ./cmd/lockwarden-faults                  # the full gate (make faults)
+//	go -C test run ./cmd/lockwarden-faults -rounds 2000     # a quick run
+//	go -C test run ./cmd/lockwarden-faults -replay 1234567  # one round, again
 package main
 
 import (

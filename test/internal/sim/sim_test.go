@@ -16,7 +16,7 @@ func TestGate(t *testing.T) {
 	r := Run(20260719, gateRounds, 0)
 	t.Log(r.Summary())
 	if r.Forbidden() != 0 {
-		t.Fatalf("the release gate failed:\n%s\nreplay a round with: go run ./cmd/lockwarden-faults -replay SEED", r)
+		t.Fatalf("the release gate failed:\n%s\nreplay a round with: go -C test run ./cmd/lockwarden-faults -replay SEED (from the repository root)", r)
 	}
 	if r.Accepted == 0 || r.CheckedShare() != 100 {
 		t.Fatalf("accepted %d, checked %.1f%%", r.Accepted, r.CheckedShare())
