@@ -1,7 +1,7 @@
 # lockwarden: fenced distributed locks for Kubernetes.
 #
 # Two commands do all set-up on a fresh machine:
-#   make demo   the seed story on a local control plane (etcd + kube-apiserver)
+#   make demo   the paused-holder story on a local control plane (etcd + kube-apiserver)
 #   make test   the whole test suite (unit, envtest, end-to-end)
 
 SHELL := /usr/bin/env bash -o pipefail
