@@ -10,10 +10,12 @@ import (
 // +kubebuilder:validation:XValidation:rule="(has(self.fence) ? self.fence : 0) >= (has(oldSelf.fence) ? oldSelf.fence : 0)",message="FENCE_REGRESSION: fence never decreases"
 // +kubebuilder:validation:XValidation:rule="!has(self.holder) || self.holder.fence <= (has(self.fence) ? self.fence : 0)",message="INVALID_SPEC: holder.fence cannot exceed fence"
 type FenceCounterSpec struct {
-	// resource is the resource ID this counter belongs to. Immutable.
+	// resource is the fenced resource ID this counter belongs to: a
+	// resource ID, or a slot of a resource with permits ("ID#k", see
+	// LockGrantSpec.Permits). Immutable.
 	// +required
 	// +kubebuilder:validation:MinLength=1
-	// +kubebuilder:validation:MaxLength=200
+	// +kubebuilder:validation:MaxLength=203
 	// +kubebuilder:validation:XValidation:rule="self == oldSelf",message="INVALID_SPEC: resource is immutable"
 	Resource string `json:"resource"`
 

@@ -16,6 +16,9 @@ const (
 	MaxWaitTimeoutSeconds = 86400
 	// MaxLockDelaySeconds is the longest lock-delay, in seconds (one hour).
 	MaxLockDelaySeconds = 3600
+	// MaxPermits is the largest number of permits of a resource: its slots
+	// are numbered 0 to MaxPermits-1.
+	MaxPermits = 64
 )
 
 // LockGrantSpec is an acquisition request: who wants which resource, for how
@@ -32,6 +35,7 @@ const (
 // +kubebuilder:validation:XValidation:rule="has(self.policy) == has(oldSelf.policy) && (!has(self.policy) || self.policy == oldSelf.policy)",message="INVALID_SPEC: policy is immutable",fieldPath=".policy"
 // +kubebuilder:validation:XValidation:rule="has(self.session) == has(oldSelf.session) && (!has(self.session) || self.session == oldSelf.session)",message="INVALID_SPEC: session is immutable",fieldPath=".session"
 // +kubebuilder:validation:XValidation:rule="!(has(oldSelf.release) && oldSelf.release) || (has(self.release) && self.release)",message="INVALID_SPEC: release cannot be unset",fieldPath=".release"
+// +kubebuilder:validation:XValidation:rule="(has(self.permits) ? self.permits : 1) == (has(oldSelf.permits) ? oldSelf.permits : 1)",message="INVALID_SPEC: permits is immutable",fieldPath=".permits"
 type LockGrantSpec struct {
 	// resource is the canonical ID of the protected resource, for example
 	// "invoice-batch/2026-07-19". It is one or more segments separated by "/";
@@ -143,6 +147,26 @@ type LockGrantSpec struct {
 	// +optional
 	Session *SessionRef `json:"session,omitempty"`
 
+	// permits is the number of holders the resource admits at once, from 1
+	// to 64: a resource with N permits is N exclusive slots, numbered 0 to
+	// N-1, sharing one FIFO queue. The grant holds one slot
+	// (status.permit), and each slot has its own fence sequence and its own
+	// fenced resource ID (status.fencedResource): slot 0 is the resource
+	// ID itself, slot k>0 is the resource ID followed by "#k". Guarded
+	// objects and store rows bound to a slot accept only that slot's
+	// fences, so every fencing rule of an exclusive lock holds per slot.
+	// The limit in force for a resource is the permits of its most
+	// recently requested live grant: every request for a resource should
+	// name the same permits, and a new value takes effect with the
+	// requests that name it. Lowering it never ends a live grant: holders
+	// beyond the new limit keep their slot until they release or expire
+	// (their WithinLimit condition is False, reason OverLimit), and nobody
+	// is granted while as many grants as the limit hold. 0 or unset means
+	// 1, an exclusive lock. See docs/semaphores.md. Immutable.
+	// +optional
+	// +kubebuilder:validation:XValidation:rule="self >= 1 && self <= 64",message="INVALID_SPEC: permits must be from 1 to 64"
+	Permits int32 `json:"permits,omitempty"`
+
 	// release set to true by the owner ends the grant: a Held grant becomes
 	// Released, a Pending one leaves the queue. It cannot be unset.
 	// +optional
@@ -207,6 +231,12 @@ const (
 	// ConditionRenewed reports the outcome of the owner's last renew
 	// (reason Renewed, Expired or AlreadyEnded).
 	ConditionRenewed = "Renewed"
+	// ConditionWithinLimit is False (reason OverLimit) on a Held grant whose
+	// slot is no longer below the resource's limit of permits, or that holds
+	// while more grants hold than the limit allows: the limit was lowered
+	// after it was granted. The grant keeps its slot and its fence until it
+	// ends; it is True again once the limit covers it.
+	ConditionWithinLimit = "WithinLimit"
 	// ConditionFenceRegression is True when a protected resource refused
 	// the grant's writes with FENCE_REGRESSION (reported by the holder in
 	// the annotation locking.lockwarden.io/fence-regression): the registry
@@ -216,7 +246,7 @@ const (
 
 // LockGrantStatus is written only by the lockwarden controller.
 type LockGrantStatus struct {
-	// conditions are Ready, Renewed and FenceRegression.
+	// conditions are Ready, Renewed, WithinLimit and FenceRegression.
 	// +optional
 	// +listType=map
 	// +listMapKey=type
@@ -228,11 +258,31 @@ type LockGrantStatus struct {
 	Phase LockGrantPhase `json:"phase,omitempty"`
 
 	// fenceToken is the fencing token of this grant: strictly larger than
-	// every token issued before for the same resource, never reused, and
-	// unchanged by renewals. 0 until the grant is Held.
+	// every token issued before for the same fenced resource (the slot,
+	// status.fencedResource), never reused, and unchanged by renewals. 0
+	// until the grant is Held.
 	// +optional
 	// +kubebuilder:validation:Minimum=0
 	FenceToken int64 `json:"fenceToken,omitempty"`
+
+	// permit is the slot a Held grant holds, from 0 to 63. Set when the
+	// grant becomes Held and never changed after; kept when it ends. Unset
+	// for slot 0 of a grant that asks for one permit, whose status stays
+	// that of an exclusive lock: read unset as slot 0 (LockGrant.HeldSlot).
+	// +optional
+	// +kubebuilder:validation:Minimum=0
+	// +kubebuilder:validation:Maximum=63
+	Permit *int32 `json:"permit,omitempty"`
+
+	// fencedResource is the fenced resource ID of the slot the grant holds:
+	// spec.resource for slot 0, spec.resource + "#k" for slot k. Its
+	// fenceToken belongs to this ID's fence sequence, the signed record
+	// names it, and guarded objects and store rows bound to it accept the
+	// grant's writes. Set with permit; unset means spec.resource
+	// (LockGrant.HeldFencedResource).
+	// +optional
+	// +kubebuilder:validation:MaxLength=203
+	FencedResource string `json:"fencedResource,omitempty"`
 
 	// queuePosition is the number of requests that were ahead of this one
 	// when it joined the queue, and 0 once it is next in line. It is not
@@ -285,7 +335,9 @@ type GrantRecord struct {
 	// schema is "lockGrant.v1".
 	// +required
 	Schema string `json:"schema"`
-	// resource is the resource ID.
+	// resource is the fenced resource ID: the resource ID for an exclusive
+	// lock and for slot 0 of a resource with permits, the resource ID
+	// followed by "#k" for slot k.
 	// +required
 	Resource string `json:"resource"`
 	// owner is the owner identity.
@@ -340,6 +392,7 @@ type GrantRecord struct {
 // +kubebuilder:printcolumn:name="Phase",type=string,JSONPath=`.status.phase`
 // +kubebuilder:printcolumn:name="Ready",type=string,JSONPath=`.status.conditions[?(@.type=="Ready")].status`
 // +kubebuilder:printcolumn:name="Reason",type=string,JSONPath=`.status.conditions[?(@.type=="Ready")].reason`,priority=1
+// +kubebuilder:printcolumn:name="Permit",type=integer,JSONPath=`.status.permit`,priority=1
 // +kubebuilder:printcolumn:name="Fence",type=integer,JSONPath=`.status.fenceToken`
 // +kubebuilder:printcolumn:name="Owner",type=string,JSONPath=`.spec.owner`
 // +kubebuilder:printcolumn:name="Expires",type=string,format=date-time,JSONPath=`.status.expiresAt`

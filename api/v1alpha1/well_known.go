@@ -16,8 +16,11 @@ const (
 	// the label is itself a guarded write.
 	GuardedLabel = "locking.lockwarden.io/guarded"
 
-	// ResourceAnnotation names the resource ID a guarded object belongs to, in
-	// the same syntax as LockGrantSpec.Resource. It is immutable while the object is guarded.
+	// ResourceAnnotation names the fenced resource ID a guarded object
+	// belongs to: a resource ID in the syntax of LockGrantSpec.Resource, or
+	// one slot of a resource with permits, "ID#k" (see SlotResource); only
+	// grants of that slot may write the object. It is immutable while the
+	// object is guarded.
 	ResourceAnnotation = "locking.lockwarden.io/resource"
 
 	// GrantAnnotation, FenceAnnotation, ProofAnnotation and IntentAnnotation
@@ -113,12 +116,13 @@ func ValidResourceID(id string) bool {
 	return id != "" && len(id) <= MaxResourceLength && resourceRE.MatchString(id)
 }
 
-// FenceCounterName returns the name of the FenceCounter of a resource ID: a
-// readable prefix of the ID followed by a hash of the whole ID, so that
-// distinct IDs never share a counter.
+// FenceCounterName returns the name of the FenceCounter of a fenced
+// resource ID (a resource ID, or a slot "ID#k" of one): a readable prefix of
+// the ID followed by a hash of the whole ID, so that distinct IDs never
+// share a counter.
 func FenceCounterName(resource string) string {
 	sum := sha256.Sum256([]byte(resource))
-	prefix := strings.NewReplacer("/", "-", ".", "-", "_", "-").Replace(resource)
+	prefix := strings.NewReplacer("/", "-", ".", "-", "_", "-", SlotSeparator, "-").Replace(resource)
 	if len(prefix) > 40 {
 		prefix = prefix[:40]
 	}

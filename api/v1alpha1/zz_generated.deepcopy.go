@@ -450,6 +450,11 @@ func (in *LockGrantStatus) DeepCopyInto(out *LockGrantStatus) {
 			(*in)[i].DeepCopyInto(&(*out)[i])
 		}
 	}
+	if in.Permit != nil {
+		in, out := &in.Permit, &out.Permit
+		*out = new(int32)
+		**out = **in
+	}
 	if in.QueuePosition != nil {
 		in, out := &in.QueuePosition, &out.QueuePosition
 		*out = new(int32)
