@@ -46,6 +46,8 @@ type results struct {
 	freeCycle []freeCycle
 	// longQueue is the long-queue phase's result.
 	longQueue *longQueueResult
+	// permits are the permits phase's results, by count of permits.
+	permits []permitsResult
 }
 
 // freeCycle is the cost of one acquire+release cycle on a free resource.
@@ -244,6 +246,10 @@ func (r *results) writeMarkdown(w io.Writer, o options, machine, started, incomp
 	fmt.Fprintln(w)
 	if ts := r.targets(o); len(ts) > 0 {
 		fmt.Fprint(w, targetsMarkdown(ts))
+		fmt.Fprintln(w)
+	}
+	if len(r.permits) > 0 {
+		fmt.Fprint(w, permitsMarkdown(r.permits, o.window))
 		fmt.Fprintln(w)
 	}
 	for _, s := range r.all {
