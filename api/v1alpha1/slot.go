@@ -76,3 +76,24 @@ func ValidFencedResource(id string) bool {
 	_, _, ok := ParseSlotResource(id)
 	return ok
 }
+
+// HeldSlot returns the slot a Held (or ended) grant holds: status.permit,
+// or 0 when unset (an exclusive lock, or slot 0 of a grant that asks for
+// one permit).
+func (g *LockGrant) HeldSlot() int32 {
+	if g.Status.Permit == nil {
+		return 0
+	}
+	return *g.Status.Permit
+}
+
+// HeldFencedResource returns the fenced resource ID of the slot a Held
+// grant holds: status.fencedResource, or spec.resource when unset (slot 0).
+// Guarded objects and store rows that accept the grant's fence are bound
+// to this ID, and the grant's signed record names it.
+func (g *LockGrant) HeldFencedResource() string {
+	if g.Status.FencedResource != "" {
+		return g.Status.FencedResource
+	}
+	return g.Spec.Resource
+}

@@ -3,6 +3,8 @@ package lockgrant
 import (
 	"context"
 	"fmt"
+	"maps"
+	"slices"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -105,7 +107,11 @@ func (r *Reconciler) SetupWithManager(ctx context.Context, mgr ctrl.Manager) err
 	}
 	return ctrl.NewControllerManagedBy(mgr).
 		Named("lockgrant").
-		For(&lockingv1alpha1.FenceCounter{}, builder.WithPredicates(predicate.GenerationChangedPredicate{})).
+		For(&lockingv1alpha1.FenceCounter{}, builder.WithPredicates(predicate.GenerationChangedPredicate{}, predicate.NewPredicateFuncs(isSlotZero))).
+		// The counters of the other slots of a resource with permits are
+		// decided with their resource, under slot 0's counter name.
+		Watches(&lockingv1alpha1.FenceCounter{}, handler.EnqueueRequestsFromMapFunc(resourceOfCounter),
+			builder.WithPredicates(predicate.GenerationChangedPredicate{}, predicate.Not(predicate.NewPredicateFuncs(isSlotZero)))).
 		// Grants: creation, deletion, and changes of spec (renew, release)
 		// or annotations (a reported fence regression). Status changes are
 		// this controller's own writes and need no second pass.
@@ -132,6 +138,24 @@ func resourceOf(_ context.Context, o client.Object) []reconcile.Request {
 	}}}
 }
 
+// isSlotZero reports whether a FenceCounter is the one a resource's
+// reconcile request is named after: slot 0's, the resource's own.
+func isSlotZero(o client.Object) bool {
+	_, k, _ := lockingv1alpha1.ParseSlotResource(o.(*lockingv1alpha1.FenceCounter).Spec.Resource)
+	return k == 0
+}
+
+// resourceOfCounter maps a counter of any slot to its resource's
+// reconcile request.
+func resourceOfCounter(_ context.Context, o client.Object) []reconcile.Request {
+	c := o.(*lockingv1alpha1.FenceCounter)
+	base, _, ok := lockingv1alpha1.ParseSlotResource(c.Spec.Resource)
+	if !ok {
+		return []reconcile.Request{{NamespacedName: client.ObjectKeyFromObject(c)}}
+	}
+	return []reconcile.Request{{NamespacedName: types.NamespacedName{Namespace: c.Namespace, Name: lockingv1alpha1.FenceCounterName(base)}}}
+}
+
 // allResources maps to every resource that has a counter.
 func (r *Reconciler) allResources(ctx context.Context, _ client.Object) []reconcile.Request {
 	var list lockingv1alpha1.FenceCounterList
@@ -141,7 +165,9 @@ func (r *Reconciler) allResources(ctx context.Context, _ client.Object) []reconc
 	}
 	reqs := make([]reconcile.Request, 0, len(list.Items))
 	for i := range list.Items {
-		reqs = append(reqs, reconcile.Request{NamespacedName: client.ObjectKeyFromObject(&list.Items[i])})
+		if isSlotZero(&list.Items[i]) {
+			reqs = append(reqs, reconcile.Request{NamespacedName: client.ObjectKeyFromObject(&list.Items[i])})
+		}
 	}
 	return reqs
 }
@@ -167,7 +193,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reco
 	}
 	var p grantplan.Plan
 	var params issuer.Params
-	var revision string
+	var revisions map[int32]string
 	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
 		f, err := r.gather(ctx, req, r.APIReader)
 		if err != nil || f.Resource == "" {
@@ -176,16 +202,16 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reco
 		}
 		params = f.Params
 		p = grantplan.Decide(f)
-		if p, err = r.endHolderFirst(ctx, f.Counter, p); err != nil {
+		if p, err = r.endHolderFirst(ctx, f, p); err != nil {
 			return err
 		}
-		revision, err = r.writeCounter(ctx, req, f.Counter, p.Counter)
+		revisions, err = r.writeCounters(ctx, req.Namespace, f, p)
 		return err
 	})
 	if err != nil {
 		return reconcile.Result{}, err
 	}
-	grantplan.Sign(p, params, revision)
+	grantplan.SignSlots(p, params, func(k int32) string { return revisions[k] })
 	if err := r.writeStatuses(ctx, p); err != nil {
 		if apierrors.IsConflict(err) {
 			// A grant changed under us (a renew, a release): decide
@@ -223,6 +249,10 @@ func (r *Reconciler) gather(ctx context.Context, req reconcile.Request, reader c
 	f.Counter = counter
 
 	if counter != nil {
+		if _, k, _ := lockingv1alpha1.ParseSlotResource(counter.Spec.Resource); k > 0 {
+			// Another slot's counter: its resource's pass decides it.
+			return grantplan.Facts{}, nil
+		}
 		f.Resource = counter.Spec.Resource
 		if h := counter.Spec.Holder; h != nil {
 			if err := r.refreshHolder(ctx, reader, &f, req.Namespace, h); err != nil {
@@ -234,6 +264,9 @@ func (r *Reconciler) gather(ctx context.Context, req reconcile.Request, reader c
 	}
 	if len(f.Grants) == 0 {
 		return f, nil // at most a stale holder to clear; no issuing
+	}
+	if err := r.gatherSlots(ctx, reader, &f, req.Namespace); err != nil {
+		return f, err
 	}
 	params, err := r.Keyring.Params(ctx)
 	if err != nil {
@@ -247,6 +280,47 @@ func (r *Reconciler) gather(ctx context.Context, req reconcile.Request, reader c
 		return f, err
 	}
 	return f, nil
+}
+
+// gatherSlots reads the counters of slots 1 and above of a resource with
+// permits, directly like slot 0's, with their holders: every slot below the
+// largest permits a live grant names, and every slot a live grant's status
+// names. An exclusive lock reads none.
+func (r *Reconciler) gatherSlots(ctx context.Context, reader client.Reader, f *grantplan.Facts, ns string) error {
+	want := map[int32]bool{}
+	for i := range f.Grants {
+		g := &f.Grants[i]
+		if g.Status.Phase.Final() {
+			continue
+		}
+		for k := int32(1); k < min(g.Spec.EffectivePermits(), lockingv1alpha1.MaxPermits); k++ {
+			want[k] = true
+		}
+		if k := g.HeldSlot(); k > 0 && k < lockingv1alpha1.MaxPermits {
+			want[k] = true
+		}
+	}
+	if len(want) == 0 {
+		return nil
+	}
+	f.SlotCounters = make(map[int32]*lockingv1alpha1.FenceCounter, len(want))
+	for k := range want {
+		c := &lockingv1alpha1.FenceCounter{}
+		key := types.NamespacedName{Namespace: ns, Name: lockingv1alpha1.FenceCounterName(lockingv1alpha1.SlotResource(f.Resource, k))}
+		switch err := reader.Get(ctx, key, c); {
+		case apierrors.IsNotFound(err):
+			continue
+		case err != nil:
+			return fmt.Errorf("reading fence counter of permit %d: %w", k, err)
+		}
+		f.SlotCounters[k] = c
+		if h := c.Spec.Holder; h != nil {
+			if err := r.refreshHolder(ctx, reader, f, ns, h); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
 }
 
 // policies reads the GuardPolicies the grants name, from the cache.
@@ -313,12 +387,23 @@ func (r *Reconciler) refreshHolder(ctx context.Context, reader client.Reader, f 
 // of the two gets a Conflict, so a renew is never reported while the
 // resource has already gone to the next waiter. A Conflict here makes the
 // whole pass gather again. The returned plan no longer lists that status.
-func (r *Reconciler) endHolderFirst(ctx context.Context, counter *lockingv1alpha1.FenceCounter, p grantplan.Plan) (grantplan.Plan, error) {
-	if counter == nil || counter.Spec.Holder == nil || p.Counter == nil {
-		return p, nil
+//
+// With permits, this holds for every slot whose counter changes.
+func (r *Reconciler) endHolderFirst(ctx context.Context, f grantplan.Facts, p grantplan.Plan) (grantplan.Plan, error) {
+	for k, next := range counterWrites(f, p) {
+		if counter := counterOf(f, k); counter != nil && counter.Spec.Holder != nil && next != nil {
+			var err error
+			if p, err = r.endHolder(ctx, counter.Spec.Holder, p); err != nil {
+				return p, err
+			}
+		}
 	}
+	return p, nil
+}
+
+func (r *Reconciler) endHolder(ctx context.Context, holder *lockingv1alpha1.FenceHolder, p grantplan.Plan) (grantplan.Plan, error) {
 	for i, g := range p.Statuses {
-		if string(g.UID) != counter.Spec.Holder.UID || !g.Status.Phase.Final() {
+		if string(g.UID) != holder.UID || !g.Status.Phase.Final() {
 			continue
 		}
 		if err := r.Client.Status().Update(ctx, g); err != nil && !apierrors.IsNotFound(err) {
@@ -332,6 +417,51 @@ func (r *Reconciler) endHolderFirst(ctx context.Context, counter *lockingv1alpha
 		return p, nil
 	}
 	return p, nil
+}
+
+// counterOf is the counter of slot k as gathered.
+func counterOf(f grantplan.Facts, k int32) *lockingv1alpha1.FenceCounter {
+	if k == 0 {
+		return f.Counter
+	}
+	return f.SlotCounters[k]
+}
+
+// counterWrites yields the plan's counter writes, slot 0 first, then by
+// slot.
+func counterWrites(f grantplan.Facts, p grantplan.Plan) func(func(int32, *lockingv1alpha1.FenceCounterSpec) bool) {
+	return func(yield func(int32, *lockingv1alpha1.FenceCounterSpec) bool) {
+		if p.Counter != nil && !yield(0, p.Counter) {
+			return
+		}
+		for _, k := range slices.Sorted(maps.Keys(p.SlotCounters)) {
+			if !yield(k, p.SlotCounters[k]) {
+				return
+			}
+		}
+	}
+}
+
+// writeCounters applies the plan's counter writes, each by
+// compare-and-swap (writeCounter), slot 0 first. It returns each slot's
+// counter resourceVersion after the write or as read.
+func (r *Reconciler) writeCounters(ctx context.Context, ns string, f grantplan.Facts, p grantplan.Plan) (map[int32]string, error) {
+	revs := map[int32]string{}
+	if f.Counter != nil {
+		revs[0] = f.Counter.ResourceVersion
+	}
+	for k, c := range f.SlotCounters {
+		revs[k] = c.ResourceVersion
+	}
+	for k, next := range counterWrites(f, p) {
+		key := reconcile.Request{NamespacedName: types.NamespacedName{Namespace: ns, Name: lockingv1alpha1.FenceCounterName(next.Resource)}}
+		rev, err := r.writeCounter(ctx, key, counterOf(f, k), next)
+		if err != nil {
+			return nil, err
+		}
+		revs[k] = rev
+	}
+	return revs, nil
 }
 
 // writeCounter applies the counter's new spec by compare-and-swap: an update

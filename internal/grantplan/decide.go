@@ -47,6 +47,12 @@ const (
 	// ReasonLockDelay means the next in line waits out the lock-delay of
 	// a holder whose lease ended without a release.
 	ReasonLockDelay = "LockDelay"
+	// ReasonOverLimit means a Held grant's slot is no longer below the
+	// resource's limit of permits (condition WithinLimit False): the limit
+	// was lowered after it was granted. It keeps its slot and its fence.
+	ReasonOverLimit = "OverLimit"
+	// ReasonWithinLimit means the limit covers the grant's slot again.
+	ReasonWithinLimit = "WithinLimit"
 )
 
 // Facts is what one decision about a resource needs.
@@ -58,8 +64,15 @@ type Facts struct {
 	// Resource is the resource ID.
 	Resource string
 	// Counter is the resource's FenceCounter from a direct read; nil when
-	// it does not exist yet.
+	// it does not exist yet. It is slot 0's counter: the only one of an
+	// exclusive lock.
 	Counter *lockingv1alpha1.FenceCounter
+	// SlotCounters are the FenceCounters of slots 1 and above of a
+	// resource with permits (LockGrantSpec.Permits), by slot, read like
+	// Counter; a slot whose counter does not exist yet has no entry. The
+	// controller reads every slot below the largest permits a live grant
+	// names, and every slot a live grant's status names.
+	SlotCounters map[int32]*lockingv1alpha1.FenceCounter
 	// Grants are every LockGrant of the resource in the namespace.
 	Grants []lockingv1alpha1.LockGrant
 	// Epoch is the current issuer epoch, revoked the revoked epochs.
@@ -121,11 +134,15 @@ type Event struct {
 
 // Plan is the outcome of Decide: what to write, in order.
 type Plan struct {
-	// Counter is the counter's new spec, or nil when it does not change.
+	// Counter is slot 0's counter's new spec, or nil when it does not
+	// change.
 	Counter *lockingv1alpha1.FenceCounterSpec
-	// Granted is the grant that becomes Held in this pass, if any; its
-	// status is written first.
-	Granted *lockingv1alpha1.LockGrant
+	// SlotCounters are the new specs of the counters of slots 1 and
+	// above that change, by slot.
+	SlotCounters map[int32]*lockingv1alpha1.FenceCounterSpec
+	// Granted are the grants that become Held in this pass, in FIFO
+	// order; their statuses are written first.
+	Granted []*lockingv1alpha1.LockGrant
 	// Statuses are the grants whose status changes, with the new status set.
 	Statuses []*lockingv1alpha1.LockGrant
 	// Deletes are finished grants past their retention.
@@ -176,11 +193,36 @@ func waitDeadline(g *lockingv1alpha1.LockGrant) time.Time {
 	return requestedAt(g).Add(time.Duration(g.Spec.WaitTimeoutSeconds) * time.Second)
 }
 
+// slot is what a pass knows and decides about one slot of the resource.
+type slot struct {
+	counter *lockingv1alpha1.FenceCounter
+	holder  *lockingv1alpha1.FenceHolder
+	fence   int64
+	// live: the holder's grant goes on holding after this pass.
+	live bool
+	// end is how the holder ended, when it did and its grant is listed: a
+	// release ends it without lock-delay.
+	end lockingv1alpha1.LockGrantPhase
+	// stray: the counter names a grant that holds another slot (two
+	// deciders raced to grant one waiter two slots); it is freed.
+	stray bool
+	// next is the counter's new spec, if it changes.
+	next *lockingv1alpha1.FenceCounterSpec
+	// delayUntil is the end of the slot's lock-delay, zero without one.
+	delayUntil time.Time
+}
+
 // Decide computes, from the facts alone, every change for one resource: who
 // holds it (FIFO by admission time), the next fence (fencing.NextFence over
 // the counter, in the current issuer epoch), which grants end (released,
 // expired at expiresAt, timed out, revoked), renewals, queue positions, and
 // the next deadline to requeue at. It does no I/O.
+//
+// A resource with permits is a set of slots, each decided by the rules of
+// an exclusive lock on its own counter; the slots share one FIFO queue,
+// whose head is granted the lowest free slot below the limit (Limit) while
+// fewer grants hold than the limit allows. Nobody behind the head is
+// granted before it.
 func Decide(f Facts) Plan {
 	p := Plan{PolicyGenerations: map[string]int64{}}
 	for name, pol := range f.Policies {
@@ -192,32 +234,47 @@ func Decide(f Facts) Plan {
 	grants := slices.Clone(f.Grants)
 	slices.SortFunc(grants, fifo)
 
-	var holder *lockingv1alpha1.FenceHolder
-	var fence int64
-	if f.Counter != nil {
-		holder, fence = f.Counter.Spec.Holder, f.Counter.Spec.Fence
+	slots := map[int32]*slot{0: {counter: f.Counter}}
+	for k, c := range f.SlotCounters {
+		if k > 0 && k < lockingv1alpha1.MaxPermits {
+			slots[k] = &slot{counter: c}
+		}
 	}
-	holderLive := false
-	// holderEnd is how the counter's holder ended, when it did and its
-	// grant is listed: a release ends it without lock-delay.
-	var holderEnd lockingv1alpha1.LockGrantPhase
+	// named: the slots whose counter names each grant, lowest first.
+	named := map[string][]int32{}
+	for _, k := range slotNumbers(slots) {
+		sl := slots[k]
+		if sl.counter == nil {
+			continue
+		}
+		sl.holder, sl.fence = sl.counter.Spec.Holder, sl.counter.Spec.Fence
+		if sl.holder != nil {
+			named[sl.holder.UID] = append(named[sl.holder.UID], k)
+		}
+	}
 	var waiting []*lockingv1alpha1.LockGrant
+	var holding []*lockingv1alpha1.LockGrant
 	deadlines := []time.Time{}
 
 	for i := range grants {
+		own, isHolder := ownSlot(&grants[i], named[string(grants[i].UID)], slots)
+		for _, k := range named[string(grants[i].UID)] {
+			if !isHolder || k != own {
+				slots[k].stray = true
+			}
+		}
 		if quiet(&grants[i], f) {
 			continue // a finished grant with nothing left to do: no copy
 		}
 		g := grants[i].DeepCopy()
 		old := g.Status.DeepCopy()
 		st := &g.Status
-		isHolder := holder != nil && string(g.UID) == holder.UID
 		switch {
 		case st.Phase.Final():
 			// Nothing ever changes a final grant; it is deleted once its
 			// retention has passed.
 			if isHolder {
-				holderEnd = st.Phase
+				slots[own].end = st.Phase
 			}
 			if f.Retention > 0 && st.EndedAt != nil {
 				gone := st.EndedAt.Add(f.Retention)
@@ -228,11 +285,12 @@ func Decide(f Facts) Plan {
 				}
 			}
 		case isHolder:
+			sl := slots[own]
 			if st.Phase != lockingv1alpha1.PhaseHeld {
 				// The counter names it but its status was never written
 				// (a crash between the two writes): converge on the
 				// counter's fence, never issue another.
-				p.Events = append(p.Events, hold(g, holder.Fence, now))
+				p.Events = append(p.Events, hold(g, own, f.Resource, sl.holder.Fence, now))
 			}
 			lapses, serr := f.session(g)
 			if reason, msg := f.revocation(g); reason != "" {
@@ -245,11 +303,12 @@ func Decide(f Facts) Plan {
 				p.Events = append(p.Events, e...)
 			} else {
 				p.Events = append(p.Events, e...)
-				holderLive = true
+				sl.live = true
+				holding = append(holding, g)
 				deadlines = append(deadlines, st.ExpiresAt.Time, lapses)
 			}
-			if !holderLive {
-				holderEnd = st.Phase
+			if !sl.live {
+				sl.end = st.Phase
 			}
 		case st.Phase == lockingv1alpha1.PhaseHeld:
 			// Held in status but no longer the counter's holder: the
@@ -286,58 +345,105 @@ func Decide(f Facts) Plan {
 		}
 	}
 
-	// Lock-delay: a holder whose lease ended without a release (expired,
-	// session lapsed, revoked, its grant deleted) keeps the resource from
-	// being granted for its delay, counted from when this pass saw it end,
-	// so that its in-flight effects on resources that cannot check a fence
-	// can drain. The counter keeps the instant, so the delay survives the
-	// grant's deletion and a restart.
-	var delayUntil time.Time
-	if f.Counter != nil && f.Counter.Spec.LockDelayUntil != "" {
-		t, err := time.Parse(time.RFC3339Nano, f.Counter.Spec.LockDelayUntil)
-		if err != nil {
-			// Unreadable (edited by hand): nobody is granted until it is
-			// corrected.
-			t = f.Now.Add(lockingv1alpha1.MaxLockDelaySeconds * time.Second)
+	// Lock-delay, per slot: a holder whose lease ended without a release
+	// (expired, session lapsed, revoked, its grant deleted) keeps its slot
+	// from being granted for its delay, counted from when this pass saw it
+	// end, so that its in-flight effects on resources that cannot check a
+	// fence can drain. The counter keeps the instant, so the delay
+	// survives the grant's deletion and a restart.
+	for _, sl := range slots {
+		if sl.counter != nil && sl.counter.Spec.LockDelayUntil != "" {
+			t, err := time.Parse(time.RFC3339Nano, sl.counter.Spec.LockDelayUntil)
+			if err != nil {
+				// Unreadable (edited by hand): nobody is granted the slot
+				// until it is corrected.
+				t = f.Now.Add(lockingv1alpha1.MaxLockDelaySeconds * time.Second)
+			}
+			sl.delayUntil = t
 		}
-		delayUntil = t
-	}
-	if !holderLive && holder != nil && holder.LockDelaySeconds > 0 && holderEnd != lockingv1alpha1.PhaseReleased {
-		if until := f.Now.Add(time.Duration(holder.LockDelaySeconds) * time.Second); until.After(delayUntil) {
-			delayUntil = until
+		if h := sl.holder; !sl.live && h != nil && !sl.stray && h.LockDelaySeconds > 0 && sl.end != lockingv1alpha1.PhaseReleased {
+			if until := f.Now.Add(time.Duration(h.LockDelaySeconds) * time.Second); until.After(sl.delayUntil) {
+				sl.delayUntil = until
+			}
 		}
-	}
-	delayed := !delayUntil.IsZero() && !fencing.Expired(delayUntil, f.Now)
-	if delayed {
-		deadlines = append(deadlines, delayUntil)
+		if sl.delayed(f.Now) {
+			deadlines = append(deadlines, sl.delayUntil)
+		}
 	}
 
-	// Hand the resource to the first waiter when nobody holds it, unless
-	// the fence space is exhausted (a counter raised to the int64 limit by
-	// hand): then nobody is granted, rather than a fence that wraps around.
-	if !holderLive && len(waiting) > 0 && fence < math.MaxInt64 && !delayed {
+	// Hand free slots to the waiters, head first: the head gets the
+	// lowest-numbered free slot below the limit, while fewer grants hold
+	// than the limit allows. A slot is free when its holder ended or is
+	// gone, its lock-delay is over and its fence space is not exhausted
+	// (a counter raised to the int64 limit by hand: nobody is granted it,
+	// rather than a fence that wraps around). When the head cannot be
+	// granted nobody behind it is.
+	limit := Limit(holding, waiting)
+	count := int32(len(holding))
+	var headDelay time.Time
+	for len(waiting) > 0 && count < limit {
+		k, delay, ok := freeSlot(slots, limit, f.Now)
+		if !ok {
+			headDelay = delay
+			break
+		}
 		next := waiting[0]
 		waiting = waiting[1:]
-		fence = fencing.NextFence(fence, f.Epoch)
-		p.Counter = &lockingv1alpha1.FenceCounterSpec{
-			Resource: f.Resource,
+		sl := slots[k]
+		if sl == nil {
+			sl = &slot{}
+			slots[k] = sl
+		}
+		fence := fencing.NextFence(sl.fence, f.Epoch)
+		sl.fence, sl.live = fence, true
+		sl.next = &lockingv1alpha1.FenceCounterSpec{
+			Resource: lockingv1alpha1.SlotResource(f.Resource, k),
 			Fence:    fence,
 			Holder: &lockingv1alpha1.FenceHolder{
 				Name: next.Name, UID: string(next.UID), Owner: next.Spec.Owner, Fence: fence,
 				LockDelaySeconds: next.Spec.LockDelaySeconds,
 			},
 		}
-		p.Events = append(p.Events, hold(next, fence, now))
+		p.Events = append(p.Events, hold(next, k, f.Resource, fence, now))
 		next.Status.ObservedRenewals = next.Spec.Renewals
-		p.Granted = next
+		p.Granted = append(p.Granted, next)
+		count++
 		deadlines = append(deadlines, next.Status.ExpiresAt.Time)
 		p.Statuses = slices.DeleteFunc(p.Statuses, func(g *lockingv1alpha1.LockGrant) bool { return g.UID == next.UID })
-	} else if !holderLive && holder != nil {
-		// The holder ended or is gone, and nobody waits or the lock-delay
-		// runs: free the resource, with the delay's end.
-		p.Counter = &lockingv1alpha1.FenceCounterSpec{Resource: f.Resource, Fence: fence}
-		if delayed {
-			p.Counter.LockDelayUntil = delayUntil.UTC().Format(time.RFC3339Nano)
+	}
+	// Free every slot whose holder ended or is gone, or whose counter names
+	// a grant that holds another slot, and that was not granted again: with
+	// the end of its lock-delay.
+	for _, k := range slotNumbers(slots) {
+		sl := slots[k]
+		if sl.next != nil || sl.live || sl.holder == nil {
+			continue
+		}
+		sl.next = &lockingv1alpha1.FenceCounterSpec{Resource: lockingv1alpha1.SlotResource(f.Resource, k), Fence: sl.fence}
+		if sl.delayed(f.Now) {
+			sl.next.LockDelayUntil = sl.delayUntil.UTC().Format(time.RFC3339Nano)
+		}
+	}
+	for k, sl := range slots {
+		switch {
+		case sl.next == nil:
+		case k == 0:
+			p.Counter = sl.next
+		default:
+			if p.SlotCounters == nil {
+				p.SlotCounters = map[int32]*lockingv1alpha1.FenceCounterSpec{}
+			}
+			p.SlotCounters[k] = sl.next
+		}
+	}
+
+	// Holders whose slot is at or above a lowered limit keep it; their
+	// WithinLimit condition says so.
+	for _, g := range holding {
+		old := g.Status.DeepCopy()
+		withinLimit(g, limit, now)
+		if !equalStatus(old, &g.Status) && !slices.Contains(p.Statuses, g) {
+			p.Statuses = append(p.Statuses, g)
 		}
 	}
 
@@ -353,8 +459,8 @@ func Decide(f Facts) Plan {
 		if joins || pos == 0 || g.Status.QueuePosition == nil {
 			g.Status.QueuePosition = &pos
 		}
-		if delayed && i == 0 {
-			setReady(g, metav1.ConditionFalse, ReasonLockDelay, "Next in line; the last holder's lease ended without a release, so the resource is granted again at "+delayUntil.UTC().Format(time.RFC3339Nano)+" (lock-delay)", now)
+		if !headDelay.IsZero() && i == 0 {
+			setReady(g, metav1.ConditionFalse, ReasonLockDelay, "Next in line; the last holder's lease ended without a release, so the resource is granted again at "+headDelay.UTC().Format(time.RFC3339Nano)+" (lock-delay)", now)
 		} else {
 			setReady(g, metav1.ConditionFalse, ReasonPending, "Waiting in the queue for the resource", now)
 		}
@@ -362,8 +468,8 @@ func Decide(f Facts) Plan {
 			p.Statuses = append(p.Statuses, g)
 		}
 	}
-	if p.Granted != nil {
-		p.Statuses = append([]*lockingv1alpha1.LockGrant{p.Granted}, p.Statuses...)
+	if len(p.Granted) > 0 {
+		p.Statuses = append(slices.Clone(p.Granted), p.Statuses...)
 	}
 
 	for _, d := range deadlines {
@@ -375,6 +481,93 @@ func Decide(f Facts) Plan {
 		}
 	}
 	return p
+}
+
+// Limit is the number of permits in force for a resource: the permits of
+// its most recently requested live grant, in FIFO order, among those
+// holding and those waiting; 1 when there is none. Every request for a
+// resource should name the same permits; a new value takes effect with the
+// requests that name it.
+func Limit(holding, waiting []*lockingv1alpha1.LockGrant) int32 {
+	var last *lockingv1alpha1.LockGrant
+	for _, g := range slices.Concat(holding, waiting) {
+		if last == nil || fifo(*g, *last) > 0 {
+			last = g
+		}
+	}
+	if last == nil {
+		return 1
+	}
+	return min(last.Spec.EffectivePermits(), lockingv1alpha1.MaxPermits)
+}
+
+// ownSlot is the slot a grant holds, given the slots whose counter names it
+// (lowest first): the one its status names once it is Held or ended
+// (slot 0 when its status names none), else the lowest, which the pass
+// then converges it on. It reports false when no counter names it in that
+// slot.
+func ownSlot(g *lockingv1alpha1.LockGrant, named []int32, slots map[int32]*slot) (int32, bool) {
+	if len(named) == 0 {
+		return 0, false
+	}
+	if g.Status.Phase == lockingv1alpha1.PhaseHeld || g.Status.Phase.Final() {
+		k := g.HeldSlot()
+		return k, slices.Contains(named, k) && slots[k] != nil
+	}
+	return named[0], true
+}
+
+// freeSlot returns the lowest-numbered slot below limit that may be granted
+// now. When none may, it returns the earliest end of a lock-delay that
+// holds one back (zero when none does).
+func freeSlot(slots map[int32]*slot, limit int32, now time.Time) (int32, time.Time, bool) {
+	var delay time.Time
+	for k := range limit {
+		sl := slots[k]
+		if sl == nil {
+			return k, time.Time{}, true
+		}
+		if sl.live || sl.fence == math.MaxInt64 {
+			continue
+		}
+		if sl.delayed(now) {
+			if delay.IsZero() || sl.delayUntil.Before(delay) {
+				delay = sl.delayUntil
+			}
+			continue
+		}
+		return k, time.Time{}, true
+	}
+	return 0, delay, false
+}
+
+func (sl *slot) delayed(now time.Time) bool {
+	return !sl.delayUntil.IsZero() && !fencing.Expired(sl.delayUntil, now)
+}
+
+func slotNumbers(slots map[int32]*slot) []int32 {
+	ks := make([]int32, 0, len(slots))
+	for k := range slots {
+		ks = append(ks, k)
+	}
+	slices.Sort(ks)
+	return ks
+}
+
+// withinLimit sets the WithinLimit condition of a live holder: False
+// (OverLimit) while its slot is at or above the limit, True again once it
+// is below after having been False. An exclusive lock never gets it.
+func withinLimit(g *lockingv1alpha1.LockGrant, limit int32, now metav1.MicroTime) {
+	k := g.HeldSlot()
+	if k >= limit {
+		setCond(g, lockingv1alpha1.ConditionWithinLimit, metav1.ConditionFalse, ReasonOverLimit,
+			fmt.Sprintf("Holds permit %d while the resource's limit is %d permits; it keeps its permit and fence until it is released or expires, and nobody is granted while %d or more grants hold", k, limit, limit), now)
+		return
+	}
+	if c := meta.FindStatusCondition(g.Status.Conditions, lockingv1alpha1.ConditionWithinLimit); c != nil && c.Status != metav1.ConditionTrue {
+		setCond(g, lockingv1alpha1.ConditionWithinLimit, metav1.ConditionTrue, ReasonWithinLimit,
+			fmt.Sprintf("Holds permit %d within the resource's limit of %d permits", k, limit), now)
+	}
 }
 
 // detail is the sentence of a refusal, without its reason code.
@@ -398,11 +591,17 @@ func quiet(g *lockingv1alpha1.LockGrant, f Facts) bool {
 	return true
 }
 
-// hold makes g Held with fence from now.
-func hold(g *lockingv1alpha1.LockGrant, fence int64, now metav1.MicroTime) Event {
+// hold makes g Held in slot k of resource with fence from now. The slot is
+// written in the status unless it is slot 0 of a grant that asks for one
+// permit, whose status stays that of an exclusive lock.
+func hold(g *lockingv1alpha1.LockGrant, k int32, resource string, fence int64, now metav1.MicroTime) Event {
 	st := &g.Status
 	st.Phase = lockingv1alpha1.PhaseHeld
 	st.FenceToken = fence
+	st.Permit, st.FencedResource = nil, ""
+	if k > 0 || g.Spec.EffectivePermits() > 1 {
+		st.Permit, st.FencedResource = &k, lockingv1alpha1.SlotResource(resource, k)
+	}
 	st.QueuePosition = nil
 	st.GrantedAt = &now
 	exp := metav1.NewMicroTime(now.Add(ttl(g)))
@@ -482,6 +681,7 @@ func setCond(g *lockingv1alpha1.LockGrant, t string, s metav1.ConditionStatus, r
 // comparison dominated the controller's CPU time).
 func equalStatus(a, b *lockingv1alpha1.LockGrantStatus) bool {
 	if a.Phase != b.Phase || a.FenceToken != b.FenceToken || a.ObservedRenewals != b.ObservedRenewals || a.Proof != b.Proof ||
+		a.FencedResource != b.FencedResource || !equalPtr(a.Permit, b.Permit) ||
 		!equalPtr(a.QueuePosition, b.QueuePosition) || !equalPtr(a.Record, b.Record) ||
 		!equalTime(a.GrantedAt, b.GrantedAt) || !equalTime(a.ExpiresAt, b.ExpiresAt) ||
 		!equalTime(a.LastRenewTime, b.LastRenewTime) || !equalTime(a.EndedAt, b.EndedAt) ||

@@ -256,7 +256,7 @@ func TestEqualStatusSeesEveryField(t *testing.T) {
 
 func TestDecideNeverWrapsAnExhaustedFence(t *testing.T) {
 	p := Decide(Facts{Now: sec(1), Resource: res, Counter: counter(math.MaxInt64, nil), Grants: []lockingv1alpha1.LockGrant{grant("b", 0, 5)}})
-	if p.Counter != nil || p.Granted != nil {
+	if p.Counter != nil || len(p.Granted) != 0 {
 		t.Fatalf("granted past the int64 limit: counter %+v", p.Counter)
 	}
 }
@@ -282,7 +282,7 @@ func TestHandoffWritesDoNotGrowWithTheQueue(t *testing.T) {
 			grants = append(grants, queued(fmt.Sprintf("w%03d", i), 1+float64(i)/1000, int32(i)))
 		}
 		p := Decide(Facts{Now: sec(2), Resource: res, Counter: counter(1, &a), Grants: grants})
-		if p.Granted == nil || p.Granted.Name != "w000" || p.Counter.Fence != 2 {
+		if len(p.Granted) != 1 || p.Granted[0].Name != "w000" || p.Counter.Fence != 2 {
 			t.Fatalf("%d waiting: granted %v, counter %+v; want w000 with fence 2", waiting, p.Granted, p.Counter)
 		}
 		want := 3 // a Released, w000 Held, w001 next

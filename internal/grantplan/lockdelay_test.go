@@ -27,7 +27,7 @@ func TestLockDelayAfterExpiry(t *testing.T) {
 	if s := statusOf(p, "a"); s == nil || s.Phase != lockingv1alpha1.PhaseExpired {
 		t.Fatalf("a at its expiry = %+v, want Expired", s)
 	}
-	if p.Granted != nil {
+	if len(p.Granted) != 0 {
 		t.Fatalf("b granted during a's lock-delay")
 	}
 	if p.Counter == nil || p.Counter.Holder != nil || p.Counter.Fence != 1 || !delayUntil(p.Counter).Equal(sec(8)) {
@@ -45,11 +45,11 @@ func TestLockDelayAfterExpiry(t *testing.T) {
 	freed := &lockingv1alpha1.FenceCounter{Spec: *p.Counter}
 	ended := *statusOf(p, "a")
 	a.Status = ended
-	if p := Decide(Facts{Now: sec(7.9), Resource: res, Counter: freed, Grants: []lockingv1alpha1.LockGrant{a, b}}); p.Granted != nil || p.Counter != nil {
+	if p := Decide(Facts{Now: sec(7.9), Resource: res, Counter: freed, Grants: []lockingv1alpha1.LockGrant{a, b}}); len(p.Granted) != 0 || p.Counter != nil {
 		t.Fatalf("at t=7.9 the plan grants or moves the counter: %+v", p.Counter)
 	}
 	p = Decide(Facts{Now: sec(8), Resource: res, Counter: freed, Grants: []lockingv1alpha1.LockGrant{a, b}})
-	if p.Granted == nil || p.Granted.Name != "b" || p.Counter.Fence != 2 || p.Counter.LockDelayUntil != "" {
+	if len(p.Granted) == 0 || p.Granted[0].Name != "b" || p.Counter.Fence != 2 || p.Counter.LockDelayUntil != "" {
 		t.Fatalf("at t=8: granted %v, counter %+v; want b with fence 2 and no delay", p.Granted, p.Counter)
 	}
 }
@@ -61,7 +61,7 @@ func TestNoLockDelayAfterRelease(t *testing.T) {
 	a.Spec.Release = true
 	b := grant("b", 1, 5)
 	p := Decide(Facts{Now: sec(2), Resource: res, Counter: c, Grants: []lockingv1alpha1.LockGrant{a, b}})
-	if p.Granted == nil || p.Granted.Name != "b" || p.Counter.LockDelayUntil != "" {
+	if len(p.Granted) == 0 || p.Granted[0].Name != "b" || p.Counter.LockDelayUntil != "" {
 		t.Fatalf("after a release: granted %v, counter %+v; want b at once", p.Granted, p.Counter)
 	}
 }
@@ -72,7 +72,7 @@ func TestLockDelayOfADeletedHolder(t *testing.T) {
 	_, c := delayedHolder(2, 5)
 	b := grant("b", 1, 5)
 	p := Decide(Facts{Now: sec(3), Resource: res, Counter: c, Grants: []lockingv1alpha1.LockGrant{b}})
-	if p.Granted != nil || p.Counter == nil || !delayUntil(p.Counter).Equal(sec(5)) {
+	if len(p.Granted) != 0 || p.Counter == nil || !delayUntil(p.Counter).Equal(sec(5)) {
 		t.Fatalf("after the holder's grant vanished: granted %v, counter %+v; want nobody until t=5", p.Granted, p.Counter)
 	}
 }
@@ -99,7 +99,7 @@ func TestUnreadableLockDelayGrantsNobody(t *testing.T) {
 	c := counter(1, nil)
 	c.Spec.LockDelayUntil = "yesterday"
 	p := Decide(Facts{Now: sec(2), Resource: res, Counter: c, Grants: []lockingv1alpha1.LockGrant{grant("b", 1, 5)}})
-	if p.Granted != nil {
+	if len(p.Granted) != 0 {
 		t.Fatalf("granted under an unreadable lock-delay")
 	}
 }

@@ -10,6 +10,14 @@ import (
 // this pass. revision is the FenceCounter's resourceVersion after the fence
 // was issued. A record, once published, never changes.
 func Sign(p Plan, params issuer.Params, revision string) {
+	SignSlots(p, params, func(int32) string { return revision })
+}
+
+// SignSlots is Sign for a resource with permits: revision(k) is the
+// resourceVersion of slot k's FenceCounter after the fence was issued. The
+// record names the grant's fenced resource ID (the slot's), so that a
+// verifier bound to another slot refuses it.
+func SignSlots(p Plan, params issuer.Params, revision func(slot int32) string) {
 	for _, g := range p.Statuses {
 		st := &g.Status
 		if st.Phase != lockingv1alpha1.PhaseHeld || st.Record != nil {
@@ -17,7 +25,7 @@ func Sign(p Plan, params issuer.Params, revision string) {
 		}
 		r := fencing.Record{
 			Namespace:        g.Namespace,
-			Resource:         g.Spec.Resource,
+			Resource:         g.HeldFencedResource(),
 			Owner:            g.Spec.Owner,
 			RequestID:        g.Spec.RequestID,
 			Grant:            g.Name,
@@ -25,7 +33,7 @@ func Sign(p Plan, params issuer.Params, revision string) {
 			OperationRoot:    g.Spec.OperationRoot,
 			OperationClass:   g.Spec.OperationClass,
 			Fence:            st.FenceToken,
-			BackendRevision:  revision,
+			BackendRevision:  revision(g.HeldSlot()),
 			Policy:           g.Spec.Policy,
 			PolicyGeneration: p.PolicyGenerations[g.Spec.Policy],
 			IssuerEpoch:      fencing.EpochOf(st.FenceToken),

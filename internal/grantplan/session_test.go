@@ -29,7 +29,7 @@ func TestDecideDeadWaiterIsWithdrawnAndTheNextLiveOneGranted(t *testing.T) {
 			"s-dead": session("s-dead", "owner-dead", 1.5), // last change seen at 1.5 s: lapsed at 7.5 s
 			"s-live": session("s-live", "owner-live", 7),
 		}})
-	if p.Granted == nil || p.Granted.Name != "live" || p.Counter.Fence != 2 {
+	if len(p.Granted) == 0 || p.Granted[0].Name != "live" || p.Counter.Fence != 2 {
 		t.Fatalf("granted %v with counter %+v, want live with fence 2", p.Granted, p.Counter)
 	}
 	d := statusOf(p, "dead")
@@ -67,7 +67,7 @@ func TestDecideHolderWhoseSessionLapsedEndsAndKeepsItsFence(t *testing.T) {
 	if s := statusOf(p, "a"); s == nil || s.Phase != lockingv1alpha1.PhaseExpired || s.FenceToken != 4 || readyReason(s) != ReasonSessionExpired {
 		t.Fatalf("a = %+v, want Expired (SESSION_EXPIRED) with fence 4", s)
 	}
-	if p.Granted == nil || p.Granted.Name != "b" || p.Counter.Fence != 5 {
+	if len(p.Granted) == 0 || p.Granted[0].Name != "b" || p.Counter.Fence != 5 {
 		t.Fatalf("granted %v, counter %+v; want b with fence 5", p.Granted, p.Counter)
 	}
 }
@@ -81,8 +81,8 @@ func TestDecideSessionMustBeTheOwnersAndTheSameLease(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			w := withSession(grant("w", 0, 20), "s")
 			p := Decide(Facts{Now: sec(1), Resource: res, Grants: []lockingv1alpha1.LockGrant{w}, Sessions: map[string]*fencing.Session{"s": s}})
-			if p.Granted != nil {
-				t.Fatalf("granted %s; a request without its own live session must never be granted", p.Granted.Name)
+			if len(p.Granted) != 0 {
+				t.Fatalf("granted %s; a request without its own live session must never be granted", p.Granted[0].Name)
 			}
 			if st := statusOf(p, "w"); st == nil || st.Phase != lockingv1alpha1.PhaseReleased {
 				t.Fatalf("w = %+v, want Released", st)
@@ -95,7 +95,7 @@ func TestDecideRequestWithoutSessionWaitsAsBefore(t *testing.T) {
 	a := held(grant("a", 0, 20), 1, 20)
 	w := grant("w", 1, 20)
 	p := Decide(Facts{Now: sec(100), Resource: res, Counter: counter(1, &a), Grants: []lockingv1alpha1.LockGrant{a, w}})
-	if p.Granted == nil || p.Granted.Name != "w" {
+	if len(p.Granted) == 0 || p.Granted[0].Name != "w" {
 		t.Fatalf("granted %v, want w once a expired", p.Granted)
 	}
 }

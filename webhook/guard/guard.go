@@ -235,7 +235,7 @@ func consume(req admission.Request, rec fencing.Accepted) admission.Response {
 func labelGuarding(w write) (guarding, error) {
 	oldGuarded, newGuarded := labeled(w.old), labeled(w.new)
 	resource, err := fencing.CheckLabelBinding(oldGuarded, newGuarded, annotation(w.old, lockingv1alpha1.ResourceAnnotation),
-		annotation(w.new, lockingv1alpha1.ResourceAnnotation), lockingv1alpha1.ResourceAnnotation, lockingv1alpha1.ValidResourceID)
+		annotation(w.new, lockingv1alpha1.ResourceAnnotation), lockingv1alpha1.ResourceAnnotation, lockingv1alpha1.ValidFencedResource)
 	if err != nil {
 		return guarding{}, err
 	}

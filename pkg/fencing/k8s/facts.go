@@ -39,8 +39,9 @@ func NamespaceTerminating(ctx context.Context, r client.Reader, name string) (bo
 	return ns.DeletionTimestamp != nil, nil
 }
 
-// ReadRegistry reads the grant ns/name and the FenceCounter of resource in
-// ns with r, both at once, and returns their facts; nil for one that does
+// ReadRegistry reads the grant ns/name and the FenceCounter of resource (a
+// fenced resource ID: a resource, or one slot "ID#k" of a resource with
+// permits) in ns with r, both at once, and returns their facts; nil for one that does
 // not exist. r must read from the API server (for example a client built
 // with client.New, not a manager's cached client): a stale grant or counter
 // could make a superseded write look current. The two reads may land in
@@ -76,14 +77,17 @@ func ReadRegistry(ctx context.Context, r client.Reader, ns, name, resource strin
 	return Grant(grant), Counter(counter), nil
 }
 
-// Grant returns the fencing facts of a LockGrant; nil for nil.
+// Grant returns the fencing facts of a LockGrant; nil for nil. Its resource
+// is the grant's fenced resource ID (LockGrant.HeldFencedResource): for a
+// grant of a resource with permits, the slot it holds, so that an object or
+// row bound to another slot refuses it (BINDING_MISMATCH).
 func Grant(g *lockingv1alpha1.LockGrant) *fencing.Grant {
 	if g == nil {
 		return nil
 	}
 	f := &fencing.Grant{
 		UID:      string(g.UID),
-		Resource: g.Spec.Resource,
+		Resource: g.HeldFencedResource(),
 		Owner:    g.Spec.Owner,
 		State:    State(g.Status.Phase),
 		Fence:    g.Status.FenceToken,
