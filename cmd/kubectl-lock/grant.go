@@ -277,8 +277,7 @@ func permitText(g *lockingv1alpha1.LockGrant) string {
 	if g.Spec.EffectivePermits() <= 1 && (g.Status.Permit == nil || *g.Status.Permit == 0) {
 		return ""
 	}
-	k, fenced := slotOf(g)
-	return fmt.Sprintf(" permit %d (%s)", k, fenced)
+	return fmt.Sprintf(" permit %d (%s)", g.HeldSlot(), g.HeldFencedResource())
 }
 
 // update is a lock.WithProgress callback.

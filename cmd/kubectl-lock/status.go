@@ -188,7 +188,7 @@ func statusOf(ns, resource string, grants []lockingv1alpha1.LockGrant, fc *locki
 		if g.Namespace != ns || g.Spec.Resource != resource {
 			continue
 		}
-		permit, fenced := slotOf(g)
+		permit, fenced := g.HeldSlot(), g.HeldFencedResource()
 		switch g.Status.Phase {
 		case lockingv1alpha1.PhaseHeld:
 			holding = append(holding, g)
@@ -210,7 +210,7 @@ func statusOf(ns, resource string, grants []lockingv1alpha1.LockGrant, fc *locki
 			st.HighestFence = max(st.HighestFence, g.Status.FenceToken)
 		}
 	}
-	st.Permits = limitOf(holding, waiting)
+	st.Permits = grantplan.Limit(holding, waiting)
 	slices.SortFunc(st.Holders, func(x, y holderStatus) int { return cmp.Compare(x.Permit, y.Permit) })
 	for i := range st.Holders {
 		if st.Holders[i].Permit == 0 {
@@ -225,19 +225,6 @@ func statusOf(ns, resource string, grants []lockingv1alpha1.LockGrant, fc *locki
 		}
 	}
 	return st
-}
-
-// slotOf returns the slot a grant holds or held and its fenced resource ID:
-// slot 0, the resource ID itself, when its status names none.
-func slotOf(g *lockingv1alpha1.LockGrant) (int32, string) {
-	var k int32
-	if g.Status.Permit != nil {
-		k = *g.Status.Permit
-	}
-	if g.Status.FencedResource != "" {
-		return k, g.Status.FencedResource
-	}
-	return k, lockingv1alpha1.SlotResource(g.Spec.Resource, k)
 }
 
 // semaphore reports whether st is to be shown as a resource with permits:
@@ -431,20 +418,4 @@ func livePositions(items []lockingv1alpha1.LockGrant) map[types.UID]int32 {
 		}
 	}
 	return out
-}
-
-// limitOf is the limit of permits in force for a resource: the permits of
-// its most recently requested live grant (in the order the controller
-// serves requests), 1 when it has none.
-func limitOf(holding, waiting []*lockingv1alpha1.LockGrant) int32 {
-	var last *lockingv1alpha1.LockGrant
-	for _, g := range slices.Concat(holding, waiting) {
-		if last == nil || grantplan.FIFO(*g, *last) > 0 {
-			last = g
-		}
-	}
-	if last == nil {
-		return 1
-	}
-	return last.Spec.EffectivePermits()
 }

@@ -301,25 +301,10 @@ func (h *Handle) observe(now holder.Mono, g *lockingv1alpha1.LockGrant) {
 	}
 	h.last = g.DeepCopy()
 	if h.fenced == "" && g.Status.Phase == lockingv1alpha1.PhaseHeld {
-		h.permit, h.fenced = slotOf(g)
+		h.permit, h.fenced = g.HeldSlot(), g.HeldFencedResource()
 	}
 	h.m.Observe(now, holder.FactsOf(g))
 	h.bump()
-}
-
-// slotOf returns the slot a Held grant holds and its fenced resource ID.
-// A registry that knows no permits writes neither status.permit nor
-// status.fencedResource: its grants are exclusive, slot 0, the resource
-// itself.
-func slotOf(g *lockingv1alpha1.LockGrant) (int32, string) {
-	var k int32
-	if g.Status.Permit != nil {
-		k = *g.Status.Permit
-	}
-	if g.Status.FencedResource != "" {
-		return k, g.Status.FencedResource
-	}
-	return k, lockingv1alpha1.SlotResource(g.Spec.Resource, k)
 }
 
 // bump wakes everyone waiting on changed; h.mu held.

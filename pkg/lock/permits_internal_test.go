@@ -84,7 +84,6 @@ func TestHandleWritesUnderItsSlot(t *testing.T) {
 		{"slot 0", grantFixture(res, ptr.To[int32](0), res, res), 0, res},
 		{"slot 2", grantFixture(res, ptr.To[int32](2), res+"#2", res+"#2"), 2, res + "#2"},
 		{"slot 2, no record published", grantFixture(res, ptr.To[int32](2), res+"#2", ""), 2, res + "#2"},
-		{"slot 3 named by permit only", grantFixture(res, ptr.To[int32](3), "", ""), 3, res + "#3"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			h := heldHandle(t, tc.g)
