@@ -248,16 +248,20 @@ func printStatus(a *app, st *resourceStatus) {
 	case st.semaphore():
 		fmt.Fprintf(w, "Permits:\t%d (%d held)\n", st.Permits, len(st.Holders))
 		fmt.Fprintf(w, "Holders:\t%d\n", len(st.Holders))
+		// The holders' table is aligned on its own columns.
+		_ = w.Flush()
 		if len(st.Holders) > 0 {
-			fmt.Fprintf(w, "  PERMIT\tFENCED RESOURCE\tGRANT\tOWNER\tFENCE\tEXPIRES\n")
-		}
-		for i := range st.Holders {
-			h := &st.Holders[i]
-			permit := fmt.Sprint(h.Permit)
-			if h.OverLimit {
-				permit += " (over the limit)"
+			tw := printers.GetNewTabWriter(a.streams.Out)
+			fmt.Fprintf(tw, "  PERMIT\tFENCED RESOURCE\tGRANT\tOWNER\tFENCE\tEXPIRES\n")
+			for i := range st.Holders {
+				h := &st.Holders[i]
+				permit := fmt.Sprint(h.Permit)
+				if h.OverLimit {
+					permit += " (over the limit)"
+				}
+				fmt.Fprintf(tw, "  %s\t%s\t%s\t%s\t%d\t%s\n", permit, h.FencedResource, h.Grant, h.Owner, h.Fence, expires(h))
 			}
-			fmt.Fprintf(w, "  %s\t%s\t%s\t%s\t%d\t%s\n", permit, h.FencedResource, h.Grant, h.Owner, h.Fence, expires(h))
+			_ = tw.Flush()
 		}
 	case h != nil:
 		fmt.Fprintf(w, "Holder:\t%s (owner %s)\n", h.Grant, h.Owner)
