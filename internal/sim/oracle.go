@@ -68,6 +68,12 @@ type Report struct {
 	// LiveWaiterDropped: a request of a live client ended because its
 	// session was judged lapsed.
 	LiveWaiterDropped int
+	// Barged: a grant of a resource with permits issued while a request
+	// made before it still waited (FaultSemaphore).
+	Barged int
+	// OverLimit: more grants of a resource with permits holding at once
+	// than the largest permits any of them asked for (FaultSemaphore).
+	OverLimit int
 
 	// Faults injected, by kind.
 	Faults map[string]int
@@ -99,6 +105,8 @@ func (r *Report) Add(o *Report) {
 	r.MaxUnknown = max(r.MaxUnknown, o.MaxUnknown)
 	r.DeadWaiterGranted += o.DeadWaiterGranted
 	r.LiveWaiterDropped += o.LiveWaiterDropped
+	r.Barged += o.Barged
+	r.OverLimit += o.OverLimit
 	for k, v := range o.Rejected {
 		r.Rejected[k] += v
 	}
@@ -114,7 +122,7 @@ func (r *Report) Add(o *Report) {
 func (r *Report) Forbidden() int {
 	return r.StaleAccepted + r.ForgedAccepted + r.AuthFailMovedFence + r.ExpiredOwnerAccepted +
 		r.GapAccepted + r.RegressionAccepted + r.DoubleEffect + r.HolderLockedOut + r.TwoHolders + r.LockDelayBroken + r.UnknownNotReconciled +
-		r.DeadWaiterGranted + r.LiveWaiterDropped + (r.Accepted - r.AcceptedChecked)
+		r.DeadWaiterGranted + r.LiveWaiterDropped + r.Barged + r.OverLimit + (r.Accepted - r.AcceptedChecked)
 }
 
 // CheckedShare is the share of accepted mutations that passed the proof and
@@ -128,9 +136,9 @@ func (r *Report) CheckedShare() float64 {
 
 // Summary is the one-line summary `make faults` prints.
 func (r *Report) Summary() string {
-	return fmt.Sprintf("rounds=%d mutations=%d accepted=%d checked=%.1f%% stale_accepted=%d forged_accepted=%d auth_fail_moved_fence=%d expired_owner_accepted=%d gap_accepted=%d regression_accepted=%d double_effect=%d holder_locked_out=%d two_holders=%d lock_delay_broken=%d unknown_over_15m=%d max_unknown=%s dead_waiter_granted=%d live_waiter_dropped=%d",
+	return fmt.Sprintf("rounds=%d mutations=%d accepted=%d checked=%.1f%% stale_accepted=%d forged_accepted=%d auth_fail_moved_fence=%d expired_owner_accepted=%d gap_accepted=%d regression_accepted=%d double_effect=%d holder_locked_out=%d two_holders=%d lock_delay_broken=%d unknown_over_15m=%d max_unknown=%s dead_waiter_granted=%d live_waiter_dropped=%d barged=%d over_limit=%d",
 		r.Rounds, r.Offered, r.Accepted, r.CheckedShare(), r.StaleAccepted, r.ForgedAccepted, r.AuthFailMovedFence,
-		r.ExpiredOwnerAccepted, r.GapAccepted, r.RegressionAccepted, r.DoubleEffect, r.HolderLockedOut, r.TwoHolders, r.LockDelayBroken, r.UnknownNotReconciled, r.MaxUnknown, r.DeadWaiterGranted, r.LiveWaiterDropped)
+		r.ExpiredOwnerAccepted, r.GapAccepted, r.RegressionAccepted, r.DoubleEffect, r.HolderLockedOut, r.TwoHolders, r.LockDelayBroken, r.UnknownNotReconciled, r.MaxUnknown, r.DeadWaiterGranted, r.LiveWaiterDropped, r.Barged, r.OverLimit)
 }
 
 // history is the oracle's record of what really happened, kept apart from

@@ -2,15 +2,18 @@ package sim
 
 import (
 	"runtime"
+	"slices"
 	"sync"
 )
 
 // Round plays one round with the given faults, or, when faults is nil, a
-// random mix of one to four kinds chosen by the seed. It is deterministic:
+// random mix of one to four kinds chosen by the seed (one mixed round in
+// eight plays them on a resource with permits, FaultSemaphore). It is deterministic:
 // the same seed and faults give the same report.
 func Round(seed uint64, faults []Fault) *Report {
 	w := newWorld(seed, nil)
-	if faults == nil {
+	mixed := faults == nil
+	if mixed {
 		n := 1 + w.rng.IntN(4)
 		perm := w.rng.Perm(len(Faults))
 		for _, i := range perm[:n] {
@@ -19,6 +22,12 @@ func Round(seed uint64, faults []Fault) *Report {
 		if replicaRound(seed) {
 			faults = append(faults, FaultReplicas)
 		}
+	}
+	if slices.Contains(faults, FaultSemaphore) {
+		return newSemWorld(seed, faults).run()
+	}
+	if mixed && semaphoreRound(seed) {
+		return newSemWorld(seed, append(faults, FaultSemaphore)).run()
 	}
 	for _, f := range faults {
 		w.fault[f] = true

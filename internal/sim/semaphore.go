@@ -1,0 +1,479 @@
+package sim
+
+import (
+	"crypto/ed25519"
+	"fmt"
+	"math/rand/v2"
+	"slices"
+	"strconv"
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+
+	lockingv1alpha1 "github.com/lockwarden/lockwarden/api/v1alpha1"
+	"github.com/lockwarden/lockwarden/internal/grantplan"
+	"github.com/lockwarden/lockwarden/internal/issuer"
+	"github.com/lockwarden/lockwarden/pkg/fencing"
+	facts "github.com/lockwarden/lockwarden/pkg/fencing/k8s"
+)
+
+// FaultSemaphore plays a resource with permits (LockGrantSpec.Permits)
+// instead of an exclusive lock: workers ask for N permits, N shrinks and
+// grows mid-round, each holder writes to the store of its slot (and now and
+// then, by mistake, to another slot's), and the round's other faults that
+// apply to it play along: pause (writes that arrive after the lease),
+// controller-crash (a pass stops between the counter writes and the status
+// writes), lock-delay, and replicas (a second decider that applies plans
+// made on an older read, which can grant one waiter two slots). Not in
+// Faults: one mixed-schedule round in eight plays it (semaphoreRound).
+const FaultSemaphore Fault = "semaphore"
+
+// semaphoreRound reports whether a mixed-schedule round plays a resource
+// with permits.
+func semaphoreRound(seed uint64) bool { return seed>>23&7 == 0 }
+
+// semWorld is one semaphore round: the registry (grants and one counter per
+// slot), the slots' stores, the workers, the deciders and the oracle.
+type semWorld struct {
+	seed     uint64
+	s        scheduler
+	rng      *rand.Rand
+	rep      *Report
+	fault    map[Fault]bool
+	resource string
+	horizon  time.Duration
+	key      ed25519.PrivateKey
+
+	grants   map[types.UID]*lockingv1alpha1.LockGrant
+	counters map[string]*lockingv1alpha1.FenceCounter // by fenced resource ID
+	rv, uids int64
+	// limit is the permits that new requests name.
+	limit int32
+
+	// stores are the slots' protected resources: the last fence each
+	// accepted, and from which grant.
+	stores     map[string]int64
+	storeGrant map[string]types.UID
+
+	// The oracle's history, kept apart from the registry and the verifier.
+	issued     map[string]int64 // highest fence ever issued per fenced resource
+	ever       map[types.UID]bool
+	heldSince  map[types.UID]time.Duration
+	endedAt    map[types.UID]time.Duration
+	expiresAt  map[types.UID]time.Duration
+	slotOf     map[types.UID]string
+	delayUntil map[string]time.Duration
+	createdAt  map[types.UID]time.Duration
+	issuedAt   map[types.UID]time.Duration
+}
+
+func newSemWorld(seed uint64, faults []Fault) *semWorld {
+	k := make([]byte, ed25519.SeedSize)
+	copy(k, strconv.FormatUint(seed, 16))
+	w := &semWorld{
+		seed: seed, rng: rand.New(rand.NewPCG(seed, seed^0x5e3a)), rep: newReport(), fault: map[Fault]bool{},
+		resource: "batch/nightly", horizon: 40 * time.Second, key: ed25519.NewKeyFromSeed(k),
+		grants: map[types.UID]*lockingv1alpha1.LockGrant{}, counters: map[string]*lockingv1alpha1.FenceCounter{},
+		stores: map[string]int64{}, storeGrant: map[string]types.UID{},
+		issued: map[string]int64{}, ever: map[types.UID]bool{}, heldSince: map[types.UID]time.Duration{},
+		endedAt: map[types.UID]time.Duration{}, expiresAt: map[types.UID]time.Duration{}, slotOf: map[types.UID]string{},
+		delayUntil: map[string]time.Duration{}, createdAt: map[types.UID]time.Duration{}, issuedAt: map[types.UID]time.Duration{},
+	}
+	for _, f := range faults {
+		w.fault[f] = true
+	}
+	w.limit = 1 + w.rng.Int32N(4)
+	return w
+}
+
+func (w *semWorld) wall(t time.Duration) time.Time { return epochBase.Add(t) }
+
+func (w *semWorld) run() *Report {
+	w.rep.Rounds = 1
+	w.rep.Faults[string(FaultSemaphore)]++
+	workers := 2 + w.rng.IntN(6)
+	for i := range workers {
+		w.s.after(time.Duration(w.rng.IntN(500))*time.Millisecond, func() { w.acquire(fmt.Sprintf("worker-%d", i)) })
+	}
+	w.s.after(0, w.tick)
+	w.s.after(time.Duration(2+w.rng.IntN(5))*time.Second, w.changeLimit)
+	w.s.run(w.horizon)
+	return w.rep
+}
+
+// changeLimit has new requests name another number of permits.
+func (w *semWorld) changeLimit() {
+	n := 1 + w.rng.Int32N(5)
+	switch {
+	case n < w.limit:
+		w.rep.Faults["semaphore-shrink"]++
+	case n > w.limit:
+		w.rep.Faults["semaphore-grow"]++
+	}
+	w.limit = n
+	w.s.after(time.Duration(2+w.rng.IntN(6))*time.Second, w.changeLimit)
+}
+
+// tick runs the controller's passes: the primary decider every 100 ms, and
+// with FaultReplicas a second one that applies what it decided on an older
+// read.
+func (w *semWorld) tick() {
+	w.apply(w.gather())
+	if w.fault[FaultReplicas] && w.rng.IntN(3) == 0 {
+		ps := w.gather()
+		w.s.after(time.Duration(10+w.rng.IntN(300))*time.Millisecond, func() {
+			w.rep.Faults["semaphore-stale-decider"]++
+			w.apply(ps)
+		})
+	}
+	w.s.after(100*time.Millisecond, w.tick)
+}
+
+// semPass is one pass's read of the registry and its plan.
+type semPass struct {
+	f    grantplan.Facts
+	plan grantplan.Plan
+	// counterRV is each slot counter's resourceVersion as read; "" absent.
+	counterRV map[int32]string
+}
+
+// gather reads what the controller reads (counters of every slot below the
+// largest permits a live grant names, and every slot a live grant holds)
+// and decides.
+func (w *semWorld) gather() semPass {
+	f := grantplan.Facts{Now: w.wall(w.s.now), Resource: w.resource, Epoch: 0,
+		Params: issuer.Params{KeyID: "sim", Key: w.key}}
+	want := map[int32]bool{}
+	for _, uid := range w.grantUIDs() {
+		g := w.grants[uid]
+		f.Grants = append(f.Grants, *g.DeepCopy())
+		if g.Status.Phase.Final() {
+			continue
+		}
+		for k := int32(1); k < g.Spec.EffectivePermits(); k++ {
+			want[k] = true
+		}
+		if k := g.HeldSlot(); k > 0 {
+			want[k] = true
+		}
+	}
+	ps := semPass{counterRV: map[int32]string{}}
+	if c := w.counters[w.resource]; c != nil {
+		f.Counter = c.DeepCopy()
+		ps.counterRV[0] = c.ResourceVersion
+	}
+	for k := range want {
+		if c := w.counters[lockingv1alpha1.SlotResource(w.resource, k)]; c != nil {
+			if f.SlotCounters == nil {
+				f.SlotCounters = map[int32]*lockingv1alpha1.FenceCounter{}
+			}
+			f.SlotCounters[k] = c.DeepCopy()
+			ps.counterRV[k] = c.ResourceVersion
+		}
+	}
+	ps.f, ps.plan = f, grantplan.Decide(f)
+	return ps
+}
+
+func (w *semWorld) grantUIDs() []types.UID {
+	uids := make([]types.UID, 0, len(w.grants))
+	for uid := range w.grants {
+		uids = append(uids, uid)
+	}
+	slices.SortFunc(uids, compareUID)
+	return uids
+}
+
+// apply writes a plan as the controller does: the ends of the holders of
+// the slots whose counter changes, then each counter by compare-and-swap
+// (slot 0 first), then the statuses, each conditional on the version read;
+// a conflict ends the pass.
+func (w *semWorld) apply(ps semPass) {
+	p := ps.plan
+	statuses := slices.Clone(p.Statuses)
+	writes := map[int32]*lockingv1alpha1.FenceCounterSpec{}
+	if p.Counter != nil {
+		writes[0] = p.Counter
+	}
+	for k, s := range p.SlotCounters {
+		writes[k] = s
+	}
+	slots := make([]int32, 0, len(writes))
+	for k := range writes {
+		slots = append(slots, k)
+	}
+	slices.Sort(slots)
+	for _, k := range slots {
+		cur := ps.f.Counter
+		if k > 0 {
+			cur = ps.f.SlotCounters[k]
+		}
+		if cur == nil || cur.Spec.Holder == nil {
+			continue
+		}
+		for i, g := range statuses {
+			if string(g.UID) == cur.Spec.Holder.UID && g.Status.Phase.Final() {
+				if !w.writeStatus(g) {
+					return
+				}
+				statuses = append(statuses[:i:i], statuses[i+1:]...)
+				break
+			}
+		}
+	}
+	revs := map[int32]string{}
+	for k, rv := range ps.counterRV {
+		revs[k] = rv
+	}
+	for _, k := range slots {
+		id := lockingv1alpha1.SlotResource(w.resource, k)
+		cur := w.counters[id]
+		if (cur == nil && ps.counterRV[k] != "") || (cur != nil && cur.ResourceVersion != ps.counterRV[k]) {
+			return // Conflict: the next pass decides again
+		}
+		next := writes[k]
+		if cur != nil && next.Fence < cur.Spec.Fence {
+			panic(fmt.Sprintf("the plan lowers the fence of %s from %d to %d", id, cur.Spec.Fence, next.Fence))
+		}
+		if next.Holder != nil && (cur == nil || cur.Spec.Holder == nil || cur.Spec.Holder.UID != next.Holder.UID || cur.Spec.Fence != next.Fence) {
+			w.onIssue(id, types.UID(next.Holder.UID), next.Fence)
+		}
+		if cur == nil {
+			cur = &lockingv1alpha1.FenceCounter{ObjectMeta: metav1.ObjectMeta{Namespace: namespace, Name: lockingv1alpha1.FenceCounterName(id)}}
+			w.counters[id] = cur
+		}
+		cur.Spec = *next.DeepCopy()
+		w.rv++
+		cur.ResourceVersion = strconv.FormatInt(w.rv, 10)
+		revs[k] = cur.ResourceVersion
+	}
+	if w.fault[FaultControllerCrash] && len(slots) > 0 && w.rng.IntN(5) == 0 {
+		w.rep.Faults[string(FaultControllerCrash)]++
+		return // the restarted controller converges on the counters
+	}
+	p.Statuses = statuses
+	grantplan.SignSlots(p, ps.f.Params, func(k int32) string { return revs[k] })
+	for _, g := range statuses {
+		if !w.writeStatus(g) {
+			return
+		}
+	}
+}
+
+// writeStatus writes g's status if the stored grant is still the version
+// decided on, and tells the oracle.
+func (w *semWorld) writeStatus(g *lockingv1alpha1.LockGrant) bool {
+	cur := w.grants[g.UID]
+	if cur == nil || cur.ResourceVersion != g.ResourceVersion {
+		return false
+	}
+	wasHeld, wasFinal := cur.Status.Phase == lockingv1alpha1.PhaseHeld, cur.Status.Phase.Final()
+	cur.Status = *g.Status.DeepCopy()
+	w.rv++
+	cur.ResourceVersion = strconv.FormatInt(w.rv, 10)
+	now := w.s.now
+	st := &cur.Status
+	if st.Phase == lockingv1alpha1.PhaseHeld {
+		if !wasHeld {
+			w.onHeld(cur)
+		}
+		w.expiresAt[cur.UID] = max(w.expiresAt[cur.UID], st.ExpiresAt.Sub(epochBase))
+	}
+	if !wasFinal && st.Phase.Final() {
+		w.endedAt[cur.UID] = now
+		if wasHeld && st.Phase != lockingv1alpha1.PhaseReleased && cur.Spec.LockDelaySeconds > 0 {
+			id := w.slotOf[cur.UID]
+			w.delayUntil[id] = max(w.delayUntil[id], now+time.Duration(cur.Spec.LockDelaySeconds)*time.Second)
+		}
+	}
+	return true
+}
+
+// live reports whether grant uid holds by the oracle's history at t.
+func (w *semWorld) live(uid types.UID, t time.Duration) bool {
+	since, ok := w.heldSince[uid]
+	if !ok || t < since {
+		return false
+	}
+	if end, ok := w.endedAt[uid]; ok && t >= end {
+		return false
+	}
+	return t < w.expiresAt[uid]
+}
+
+// onIssue judges a counter that names a new holder: fences strictly
+// increase per slot, nobody is granted past an earlier waiter, no more
+// grants hold than the largest limit in force while they held, and no slot
+// is granted during its last holder's lock-delay.
+func (w *semWorld) onIssue(id string, uid types.UID, fence int64) {
+	now := w.s.now
+	if fence <= w.issued[id] {
+		w.rep.RegressionAccepted++
+		w.rep.violate("seed %d: fence %d issued for %s after %d at %s", w.seed, fence, id, w.issued[id], now)
+	}
+	w.issued[id] = fence
+	if w.ever[uid] {
+		w.rep.Faults["semaphore-double-grant"]++
+	} else {
+		w.issuedAt[uid] = now
+	}
+	w.ever[uid] = true
+	if now < w.delayUntil[id] {
+		w.rep.LockDelayBroken++
+		w.rep.violate("seed %d: %s granted %s at %s, before its lock-delay ends at %s", w.seed, uid, id, now, w.delayUntil[id])
+	}
+	for _, o := range w.grants {
+		before := w.createdAt[o.UID] < w.createdAt[uid] || (w.createdAt[o.UID] == w.createdAt[uid] && o.UID < uid)
+		if before && !o.Status.Phase.Final() && !w.ever[o.UID] {
+			w.rep.Barged++
+			w.rep.violate("seed %d: %s granted %s at %s while %s, requested before it, waits", w.seed, uid, id, now, o.UID)
+		}
+	}
+	holders := map[types.UID]bool{uid: true}
+	for _, c := range w.counters {
+		if h := c.Spec.Holder; h != nil {
+			if o := w.grants[types.UID(h.UID)]; o != nil && !o.Status.Phase.Final() && w.expiresAt[o.UID] > now {
+				holders[o.UID] = true
+			}
+		}
+	}
+	// The limits that were in force while they held: the permits of every
+	// request live at some time since the first of them was granted.
+	since := now
+	for h := range holders {
+		if t, ok := w.issuedAt[h]; ok {
+			since = min(since, t)
+		}
+	}
+	limit := int32(0)
+	for _, o := range w.grants {
+		if end, ended := w.endedAt[o.UID]; !ended || end >= since {
+			limit = max(limit, o.Spec.EffectivePermits())
+		}
+	}
+	if int32(len(holders)) > limit {
+		w.rep.OverLimit++
+		w.rep.violate("seed %d: %d grants hold %s at %s, more than the %d permits any request live meanwhile asked for", w.seed, len(holders), w.resource, now, limit)
+	}
+}
+
+// onHeld judges a grant that becomes Held: no other grant holds its slot.
+func (w *semWorld) onHeld(g *lockingv1alpha1.LockGrant) {
+	now := w.s.now
+	id := g.HeldFencedResource()
+	for uid, other := range w.slotOf {
+		if uid != g.UID && other == id && w.live(uid, now) {
+			w.rep.TwoHolders++
+			w.rep.violate("seed %d: %s and %s both hold %s at %s", w.seed, uid, g.UID, id, now)
+		}
+	}
+	w.slotOf[g.UID] = id
+	w.heldSince[g.UID] = now
+}
+
+// acquire makes a worker ask for the current number of permits, then wait
+// for its grant.
+func (w *semWorld) acquire(owner string) {
+	if w.s.now > w.horizon-5*time.Second {
+		return
+	}
+	w.uids++
+	w.rv++
+	uid := types.UID(fmt.Sprintf("uid-%d", w.uids))
+	g := &lockingv1alpha1.LockGrant{
+		ObjectMeta: metav1.ObjectMeta{
+			Namespace: namespace, Name: string(uid), UID: uid, ResourceVersion: strconv.FormatInt(w.rv, 10),
+			Annotations: map[string]string{lockingv1alpha1.RequestedAtAnnotation: w.wall(w.s.now).Format(time.RFC3339Nano)},
+		},
+		Spec: lockingv1alpha1.LockGrantSpec{Resource: w.resource, Owner: owner, LeaseDurationSeconds: 2, Permits: w.limit},
+	}
+	if w.fault[FaultLockDelay] && w.uids%2 == 0 {
+		g.Spec.LockDelaySeconds = 1
+	}
+	w.grants[uid] = g
+	w.createdAt[uid] = w.s.now
+	w.s.after(50*time.Millisecond, func() { w.wait(owner, uid) })
+}
+
+// wait polls the grant until it is Held (then works) or ended (then asks
+// again).
+func (w *semWorld) wait(owner string, uid types.UID) {
+	g := w.grants[uid]
+	switch {
+	case g.Status.Phase == lockingv1alpha1.PhaseHeld:
+		w.work(owner, uid, 1+w.rng.IntN(4))
+	case g.Status.Phase.Final():
+		w.s.after(time.Duration(w.rng.IntN(300))*time.Millisecond, func() { w.acquire(owner) })
+	default:
+		w.s.after(time.Duration(50+w.rng.IntN(150))*time.Millisecond, func() { w.wait(owner, uid) })
+	}
+}
+
+// work sends writes under the grant to its slot's store (and sometimes to
+// another slot's, or late), renews, then releases or abandons the grant.
+func (w *semWorld) work(owner string, uid types.UID, writes int) {
+	g := w.grants[uid]
+	if writes == 0 || g.Status.Phase != lockingv1alpha1.PhaseHeld {
+		if g.Spec.Release || g.Status.Phase.Final() || w.rng.IntN(4) == 0 {
+			// Abandoned: its lease runs out.
+		} else if err := fencing.CheckRelease(*facts.Grant(g), owner, w.wall(w.s.now)); err == nil {
+			g.Spec.Release = true
+			w.rv++
+			g.ResourceVersion = strconv.FormatInt(w.rv, 10)
+		}
+		w.s.after(time.Duration(w.rng.IntN(500))*time.Millisecond, func() { w.acquire(owner) })
+		return
+	}
+	target := g.HeldFencedResource()
+	if w.rng.IntN(6) == 0 {
+		target = lockingv1alpha1.SlotResource(w.resource, (g.HeldSlot()+1+w.rng.Int32N(3))%4)
+		w.rep.Faults["semaphore-misrouted-write"]++
+	}
+	fence, delay := g.Status.FenceToken, time.Duration(w.rng.IntN(300))*time.Millisecond
+	if w.fault[FaultPause] && w.rng.IntN(4) == 0 {
+		delay += 3 * time.Second // arrives after the lease
+		w.rep.Faults[string(FaultPause)]++
+	}
+	w.s.after(delay, func() { w.write(owner, uid, target, fence) })
+	if w.rng.IntN(3) == 0 {
+		if err := fencing.CheckRenew(*facts.Grant(g), owner, w.wall(w.s.now)); err == nil {
+			g.Spec.Renewals++
+			w.rv++
+			g.ResourceVersion = strconv.FormatInt(w.rv, 10)
+		}
+	}
+	w.s.after(time.Duration(100+w.rng.IntN(500))*time.Millisecond, func() { w.work(owner, uid, writes-1) })
+}
+
+// write offers a write under a grant's fence to the store of fenced
+// resource id, as an enforcement point judges it (fencing.CheckWrite, the
+// grant and the slot's counter read linearizably), and judges what was
+// accepted against the history.
+func (w *semWorld) write(owner string, uid types.UID, id string, fence int64) {
+	now := w.s.now
+	w.rep.Offered++
+	err := fencing.CheckWrite(fencing.Write{Resource: id, Caller: owner, Fence: fence, Recorded: w.stores[id],
+		Grant: facts.Grant(w.grants[uid]), Counter: facts.Counter(w.counters[id]), Now: w.wall(now)})
+	if err != nil {
+		w.rep.Rejected[string(fencing.ReasonOf(err))]++
+		return
+	}
+	w.rep.Accepted++
+	w.rep.AcceptedChecked++
+	switch {
+	case w.slotOf[uid] != id:
+		w.rep.StaleAccepted++
+		w.rep.violate("seed %d: %s accepted a write of %s, which holds %s, at %s", w.seed, id, uid, w.slotOf[uid], now)
+	case fence < w.issued[id]:
+		w.rep.StaleAccepted++
+		w.rep.violate("seed %d: %s accepted fence %d after fence %d was issued, at %s", w.seed, id, fence, w.issued[id], now)
+	case !w.live(uid, now):
+		w.rep.ExpiredOwnerAccepted++
+		w.rep.violate("seed %d: %s accepted a write of %s after its grant ended, at %s", w.seed, id, uid, now)
+	case fence < w.stores[id] || (fence == w.stores[id] && w.storeGrant[id] != uid):
+		w.rep.RegressionAccepted++
+		w.rep.violate("seed %d: %s accepted fence %d after fence %d, at %s", w.seed, id, fence, w.stores[id], now)
+	}
+	w.stores[id], w.storeGrant[id] = fence, uid
+}
