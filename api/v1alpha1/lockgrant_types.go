@@ -265,8 +265,10 @@ type LockGrantStatus struct {
 	// +kubebuilder:validation:Minimum=0
 	FenceToken int64 `json:"fenceToken,omitempty"`
 
-	// permit is the slot a Held grant holds, from 0 to permits-1. Set when
-	// the grant becomes Held and never changed after; kept when it ends.
+	// permit is the slot a Held grant holds, from 0 to 63. Set when the
+	// grant becomes Held and never changed after; kept when it ends. Unset
+	// for slot 0 of a grant that asks for one permit, whose status stays
+	// that of an exclusive lock: read unset as slot 0 (LockGrant.HeldSlot).
 	// +optional
 	// +kubebuilder:validation:Minimum=0
 	// +kubebuilder:validation:Maximum=63
@@ -276,7 +278,8 @@ type LockGrantStatus struct {
 	// spec.resource for slot 0, spec.resource + "#k" for slot k. Its
 	// fenceToken belongs to this ID's fence sequence, the signed record
 	// names it, and guarded objects and store rows bound to it accept the
-	// grant's writes. Set with permit.
+	// grant's writes. Set with permit; unset means spec.resource
+	// (LockGrant.HeldFencedResource).
 	// +optional
 	// +kubebuilder:validation:MaxLength=203
 	FencedResource string `json:"fencedResource,omitempty"`

@@ -3,6 +3,7 @@ package sim
 import (
 	"crypto/ed25519"
 	"fmt"
+	"maps"
 	"math/rand/v2"
 	"slices"
 	"strconv"
@@ -50,6 +51,12 @@ type semWorld struct {
 	rv, uids int64
 	// limit is the permits that new requests name.
 	limit int32
+	// past are the counters as they were at the last few ticks, newest
+	// first: what a decider that reads the counters one by one, some
+	// before and some after a change, may see.
+	past []map[string]*lockingv1alpha1.FenceCounter
+	// pastGrants are the grants as they were at the same ticks.
+	pastGrants []map[types.UID]*lockingv1alpha1.LockGrant
 
 	// stores are the slots' protected resources: the last fence each
 	// accepted, and from which grant.
@@ -119,9 +126,21 @@ func (w *semWorld) changeLimit() {
 // with FaultReplicas a second one that applies what it decided on an older
 // read.
 func (w *semWorld) tick() {
-	w.apply(w.gather())
+	w.apply(w.gather(false))
+	if w.fault[FaultReplicas] {
+		snap := map[string]*lockingv1alpha1.FenceCounter{}
+		for id, c := range w.counters {
+			snap[id] = c.DeepCopy()
+		}
+		w.past = append([]map[string]*lockingv1alpha1.FenceCounter{snap}, w.past[:min(len(w.past), 3)]...)
+		gs := map[types.UID]*lockingv1alpha1.LockGrant{}
+		for uid, g := range w.grants {
+			gs[uid] = g.DeepCopy()
+		}
+		w.pastGrants = append([]map[types.UID]*lockingv1alpha1.LockGrant{gs}, w.pastGrants[:min(len(w.pastGrants), 3)]...)
+	}
 	if w.fault[FaultReplicas] && w.rng.IntN(3) == 0 {
-		ps := w.gather()
+		ps := w.gather(true)
 		w.s.after(time.Duration(10+w.rng.IntN(300))*time.Millisecond, func() {
 			w.rep.Faults["semaphore-stale-decider"]++
 			w.apply(ps)
@@ -140,13 +159,20 @@ type semPass struct {
 
 // gather reads what the controller reads (counters of every slot below the
 // largest permits a live grant names, and every slot a live grant holds)
-// and decides.
-func (w *semWorld) gather() semPass {
+// and decides. A stale gather reads each counter either as it is or as it
+// was a few ticks ago, and each grant likewise, as a decider whose reads
+// straddle changes would.
+func (w *semWorld) gather(stale bool) semPass {
 	f := grantplan.Facts{Now: w.wall(w.s.now), Resource: w.resource, Epoch: 0,
 		Params: issuer.Params{KeyID: "sim", Key: w.key}}
 	want := map[int32]bool{}
 	for _, uid := range w.grantUIDs() {
 		g := w.grants[uid]
+		if stale && len(w.pastGrants) > 0 && w.rng.IntN(2) == 0 {
+			if old := w.pastGrants[w.rng.IntN(len(w.pastGrants))][uid]; old != nil {
+				g = old
+			}
+		}
 		f.Grants = append(f.Grants, *g.DeepCopy())
 		if g.Status.Phase.Final() {
 			continue
@@ -159,12 +185,18 @@ func (w *semWorld) gather() semPass {
 		}
 	}
 	ps := semPass{counterRV: map[int32]string{}}
-	if c := w.counters[w.resource]; c != nil {
+	read := func(id string) *lockingv1alpha1.FenceCounter {
+		if stale && len(w.past) > 0 && w.rng.IntN(2) == 0 {
+			return w.past[w.rng.IntN(len(w.past))][id]
+		}
+		return w.counters[id]
+	}
+	if c := read(w.resource); c != nil {
 		f.Counter = c.DeepCopy()
 		ps.counterRV[0] = c.ResourceVersion
 	}
-	for k := range want {
-		if c := w.counters[lockingv1alpha1.SlotResource(w.resource, k)]; c != nil {
+	for _, k := range slices.Sorted(maps.Keys(want)) {
+		if c := read(lockingv1alpha1.SlotResource(w.resource, k)); c != nil {
 			if f.SlotCounters == nil {
 				f.SlotCounters = map[int32]*lockingv1alpha1.FenceCounter{}
 			}
