@@ -45,9 +45,11 @@ func withinLimit(g *lockingv1alpha1.LockGrant) *metav1.Condition {
 // release hands its slot to the next waiter with that slot's next fence.
 func TestPermitsGrantSlotsInFIFOOrder(t *testing.T) {
 	ns := namespace(t)
+	tl := startTimeline()
 	names := []string{"sem-a", "sem-b", "sem-c", "sem-d", "sem-e"}
 	var gs []*lockingv1alpha1.LockGrant
 	for i, n := range names {
+		tl.at(0.1 * float64(i)) // admitted in this order
 		g, err := acquire(t, as(t, n), ns, 60, withPermits(3))
 		if err != nil {
 			t.Fatalf("%s acquiring: %v", n, err)
@@ -107,10 +109,13 @@ func TestPermitsGrantSlotsInFIFOOrder(t *testing.T) {
 // and it leaves; then the waiter gets slot 0.
 func TestPermitsShrinkRevokesNobody(t *testing.T) {
 	ns := namespace(t)
+	tl := startTimeline()
 	var held []*lockingv1alpha1.LockGrant
-	for _, n := range []string{"shrink-a", "shrink-b", "shrink-c"} {
+	for i, n := range []string{"shrink-a", "shrink-b", "shrink-c"} {
+		tl.at(0.1 * float64(i))
 		held = append(held, mustAcquireWith(t, as(t, n), ns, 60, withPermits(3)))
 	}
+	tl.at(0.5) // the newest request: its permits are the limit
 	w, err := acquire(t, as(t, "shrink-w"), ns, 60, withPermits(1))
 	if err != nil {
 		t.Fatal(err)
@@ -152,13 +157,15 @@ func TestPermitsExpiryHandsTheSlotOver(t *testing.T) {
 	ns := namespace(t)
 	tl := startTimeline()
 	a := mustAcquireWith(t, as(t, "exp-a"), ns, 60, withPermits(2))
+	tl.at(0.1)
 	b := mustAcquireWith(t, as(t, "exp-b"), ns, 10, withPermits(2))
+	tl.at(0.2)
 	c, err := acquire(t, as(t, "exp-c"), ns, 60, withPermits(2))
 	if err != nil {
 		t.Fatal(err)
 	}
 	waitPhase(t, c, lockingv1alpha1.PhasePending)
-	tl.at(10)
+	tl.at(10.1)
 	wake(t, b)
 	waitPhase(t, b, lockingv1alpha1.PhaseExpired)
 	c = waitPhase(t, c, lockingv1alpha1.PhaseHeld)

@@ -51,6 +51,9 @@ func TestGuarding(t *testing.T) {
 	}{
 		{"label: create", request(admissionv1.Create, none, raw(t, guarded, res("orders"))), nil, "orders", false, false, ""},
 		{"label: create without a resource", request(admissionv1.Create, none, raw(t, guarded, nil)), nil, "", false, false, fencing.ReasonNoResource},
+		{"label: create bound to a slot", request(admissionv1.Create, none, raw(t, guarded, res("batch/nightly#2"))), nil, "batch/nightly#2", false, false, ""},
+		{"label: create bound to a slot out of range", request(admissionv1.Create, none, raw(t, guarded, res("batch/nightly#64"))), nil, "", false, false, fencing.ReasonNoResource},
+		{"label: update moves to another slot", request(admissionv1.Update, raw(t, guarded, res("orders#1")), raw(t, guarded, res("orders#2"))), nil, "", false, false, fencing.ReasonBindingMismatch},
 		{"label: update moves the resource", request(admissionv1.Update, raw(t, guarded, res("orders")), raw(t, guarded, res("x"))), nil, "", false, false, fencing.ReasonBindingMismatch},
 		{"label: unguarding update", request(admissionv1.Update, raw(t, guarded, res("orders")), raw(t, nil, nil)), nil, "orders", true, true, ""},
 		{"label: delete", request(admissionv1.Delete, raw(t, guarded, res("orders")), none), nil, "orders", true, true, ""},

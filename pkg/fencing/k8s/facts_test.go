@@ -46,3 +46,34 @@ func TestGrantFacts(t *testing.T) {
 		t.Fatalf("facts of a counter = %+v", c)
 	}
 }
+
+// A grant of slot 2 of a resource with permits is, for every rule, a grant
+// of the fenced resource "R#2": an object bound to slot 1 refuses it, one
+// bound to slot 2 accepts it.
+func TestGrantFactsOfASlot(t *testing.T) {
+	exp := metav1.NewMicroTime(time.Date(2026, 12, 1, 0, 0, 0, 0, time.UTC))
+	k := int32(2)
+	g := lockingv1alpha1.LockGrant{
+		ObjectMeta: metav1.ObjectMeta{UID: "u2"},
+		Spec:       lockingv1alpha1.LockGrantSpec{Resource: "batch/nightly", Owner: "alice", Permits: 3},
+		Status: lockingv1alpha1.LockGrantStatus{Phase: lockingv1alpha1.PhaseHeld, FenceToken: 4, ExpiresAt: &exp,
+			Permit: &k, FencedResource: lockingv1alpha1.SlotResource("batch/nightly", k)},
+	}
+	f := k8s.Grant(&g)
+	if f.Resource != "batch/nightly#2" {
+		t.Fatalf("resource of a slot 2 grant = %q, want batch/nightly#2", f.Resource)
+	}
+	w := fencing.Write{Caller: "alice", Fence: 4, Grant: f, Counter: &fencing.Counter{Fence: 4, HolderUID: "u2"}, Now: exp.Add(-time.Second)}
+	w.Resource = "batch/nightly#1"
+	if err := fencing.CheckWrite(w); fencing.ReasonOf(err) != fencing.ReasonBindingMismatch {
+		t.Fatalf("slot 2's grant writing an object bound to slot 1: %v, want BINDING_MISMATCH", err)
+	}
+	w.Resource = "batch/nightly"
+	if err := fencing.CheckWrite(w); fencing.ReasonOf(err) != fencing.ReasonBindingMismatch {
+		t.Fatalf("slot 2's grant writing an object bound to the resource (slot 0): %v, want BINDING_MISMATCH", err)
+	}
+	w.Resource = "batch/nightly#2"
+	if err := fencing.CheckWrite(w); err != nil {
+		t.Fatalf("slot 2's grant writing its own slot's object: %v", err)
+	}
+}
