@@ -41,7 +41,7 @@ func run(ctx context.Context, o options) (err error) {
 	b := &bench{o: o, dir: dir, res: &results{}}
 	desc := machine()
 	defer func() {
-		if len(b.res.rows) == 0 {
+		if len(b.res.rows) == 0 && len(b.res.permits) == 0 {
 			return
 		}
 		incomplete := ""
