@@ -26,12 +26,14 @@ type acquireOptions struct {
 	wait      time.Duration
 	lockDelay time.Duration
 	requestID string
+	permits   int32
 }
 
 func (o *acquireOptions) addFlags(cmd *cobra.Command) {
 	cmd.Flags().DurationVar(&o.ttl, "ttl", lock.DefaultTTL, "Lease duration, whole seconds from 1s to 1h; the lease ends this long after the last renew.")
 	cmd.Flags().DurationVar(&o.wait, "wait", 0, "How long to wait in the queue; 0 waits without limit. Exit code 124 when it passes.")
 	cmd.Flags().DurationVar(&o.lockDelay, "lock-delay", 0, "If the lease ends without a release (expired, killed, revoked), nobody else gets the resource for this long, so that effects still in flight can drain (whole seconds, at most 1h).")
+	cmd.Flags().Int32Var(&o.permits, "permits", 1, "How many holders RESOURCE admits at once, 1 to 64: a counted lock (semaphore) whose permits share one queue. The request holds one permit, and each permit has its own fence sequence and fenced resource ID (RESOURCE for permit 0, RESOURCE#k for permit k). Every request for RESOURCE should name the same number.")
 	cmd.Flags().StringVar(&o.requestID, "request-id", "", "Idempotency key of the request (default: random). Retrying with the same ID finds the same grant instead of queuing again.")
 }
 
@@ -39,6 +41,9 @@ func (o *acquireOptions) lockOptions() []lock.Option {
 	opts := []lock.Option{lock.WithTTL(o.ttl), lock.WithWait(o.wait), lock.WithLockDelay(o.lockDelay)}
 	if o.requestID != "" {
 		opts = append(opts, lock.WithRequestID(o.requestID))
+	}
+	if o.permits != 1 {
+		opts = append(opts, lock.WithPermits(o.permits))
 	}
 	return opts
 }
@@ -105,7 +110,10 @@ and fence. The lock is not renewed after the command exits: renew it with
 Acquiring again with the same --request-id prints the same grant while it
 lasts.`,
 		Example: `  kubectl lock acquire reports/nightly --ttl 60s --wait 10s
-  kubectl lock acquire reports/nightly -o json`,
+  kubectl lock acquire reports/nightly -o json
+
+  # One of 4 permits of render/farm: at most 4 holders at once.
+  kubectl lock acquire render/farm --permits 4`,
 		Args:              cobra.ExactArgs(1),
 		ValidArgsFunction: a.completeResources,
 		RunE: func(cmd *cobra.Command, args []string) error {
@@ -118,7 +126,7 @@ lasts.`,
 			}
 			ctx, cancel := signalContext()
 			defer cancel()
-			p := newProgress(a.streams.ErrOut, c, ns, args[0])
+			p := newProgress(a.streams.ErrOut, c, ns, args[0], o.permits)
 			// The grant outlives this command: it is renewed and released
 			// by hand, from any process of the same user, and tied to no
 			// session: it lives by its lease and its renewals.
@@ -135,7 +143,7 @@ lasts.`,
 			if output != "" {
 				return printObject(a.streams.Out, output, g)
 			}
-			fmt.Fprintf(a.streams.Out, "grant %s fence %d expires %s\n", g.Name, g.Status.FenceToken, timestamp(g.Status.ExpiresAt))
+			fmt.Fprintf(a.streams.Out, "grant %s%s fence %d expires %s\n", g.Name, permitText(g), g.Status.FenceToken, timestamp(g.Status.ExpiresAt))
 			return nil
 		},
 	}
@@ -254,11 +262,22 @@ type progress struct {
 	c        client.Client
 	ns       string
 	resource string
-	last     string
+	// permits the request names; above 1 the line counts the holders.
+	permits int32
+	last    string
 }
 
-func newProgress(w io.Writer, c client.Client, ns, resource string) *progress {
-	return &progress{w: w, tty: isTerminal(w), c: c, ns: ns, resource: resource}
+func newProgress(w io.Writer, c client.Client, ns, resource string, permits int32) *progress {
+	return &progress{w: w, tty: isTerminal(w), c: c, ns: ns, resource: resource, permits: permits}
+}
+
+// permitText is " permit K (FENCED-RESOURCE)" for a grant of a resource with
+// permits, "" for an exclusive lock.
+func permitText(g *lockingv1alpha1.LockGrant) string {
+	if g.Spec.EffectivePermits() <= 1 && (g.Status.Permit == nil || *g.Status.Permit == 0) {
+		return ""
+	}
+	return fmt.Sprintf(" permit %d (%s)", g.HeldSlot(), g.HeldFencedResource())
 }
 
 // update is a lock.WithProgress callback.
@@ -273,12 +292,25 @@ func (p *progress) update(g *lockingv1alpha1.LockGrant) {
 	// user may list the namespace's grants.
 	pos := *g.Status.QueuePosition
 	var list lockingv1alpha1.LockGrantList
-	if err := p.c.List(ctx, &list, client.InNamespace(p.ns)); err == nil {
+	listed := p.c.List(ctx, &list, client.InNamespace(p.ns)) == nil
+	if listed {
 		if live, ok := livePositions(list.Items)[g.UID]; ok {
 			pos = live
 		}
 	}
 	line := fmt.Sprintf("waiting for %s: position %d in the queue", p.resource, pos)
+	if p.permits > 1 {
+		// Each permit has its own fence record; the holders are counted
+		// from the grants, when the user may list them.
+		if listed {
+			st := statusOf(p.ns, p.resource, list.Items, nil)
+			line += fmt.Sprintf(", %d of %d permits held", len(st.Holders), st.Permits)
+		}
+		if line != p.last {
+			p.print(line)
+		}
+		return
+	}
 	// The holder, or the lock-delay, when the user may read the resource's
 	// fence record.
 	var fc lockingv1alpha1.FenceCounter
@@ -294,6 +326,11 @@ func (p *progress) update(g *lockingv1alpha1.LockGrant) {
 	if line == p.last {
 		return
 	}
+	p.print(line)
+}
+
+// print shows line as the progress line.
+func (p *progress) print(line string) {
 	p.last = line
 	if p.tty {
 		fmt.Fprintf(p.w, "\r\033[Kkubectl-lock: %s", line)

@@ -7,6 +7,8 @@ import (
 	"os"
 	"os/exec"
 	"os/signal"
+	"strconv"
+	"strings"
 	"syscall"
 	"time"
 
@@ -25,6 +27,14 @@ const (
 	EnvNamespace = "LOCKWARDEN_NAMESPACE"
 	EnvResource  = "LOCKWARDEN_RESOURCE"
 	EnvRequestID = "LOCKWARDEN_REQUEST_ID"
+	// EnvPermit is the permit (slot) the grant holds, from 0: always 0 for
+	// an exclusive lock.
+	EnvPermit = "LOCKWARDEN_PERMIT"
+	// EnvFencedResource is the fenced resource ID of the permit held: the
+	// resource ID for an exclusive lock and for permit 0, the resource ID
+	// and "#k" for permit k. The fence belongs to it, and guarded writes
+	// name it in annotation locking.lockwarden.io/resource.
+	EnvFencedResource = "LOCKWARDEN_FENCED_RESOURCE"
 	// EnvProof is the signed grant record (status.proof), "" when the
 	// registry publishes none: what annotation locking.lockwarden.io/proof
 	// carries on a guarded write, and what a verifier outside the cluster
@@ -44,12 +54,22 @@ COMMAND exits.
 
 COMMAND gets the lock in its environment: LOCKWARDEN_FENCE, LOCKWARDEN_GRANT
 (the grant's name), LOCKWARDEN_NAMESPACE, LOCKWARDEN_RESOURCE,
-LOCKWARDEN_GRANT_UID, LOCKWARDEN_REQUEST_ID and LOCKWARDEN_PROOF (the signed
-grant record). Writes it makes to guarded objects must carry annotations
+LOCKWARDEN_GRANT_UID, LOCKWARDEN_REQUEST_ID, LOCKWARDEN_PROOF (the signed
+grant record), LOCKWARDEN_PERMIT (the permit held, 0 for an exclusive lock)
+and LOCKWARDEN_FENCED_RESOURCE (the ID the fence belongs to: RESOURCE for
+an exclusive lock and permit 0, RESOURCE#k for permit k). Writes it makes
+to guarded objects must carry annotations
+  locking.lockwarden.io/resource=$LOCKWARDEN_FENCED_RESOURCE
   locking.lockwarden.io/grant=$LOCKWARDEN_NAMESPACE/$LOCKWARDEN_GRANT
   locking.lockwarden.io/fence=$LOCKWARDEN_FENCE
   locking.lockwarden.io/proof=$LOCKWARDEN_PROOF  (required under a GuardPolicy)
 and be made as the same Kubernetes user.
+
+With --permits N, up to N runs hold RESOURCE at once, each with its own
+permit; the others wait in one FIFO queue. Each permit has its own fence
+sequence and fenced resource ID, so an object written under one permit
+refuses the fences of every other: an exclusive lock's guarantees, per
+permit.
 
 COMMAND is always killed before the controller can expire the lease. The
 moment ownership becomes doubtful (renewals did not get through in time) or
@@ -75,7 +95,10 @@ one that finds it ended is refused with the reason it ended. Unless stdin is a t
 in its own process group, and signals go to the whole group. SIGINT, SIGTERM
 and SIGHUP sent to kubectl lock are passed on to COMMAND.`,
 		Example: `  kubectl lock run db/orders --ttl 30s --wait 5m -- ./migrate.sh
-  kubectl lock run reports/nightly -- sh -c 'generate-report --fence "$LOCKWARDEN_FENCE"'`,
+  kubectl lock run reports/nightly -- sh -c 'generate-report --fence "$LOCKWARDEN_FENCE"'
+
+  # At most 4 renders at once; each knows its permit.
+  kubectl lock run render/farm --permits 4 -- sh -c 'render --slot "$LOCKWARDEN_PERMIT"'`,
 		Args:              cobra.MinimumNArgs(1),
 		ValidArgsFunction: a.completeResources,
 		RunE: func(cmd *cobra.Command, args []string) error {
@@ -166,7 +189,7 @@ func (a *app) run(resource string, argv []string, o acquireOptions, grace time.D
 		}
 	}()
 
-	p := newProgress(a.streams.ErrOut, c, ns, resource)
+	p := newProgress(a.streams.ErrOut, c, ns, resource, o.permits)
 	// The handle's deadline comes grace early: SIGTERM then, SIGKILL at
 	// the true local deadline, before the lease can expire.
 	margin := holder.DefaultMargin(o.ttl) + grace
@@ -185,7 +208,11 @@ func (a *app) run(resource string, argv []string, o acquireOptions, grace time.D
 		}
 		return exitRunFailed, err
 	}
-	p.finish(fmt.Sprintf("acquired %s: grant %s, fence %d", resource, h.Grant().Name, h.Fence()))
+	acquired := fmt.Sprintf("acquired %s: grant %s, ", resource, h.Grant().Name)
+	if permit := handlePermitText(h, o.permits); permit != "" {
+		acquired += strings.TrimPrefix(permit, " ") + ", "
+	}
+	p.finish(acquired + fmt.Sprintf("fence %d", h.Fence()))
 	// release ends the grant. After the lock was lost or became doubtful
 	// it gives up sooner: the lease runs out by itself within the margin.
 	release := func(timeout time.Duration) error {
@@ -206,7 +233,7 @@ func (a *app) run(resource string, argv []string, o acquireOptions, grace time.D
 	}
 
 	if len(argv) == 0 {
-		return a.hold(h, resource, sigs, release)
+		return a.hold(h, resource, handlePermitText(h, o.permits), sigs, release)
 	}
 	child := exec.Command(argv[0], argv[1:]...)
 	child.Stdin, child.Stdout, child.Stderr = a.streams.In, a.streams.Out, a.streams.ErrOut
@@ -218,6 +245,8 @@ func (a *app) run(resource string, argv []string, o acquireOptions, grace time.D
 		EnvResource+"="+resource,
 		EnvRequestID+"="+h.RequestID(),
 		EnvProof+"="+h.Proof(),
+		EnvPermit+"="+strconv.Itoa(int(h.Permit())),
+		EnvFencedResource+"="+h.FencedResource(),
 	)
 	interactive := isTerminal(a.streams.In)
 	if !interactive {
@@ -276,8 +305,8 @@ func (a *app) run(resource string, argv []string, o acquireOptions, grace time.D
 
 // hold keeps h until a signal (release, exit 0) or until ownership is lost
 // or in doubt (exit 123).
-func (a *app) hold(h *lock.Handle, resource string, sigs <-chan os.Signal, release func(time.Duration) error) (int, error) {
-	fmt.Fprintf(a.streams.Out, "grant %s fence %d\n", h.Grant().Name, h.Fence())
+func (a *app) hold(h *lock.Handle, resource, permit string, sigs <-chan os.Signal, release func(time.Duration) error) (int, error) {
+	fmt.Fprintf(a.streams.Out, "grant %s%s fence %d\n", h.Grant().Name, permit, h.Fence())
 	select {
 	case <-sigs:
 		if err := release(releaseTimeout); err != nil {
@@ -313,4 +342,14 @@ func exitCode(ps *os.ProcessState, err error) int {
 		return 128 + int(ws.Signal())
 	}
 	return ps.ExitCode()
+}
+
+// handlePermitText is " permit K (FENCED-RESOURCE)" for a handle on a
+// resource with permits (the request named more than one, or the registry
+// gave it a slot other than 0), "" for an exclusive lock.
+func handlePermitText(h *lock.Handle, permits int32) string {
+	if permits <= 1 && h.Permit() == 0 {
+		return ""
+	}
+	return fmt.Sprintf(" permit %d (%s)", h.Permit(), h.FencedResource())
 }

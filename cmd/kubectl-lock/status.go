@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"slices"
@@ -9,6 +10,7 @@ import (
 
 	"github.com/spf13/cobra"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/labels"
@@ -27,24 +29,42 @@ import (
 type resourceStatus struct {
 	Resource  string `json:"resource"`
 	Namespace string `json:"namespace"`
-	// Holder is the Held grant, if any.
+	// Permits is the number of holders the resource admits at once: the
+	// permits of its most recently requested live grant (1 when it has
+	// none, or for an exclusive lock).
+	Permits int32 `json:"permits"`
+	// Holder is the Held grant of slot 0, the resource ID itself: the
+	// holder of an exclusive lock.
 	Holder *holderStatus `json:"holder,omitempty"`
-	// HighestFence is the highest fence ever issued for the resource (from
-	// its FenceCounter); 0 when unknown.
+	// Holders are every Held grant, by permit: one at most for an
+	// exclusive lock, up to Permits (more after the limit was lowered)
+	// for a resource with permits.
+	Holders []holderStatus `json:"holders"`
+	// HighestFence is the highest fence ever issued for slot 0, the
+	// resource ID itself (from its FenceCounter); 0 when unknown. Each
+	// other slot has its own fence sequence: see its holder's fence.
 	HighestFence int64 `json:"highestFence,omitempty"`
-	// LockDelayUntil is set while the resource waits out the lock-delay
-	// of a holder whose lease ended without a release: nobody is granted
-	// before it, by the controller's clock.
+	// LockDelayUntil is set while slot 0 waits out the lock-delay of a
+	// holder whose lease ended without a release: nobody is granted it
+	// before, by the controller's clock.
 	LockDelayUntil *metav1.Time `json:"lockDelayUntil,omitempty"`
 	// Queue are the waiting requests, next first.
 	Queue []queuedRequest `json:"queue"`
 }
 
 type holderStatus struct {
-	Grant     string            `json:"grant"`
-	UID       types.UID         `json:"uid"`
-	Owner     string            `json:"owner"`
-	Fence     int64             `json:"fence"`
+	Grant string    `json:"grant"`
+	UID   types.UID `json:"uid"`
+	Owner string    `json:"owner"`
+	// Permit is the slot the grant holds, and FencedResource that slot's
+	// fenced resource ID, which its fence belongs to and its guarded
+	// writes name.
+	Permit         int32  `json:"permit"`
+	FencedResource string `json:"fencedResource"`
+	Fence          int64  `json:"fence"`
+	// OverLimit is set on a holder beyond the limit after it was lowered:
+	// it keeps its slot until it ends.
+	OverLimit bool              `json:"overLimit,omitempty"`
 	GrantedAt *metav1.MicroTime `json:"grantedAt,omitempty"`
 	ExpiresAt *metav1.MicroTime `json:"expiresAt,omitempty"`
 	Renewals  int64             `json:"renewals"`
@@ -55,6 +75,8 @@ type queuedRequest struct {
 	Grant       string `json:"grant"`
 	Owner       string `json:"owner"`
 	RequestedAt string `json:"requestedAt,omitempty"`
+	// Permits is the number of permits the request names.
+	Permits int32 `json:"permits"`
 	// WaitTimeoutSeconds is the request's wait limit, in seconds; 0 none.
 	WaitTimeoutSeconds int32 `json:"waitTimeoutSeconds,omitempty"`
 }
@@ -68,10 +90,14 @@ func (a *app) statusCmd() *cobra.Command {
 		Short: "Show who holds RESOURCE, with which fence until when, and who waits",
 		Long: `Show the holder of RESOURCE (grant, owner, fence, expiry by the controller's
 clock), the highest fence ever issued for it, and the queue of waiting
-requests, next first. -o json|yaml|jsonpath|go-template print it as an
-object of kind ResourceStatus.`,
+requests, next first. For a resource with permits (acquire or run
+--permits N) it shows the limit in force and every holder with its permit,
+its fenced resource ID and its fence (each permit has its own fence
+sequence). -o json|yaml|jsonpath|go-template print it as an object of kind
+ResourceStatus.`,
 		Example: `  kubectl lock status db/orders
-  kubectl lock status db/orders -o jsonpath='{.holder.fence}'`,
+  kubectl lock status db/orders -o jsonpath='{.holder.fence}'
+  kubectl lock status render/farm -o jsonpath='{range .holders[*]}{.permit} {.fence}{"\n"}{end}'`,
 		Args:              cobra.ExactArgs(1),
 		ValidArgsFunction: a.completeResources,
 		RunE: func(cmd *cobra.Command, args []string) error {
@@ -139,61 +165,118 @@ func readStatus(ctx context.Context, c client.Client, ns, resource string) (*res
 	if err := c.List(ctx, &list, client.InNamespace(ns)); err != nil {
 		return nil, err
 	}
-	st := &resourceStatus{Resource: resource, Namespace: ns, Queue: []queuedRequest{}}
-	live := livePositions(list.Items)
-	for _, g := range list.Items {
-		if g.Spec.Resource != resource {
-			continue
-		}
-		switch g.Status.Phase {
-		case lockingv1alpha1.PhaseHeld:
-			st.Holder = &holderStatus{Grant: g.Name, UID: g.UID, Owner: g.Spec.Owner, Fence: g.Status.FenceToken,
-				GrantedAt: g.Status.GrantedAt, ExpiresAt: g.Status.ExpiresAt, Renewals: g.Status.ObservedRenewals}
-			st.HighestFence = max(st.HighestFence, g.Status.FenceToken)
-		case lockingv1alpha1.PhasePending:
-			if g.Spec.Release {
-				continue // withdrawn; the controller ends it next
-			}
-			q := queuedRequest{Grant: g.Name, Owner: g.Spec.Owner, RequestedAt: g.Annotations[lockingv1alpha1.RequestedAtAnnotation], WaitTimeoutSeconds: g.Spec.WaitTimeoutSeconds}
-			q.Position = live[g.UID]
-			st.Queue = append(st.Queue, q)
-		default:
-			st.HighestFence = max(st.HighestFence, g.Status.FenceToken)
-		}
-	}
-	slices.SortFunc(st.Queue, func(x, y queuedRequest) int { return int(x.Position - y.Position) })
-	var fc lockingv1alpha1.FenceCounter
-	switch err := c.Get(ctx, types.NamespacedName{Namespace: ns, Name: lockingv1alpha1.FenceCounterName(resource)}, &fc); {
+	var fc *lockingv1alpha1.FenceCounter
+	counter := &lockingv1alpha1.FenceCounter{}
+	switch err := c.Get(ctx, types.NamespacedName{Namespace: ns, Name: lockingv1alpha1.FenceCounterName(resource)}, counter); {
 	case err == nil:
-		st.HighestFence = max(st.HighestFence, fc.Spec.Fence)
-		if t, err := time.Parse(time.RFC3339Nano, fc.Spec.LockDelayUntil); err == nil && fc.Spec.Holder == nil {
-			st.LockDelayUntil = &metav1.Time{Time: t}
-		}
+		fc = counter
 	case apierrors.IsNotFound(err), apierrors.IsForbidden(err):
 	default:
 		return nil, err
 	}
-	return st, nil
+	return statusOf(ns, resource, list.Items, fc), nil
+}
+
+// statusOf is the status of resource in namespace ns, from the
+// namespace's grants and slot 0's FenceCounter (nil when unknown).
+func statusOf(ns, resource string, grants []lockingv1alpha1.LockGrant, fc *lockingv1alpha1.FenceCounter) *resourceStatus {
+	st := &resourceStatus{Resource: resource, Namespace: ns, Holders: []holderStatus{}, Queue: []queuedRequest{}}
+	live := livePositions(grants)
+	var holding, waiting []*lockingv1alpha1.LockGrant
+	for i := range grants {
+		g := &grants[i]
+		if g.Namespace != ns || g.Spec.Resource != resource {
+			continue
+		}
+		permit, fenced := g.HeldSlot(), g.HeldFencedResource()
+		switch g.Status.Phase {
+		case lockingv1alpha1.PhaseHeld:
+			holding = append(holding, g)
+			st.Holders = append(st.Holders, holderStatus{Grant: g.Name, UID: g.UID, Owner: g.Spec.Owner,
+				Permit: permit, FencedResource: fenced, Fence: g.Status.FenceToken,
+				OverLimit: meta.IsStatusConditionFalse(g.Status.Conditions, lockingv1alpha1.ConditionWithinLimit),
+				GrantedAt: g.Status.GrantedAt, ExpiresAt: g.Status.ExpiresAt, Renewals: g.Status.ObservedRenewals})
+		case lockingv1alpha1.PhasePending:
+			if g.Spec.Release {
+				continue // withdrawn; the controller ends it next
+			}
+			waiting = append(waiting, g)
+			st.Queue = append(st.Queue, queuedRequest{Position: live[g.UID], Grant: g.Name, Owner: g.Spec.Owner,
+				RequestedAt: g.Annotations[lockingv1alpha1.RequestedAtAnnotation], Permits: g.Spec.EffectivePermits(),
+				WaitTimeoutSeconds: g.Spec.WaitTimeoutSeconds})
+			continue
+		}
+		if permit == 0 {
+			st.HighestFence = max(st.HighestFence, g.Status.FenceToken)
+		}
+	}
+	st.Permits = grantplan.Limit(holding, waiting)
+	slices.SortFunc(st.Holders, func(x, y holderStatus) int { return cmp.Compare(x.Permit, y.Permit) })
+	for i := range st.Holders {
+		if st.Holders[i].Permit == 0 {
+			st.Holder = &st.Holders[i]
+		}
+	}
+	slices.SortFunc(st.Queue, func(x, y queuedRequest) int { return cmp.Compare(x.Position, y.Position) })
+	if fc != nil {
+		st.HighestFence = max(st.HighestFence, fc.Spec.Fence)
+		if t, err := time.Parse(time.RFC3339Nano, fc.Spec.LockDelayUntil); err == nil && fc.Spec.Holder == nil {
+			st.LockDelayUntil = &metav1.Time{Time: t}
+		}
+	}
+	return st
+}
+
+// semaphore reports whether st is to be shown as a resource with permits:
+// a limit above 1, or a holder of a slot other than 0.
+func (st *resourceStatus) semaphore() bool {
+	return st.Permits > 1 || len(st.Holders) > 1 || (len(st.Holders) == 1 && st.Holders[0].Permit != 0)
 }
 
 func printStatus(a *app, st *resourceStatus) {
 	w := printers.GetNewTabWriter(a.streams.Out)
 	defer w.Flush()
 	fmt.Fprintf(w, "Resource:\t%s (namespace %s)\n", st.Resource, st.Namespace)
-	if h := st.Holder; h != nil {
-		fmt.Fprintf(w, "Holder:\t%s (owner %s)\n", h.Grant, h.Owner)
-		fmt.Fprintf(w, "Fence:\t%d\n", h.Fence)
+	expires := func(h *holderStatus) string {
 		exp := timestamp(h.ExpiresAt)
 		if h.ExpiresAt != nil {
 			exp += " (" + relative(h.ExpiresAt.Time) + ", by the controller's clock)"
 		}
-		fmt.Fprintf(w, "Expires:\t%s\n", exp)
+		return exp
+	}
+	switch h := st.Holder; {
+	case st.semaphore():
+		fmt.Fprintf(w, "Permits:\t%d (%d held)\n", st.Permits, len(st.Holders))
+		fmt.Fprintf(w, "Holders:\t%d\n", len(st.Holders))
+		// The holders' table is aligned on its own columns.
+		_ = w.Flush()
+		if len(st.Holders) > 0 {
+			tw := printers.GetNewTabWriter(a.streams.Out)
+			fmt.Fprintf(tw, "  PERMIT\tFENCED RESOURCE\tGRANT\tOWNER\tFENCE\tEXPIRES\n")
+			for i := range st.Holders {
+				h := &st.Holders[i]
+				permit := fmt.Sprint(h.Permit)
+				if h.OverLimit {
+					permit += " (over the limit)"
+				}
+				fmt.Fprintf(tw, "  %s\t%s\t%s\t%s\t%d\t%s\n", permit, h.FencedResource, h.Grant, h.Owner, h.Fence, expires(h))
+			}
+			_ = tw.Flush()
+		}
+	case h != nil:
+		fmt.Fprintf(w, "Holder:\t%s (owner %s)\n", h.Grant, h.Owner)
+		fmt.Fprintf(w, "Fence:\t%d\n", h.Fence)
+		fmt.Fprintf(w, "Expires:\t%s\n", expires(h))
 		fmt.Fprintf(w, "Renewals:\t%d\n", h.Renewals)
-	} else {
+	default:
 		fmt.Fprintf(w, "Holder:\t<none>\n")
 	}
 	if st.HighestFence > 0 {
-		fmt.Fprintf(w, "Highest fence:\t%d\n", st.HighestFence)
+		label := "Highest fence"
+		if st.semaphore() {
+			label = "Highest fence of permit 0"
+		}
+		fmt.Fprintf(w, "%s:\t%d\n", label, st.HighestFence)
 	}
 	if d := st.LockDelayUntil; d != nil && time.Until(d.Time) > -time.Minute {
 		fmt.Fprintf(w, "Lock-delay:\tuntil %s (%s, by the controller's clock): the last holder's lease ended without a release\n", d.UTC().Format(time.RFC3339Nano), relative(d.Time))
@@ -299,7 +382,7 @@ func printList(a *app, items []lockingv1alpha1.LockGrant, live map[types.UID]int
 	if all {
 		fmt.Fprint(w, "NAMESPACE\t")
 	}
-	fmt.Fprintln(w, "NAME\tRESOURCE\tPHASE\tFENCE\tOWNER\tEXPIRES\tQUEUE\tAGE")
+	fmt.Fprintln(w, "NAME\tRESOURCE\tPHASE\tPERMIT\tFENCE\tOWNER\tEXPIRES\tQUEUE\tAGE")
 	for _, g := range items {
 		if all {
 			fmt.Fprintf(w, "%s\t", g.Namespace)
@@ -308,7 +391,13 @@ func printList(a *app, items []lockingv1alpha1.LockGrant, live map[types.UID]int
 		if pos, ok := live[g.UID]; ok {
 			queue = fmt.Sprint(pos)
 		}
-		fmt.Fprintf(w, "%s\t%s\t%s\t%d\t%s\t%s\t%s\t%s\n", g.Name, g.Spec.Resource, g.Status.Phase, g.Status.FenceToken,
+		// PERMIT: the slot held, of the permits requested; "-" for an
+		// exclusive lock and for a grant that was never Held.
+		permit := "-"
+		if g.Status.Permit != nil && (g.Spec.EffectivePermits() > 1 || *g.Status.Permit > 0) {
+			permit = fmt.Sprintf("%d/%d", *g.Status.Permit, g.Spec.EffectivePermits())
+		}
+		fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%d\t%s\t%s\t%s\t%s\n", g.Name, g.Spec.Resource, g.Status.Phase, permit, g.Status.FenceToken,
 			g.Spec.Owner, timestamp(g.Status.ExpiresAt), queue, duration.HumanDuration(time.Since(g.CreationTimestamp.Time)))
 	}
 }

@@ -110,6 +110,10 @@ func (c *Client) acquire(ctx context.Context, resource string, try bool, opts []
 	if err != nil {
 		return nil, err
 	}
+	if s.permits > 1 {
+		// 1 is the default: an exclusive request stays the same object.
+		g.Spec.Permits = s.permits
+	}
 	if s.lockDelay > 0 {
 		g.Spec.LockDelaySeconds = int32((s.lockDelay + time.Second - 1) / time.Second)
 	}
@@ -217,9 +221,10 @@ func (h *Handle) create(ctx context.Context, g *lockingv1alpha1.LockGrant, s *se
 			case cur == nil:
 				continue // deleted meanwhile (garbage-collected): create again
 			case cur.Spec.RequestID != g.Spec.RequestID || cur.Spec.Resource != g.Spec.Resource ||
-				cur.Spec.OperationRoot != g.Spec.OperationRoot || cur.Spec.OperationClass != g.Spec.OperationClass || cur.Spec.Policy != g.Spec.Policy:
-				return fmt.Errorf("%w: grant %s is for resource %q, request %q, operation %q (%s), policy %q", ErrRequestIDConflict,
-					h.key, cur.Spec.Resource, cur.Spec.RequestID, cur.Spec.OperationRoot, cur.Spec.OperationClass, cur.Spec.Policy)
+				cur.Spec.OperationRoot != g.Spec.OperationRoot || cur.Spec.OperationClass != g.Spec.OperationClass || cur.Spec.Policy != g.Spec.Policy ||
+				cur.Spec.EffectivePermits() != g.Spec.EffectivePermits():
+				return fmt.Errorf("%w: grant %s is for resource %q, request %q, operation %q (%s), policy %q, %d permit(s)", ErrRequestIDConflict,
+					h.key, cur.Spec.Resource, cur.Spec.RequestID, cur.Spec.OperationRoot, cur.Spec.OperationClass, cur.Spec.Policy, cur.Spec.EffectivePermits())
 			case cur.Status.Phase.Final():
 				// The request ID is spent: its acquisition is over.
 				return fmt.Errorf("lock: acquiring %s: grant %s of request ID %q has ended (%s); the request ID is spent, acquire with a new one: %w",

@@ -70,6 +70,24 @@
 // least (TTL - margin)/TTL as fast as the controller's (90% with the default
 // margin); see package holder.
 //
+// # Counted permits
+//
+// WithPermits(n) makes the lock a semaphore: at most n holders of the
+// resource at once (like consul lock -n), with fencing that stays exact.
+// The resource is n exclusive slots sharing one FIFO queue, and a grant
+// holds one of them: Handle.Permit is its number, and
+// Handle.FencedResource its fenced resource ID, the resource ID itself for
+// slot 0 and "ID#k" for slot k. Each slot has its own fence sequence, so
+// Handle.Fence is strictly larger than every fence issued before for that
+// slot, and the signed record names the slot. Stamp binds a guarded object
+// to the slot and NextSegment names it, so that an object or a store row
+// written under one slot refuses every other slot's fences: what is
+// guaranteed per slot is exactly what an exclusive lock guarantees. Work
+// that must never run twice at once whatever the slot belongs under an
+// exclusive lock, not a permit. Without WithPermits (or with n = 1) the
+// lock is exclusive: slot 0, the resource itself, the same as before
+// permits existed.
+//
 // # Reacting to grants
 //
 // WaitForGrant blocks until a grant satisfies a condition, WatchTransitions

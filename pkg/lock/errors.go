@@ -19,7 +19,8 @@ var (
 	// ErrWaitTimeout: the request was not granted within its wait limit
 	// (the registry timed it out, or the local backstop withdrew it).
 	ErrWaitTimeout = errors.New("lock: not acquired within the wait limit")
-	// ErrBusy: TryAcquire found the resource held; the request was withdrawn.
+	// ErrBusy: TryAcquire found the resource held (every permit of it, with
+	// WithPermits) or others ahead in its queue; the request was withdrawn.
 	ErrBusy = errors.New("lock: the resource is held by another grant")
 	// ErrOwnershipUnknown: the local validity deadline passed without proof
 	// that the lease was extended. Stop producing effects; the handle cannot

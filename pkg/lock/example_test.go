@@ -319,3 +319,43 @@ func Example_controller() {
 	}
 	_ = mgr.Start(ctrl.SetupSignalHandler())
 }
+
+// Hold one of several permits of a resource: two holders at once, each in
+// its own slot with its own fence sequence; a third would wait. Writes are
+// bound to the holder's slot (FencedResource), so every fencing rule of an
+// exclusive lock holds per slot.
+func ExampleWithPermits() {
+	ctx := context.Background()
+	c, err := newClient()
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	locks := lock.NewClient(c, lock.WithNamespace("default"))
+	defer locks.Close(context.WithoutCancel(ctx)) //nolint:errcheck // example
+	var held []*lock.Handle
+	for range 2 {
+		h, err := locks.Acquire(ctx, "example/render-farm", lock.WithPermits(2))
+		if err != nil {
+			fmt.Println(err)
+			return
+		}
+		defer h.Release(context.WithoutCancel(ctx)) //nolint:errcheck // example
+		held = append(held, h)
+		fmt.Println("permit:", h.Permit(), "fence:", h.Fence(), "fenced resource:", h.FencedResource())
+	}
+	_, err = locks.TryAcquire(ctx, "example/render-farm", lock.WithPermits(2))
+	fmt.Println("third:", err)
+
+	cm := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "render-farm-slot-1"}}
+	if err := held[1].Stamp(cm); err != nil {
+		fmt.Println("not holding:", err)
+		return
+	}
+	fmt.Println("bound to:", cm.Annotations[lockingv1alpha1.ResourceAnnotation])
+	// Output:
+	// permit: 0 fence: 1 fenced resource: example/render-farm
+	// permit: 1 fence: 1 fenced resource: example/render-farm#1
+	// third: lock: the resource is held by another grant
+	// bound to: example/render-farm#1
+}

@@ -15,7 +15,9 @@ import (
 
 // Stamp prepares obj for one guarded write under this lock: it labels it
 // locking.lockwarden.io/guarded=true and sets the annotation
-// locking.lockwarden.io/resource (the lock's resource) and the write's claim:
+// locking.lockwarden.io/resource (the lock's fenced resource ID,
+// FencedResource: the resource ID itself for an exclusive lock, the slot's
+// ID "ID#k" for slot k of a resource with permits) and the write's claim:
 // locking.lockwarden.io/grant ("NAMESPACE/NAME" of the grant),
 // locking.lockwarden.io/fence (the fence, in decimal) and
 // locking.lockwarden.io/proof (the signed grant record, when the registry
@@ -31,7 +33,10 @@ import (
 //
 // It returns Check's error, changing nothing, when the holder may not start
 // an effect, and an error wrapping fencing.ErrBindingMismatch when obj is
-// already guarded by another resource.
+// already guarded by another fenced resource ID (another resource, or
+// another slot of this one: each slot's objects take only that slot's
+// fences) or when the grant's signed record names another one than its
+// status.
 func (h *Handle) Stamp(obj metav1.Object) error {
 	return h.stamp(obj, "")
 }
@@ -48,10 +53,14 @@ func (h *Handle) stamp(obj metav1.Object, intent string) error {
 	if err := h.Check(); err != nil {
 		return err
 	}
+	fenced, err := h.boundResource()
+	if err != nil {
+		return err
+	}
 	ann := obj.GetAnnotations()
-	if r := ann[lockingv1alpha1.ResourceAnnotation]; r != "" && r != h.resource {
+	if r := ann[lockingv1alpha1.ResourceAnnotation]; r != "" && r != fenced {
 		return fmt.Errorf("lock: %w", &fencing.Error{Reason: fencing.ReasonBindingMismatch,
-			Detail: fmt.Sprintf("object %s/%s is guarded by resource %q, the lock is on %q", obj.GetNamespace(), obj.GetName(), r, h.resource)})
+			Detail: fmt.Sprintf("object %s/%s is guarded by resource %q, the lock holds %q", obj.GetNamespace(), obj.GetName(), r, fenced)})
 	}
 	if ann == nil {
 		ann = map[string]string{}
@@ -61,7 +70,7 @@ func (h *Handle) stamp(obj metav1.Object, intent string) error {
 		labels = map[string]string{}
 	}
 	labels[lockingv1alpha1.GuardedLabel] = "true"
-	ann[lockingv1alpha1.ResourceAnnotation] = h.resource
+	ann[lockingv1alpha1.ResourceAnnotation] = fenced
 	ann[lockingv1alpha1.GrantAnnotation] = h.key.Namespace + "/" + h.key.Name
 	ann[lockingv1alpha1.FenceAnnotation] = fencing.FormatFence(h.Fence())
 	if proof := h.Proof(); proof != "" {
@@ -131,11 +140,13 @@ func (h *Handle) ReportFenceRegression(ctx context.Context, detail string) error
 // every segment and retry of the operation, and the segment's sequence
 // number. The store accepts a larger fence only at sequence 1 of the
 // operation and an equal fence only at the next sequence of the same root.
-// Fences increase per namespace and resource ID (and per cluster), so a
-// store keys its records by Grant.Namespace and Resource together (in
+// Fences increase per namespace and fenced resource ID (and per cluster),
+// so a store keys its records by Grant.Namespace and Resource together (in
 // pkg/store/postgres: Segment.Namespace and Segment.Resource).
 type Segment struct {
-	// Resource is the resource ID of the lock, scoped to Grant.Namespace.
+	// Resource is the fenced resource ID of the lock (Handle.FencedResource),
+	// scoped to Grant.Namespace: the resource ID of an exclusive lock, or
+	// the slot's ID "ID#k" for slot k of a resource with permits.
 	Resource string
 	// Grant is the LockGrant's namespace and name. Its namespace is the
 	// namespace the resource ID and the fence belong to.
@@ -173,8 +184,12 @@ func (h *Handle) NextSegment() (Segment, error) {
 	if err := h.Check(); err != nil {
 		return Segment{}, err
 	}
+	fenced, err := h.boundResource()
+	if err != nil {
+		return Segment{}, err
+	}
 	return Segment{
-		Resource:      h.resource,
+		Resource:      fenced,
 		Grant:         h.key,
 		GrantUID:      h.uid,
 		Owner:         h.owner,
@@ -195,4 +210,19 @@ func (h *Handle) ResumeSegmentsAfter(seq int64) {
 			return
 		}
 	}
+}
+
+// boundResource returns the fenced resource ID every write of this handle
+// is bound to, after checking that the grant's signed record, when the
+// registry publishes one, names the same: a proof of another slot would be
+// refused by every verifier, so the write is not sent.
+func (h *Handle) boundResource() (string, error) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	fenced := h.fencedLocked()
+	if h.last != nil && h.last.Status.Record != nil && h.last.Status.Record.Resource != fenced {
+		return "", fmt.Errorf("lock: %w", &fencing.Error{Reason: fencing.ReasonBindingMismatch,
+			Detail: fmt.Sprintf("grant %s holds %q, but its signed record names %q", h.key, fenced, h.last.Status.Record.Resource)})
+	}
+	return fenced, nil
 }

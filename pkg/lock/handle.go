@@ -48,6 +48,10 @@ type Handle struct {
 	mu       sync.Mutex
 	m        *holder.Machine
 	heldOnce bool
+	// permit and fenced are the slot the grant holds and its fenced
+	// resource ID, from the first read that shows it Held; constant after.
+	permit int32
+	fenced string
 	// cause is non-nil once Done is closed.
 	cause   error
 	ctx     context.Context
@@ -101,8 +105,38 @@ func (h *Handle) Grant() types.NamespacedName { return h.key }
 // UID returns the LockGrant's UID, the owner token of this acquisition.
 func (h *Handle) UID() types.UID { return h.uid }
 
-// Resource returns the resource ID the lock is on.
+// Resource returns the resource ID the lock is on (spec.resource).
 func (h *Handle) Resource() string { return h.resource }
+
+// Permit returns the slot the grant holds (status.permit), from 0 to the
+// resource's permits minus 1 (see WithPermits): 0 for an exclusive lock,
+// and 0 before the grant is Held. It never changes once Held.
+func (h *Handle) Permit() int32 {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.permit
+}
+
+// FencedResource returns the fenced resource ID of the slot the grant holds
+// (status.fencedResource): the ID the fence belongs to, that the signed
+// record names, and that guarded objects and store rows written under this
+// handle are bound to. It is Resource for an exclusive lock and for slot 0,
+// and Resource followed by "#k" for slot k
+// (api/v1alpha1.SlotResource). Before the grant is Held it is Resource.
+// It never changes once Held.
+func (h *Handle) FencedResource() string {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.fencedLocked()
+}
+
+// fencedLocked is FencedResource; h.mu held.
+func (h *Handle) fencedLocked() string {
+	if h.fenced == "" {
+		return h.resource
+	}
+	return h.fenced
+}
 
 // RequestID returns the request ID the grant is named after.
 func (h *Handle) RequestID() string { return h.requestID }
@@ -266,6 +300,9 @@ func (h *Handle) observe(now holder.Mono, g *lockingv1alpha1.LockGrant) {
 		return
 	}
 	h.last = g.DeepCopy()
+	if h.fenced == "" && g.Status.Phase == lockingv1alpha1.PhaseHeld {
+		h.permit, h.fenced = g.HeldSlot(), g.HeldFencedResource()
+	}
 	h.m.Observe(now, holder.FactsOf(g))
 	h.bump()
 }

@@ -38,6 +38,7 @@ type settings struct {
 	ttl            time.Duration
 	wait           time.Duration
 	lockDelay      time.Duration
+	permits        int32
 	requestID      string
 	operationRoot  string
 	operationClass string
@@ -116,6 +117,29 @@ func WithLockDelay(d time.Duration) Option {
 			s.fail("lock-delay %s is not between 0 and 1h", d)
 		}
 		s.lockDelay = d
+	}
+}
+
+// WithPermits asks for one of n permits of the resource (spec.permits, 1
+// to 64): a counted lock, or semaphore, that n holders may hold at once.
+// The resource is then n exclusive slots sharing one FIFO queue; the grant
+// holds one (Handle.Permit), and each slot has its own fence sequence under
+// its own fenced resource ID (Handle.FencedResource): the resource ID itself
+// for slot 0, the resource ID and "#k" for slot k. Every fencing rule of an
+// exclusive lock holds per slot: guarded objects and store rows are bound to
+// one slot, and Stamp and NextSegment name the handle's slot.
+//
+// The limit in force is the permits of the resource's most recently
+// requested live grant, so every request for a resource should name the
+// same n; a new n takes effect with the requests that name it, and
+// lowering it never ends a live grant. 1, the default, is an exclusive lock,
+// the same request as without the option.
+func WithPermits(n int32) Option {
+	return func(s *settings) {
+		if n < 1 || n > lockingv1alpha1.MaxPermits {
+			s.fail("permits %d is not from 1 to %d", n, lockingv1alpha1.MaxPermits)
+		}
+		s.permits = n
 	}
 }
 

@@ -48,14 +48,15 @@ type stampingClient struct {
 
 var _ client.Client = &stampingClient{}
 
-// guarded reports whether obj is a guarded object of the term's resource.
+// guarded reports whether obj is a guarded object of the term's fenced
+// resource ID (lock.Handle.FencedResource).
 func guarded(obj client.Object, resource string) bool {
 	return obj.GetLabels()[lockingv1alpha1.GuardedLabel] == "true" || obj.GetAnnotations()[lockingv1alpha1.ResourceAnnotation] == resource
 }
 
 // stamp stamps obj when it is guarded.
 func (s *stampingClient) stamp(obj client.Object) (bool, error) {
-	if !guarded(obj, s.term.Resource()) {
+	if !guarded(obj, s.term.h.FencedResource()) {
 		return false, nil
 	}
 	if err := s.term.Stamp(obj); err != nil {
@@ -104,7 +105,7 @@ func (s *stampingClient) Delete(ctx context.Context, obj client.Object, opts ...
 	if err := s.Get(ctx, client.ObjectKeyFromObject(obj), cur); err != nil {
 		return err
 	}
-	if !guarded(cur, s.term.Resource()) {
+	if !guarded(cur, s.term.h.FencedResource()) {
 		return s.Client.Delete(ctx, obj, opts...)
 	}
 	if err := s.term.Context().Err(); err != nil {

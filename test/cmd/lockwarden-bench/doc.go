@@ -17,7 +17,9 @@
 // (the holder's release call to the waiter observing itself holding,
 // through its own watch), expiry handoff (the holder vanishes; its
 // expiresAt to the successor holding), acquire+release cycle throughput on
-// 1 and 64 resources, guarded-write admission overhead, and scale (many
+// 1 and 64 resources, cycle throughput on one resource with 1, 4 and 16
+// permits (2N workers each; a table of its own, no target), guarded-write
+// admission overhead, and scale (many
 // live grants: controller RSS, request-to-Held lag on a free resource, and
 // what is left after the finished-grant retention; the manager is
 // restarted with a short --finished-grant-retention for this phase).

@@ -27,6 +27,8 @@ type lwClient struct {
 	ttl   int32
 	// lockDelay is the lock-delay of every grant, in seconds.
 	lockDelay int32
+	// permits is the spec.permits of every grant; 0 for an exclusive lock.
+	permits int32
 
 	mu      sync.Mutex
 	tracked map[string]*lwTracked // by grant name
@@ -120,7 +122,7 @@ func (l *lwClient) Request(ctx context.Context, resource string) (*ticket, error
 func (l *lwClient) RequestUnder(ctx context.Context, resource string, session *lockingv1alpha1.SessionRef) (*ticket, error) {
 	g := &lockingv1alpha1.LockGrant{
 		ObjectMeta: metav1.ObjectMeta{GenerateName: "g-", Namespace: l.ns, Labels: map[string]string{actorLabel: l.actor}},
-		Spec:       lockingv1alpha1.LockGrantSpec{Resource: resource, LeaseDurationSeconds: l.ttl, Session: session, LockDelaySeconds: l.lockDelay},
+		Spec:       lockingv1alpha1.LockGrantSpec{Resource: resource, LeaseDurationSeconds: l.ttl, Session: session, LockDelaySeconds: l.lockDelay, Permits: l.permits},
 	}
 	if err := l.c.Create(ctx, g); err != nil {
 		return nil, fmt.Errorf("creating a grant for %s: %w", resource, err)

@@ -40,9 +40,10 @@ const (
 	nsThroughput = "bench-throughput"
 	nsAdmission  = "bench-admission"
 	nsScale      = "bench-scale"
+	nsPermits    = "bench-permits"
 )
 
-var benchNamespaces = []string{nsFloor, nsHandoff, nsTraced, nsExpiry, nsThroughput, nsAdmission, nsScale, nsDeadWaiters, nsLongQueue, nsFailover}
+var benchNamespaces = []string{nsFloor, nsHandoff, nsTraced, nsExpiry, nsThroughput, nsPermits, nsAdmission, nsScale, nsDeadWaiters, nsLongQueue, nsFailover}
 
 // bench holds what every phase uses, and collects the results.
 type bench struct {

@@ -46,6 +46,8 @@ type results struct {
 	freeCycle []freeCycle
 	// longQueue is the long-queue phase's result.
 	longQueue *longQueueResult
+	// permits are the permits phase's results, by count of permits.
+	permits []permitsResult
 }
 
 // freeCycle is the cost of one acquire+release cycle on a free resource.
@@ -240,10 +242,16 @@ func (r *results) writeMarkdown(w io.Writer, o options, machine, started, incomp
 	fmt.Fprintf(w, "Machine: %s; load average at the end %s.\n\n", machine, loadavg())
 	fmt.Fprintf(w, "Sizes: %d handoffs per system (leader election at its defaults: %d), %d expiry rounds per system, %s throughput windows on 1 and %d resources, %d admission write triples, %d floor samples, %d live grants over %d resources, %d probes, scale-phase retention %s.\n\n",
 		o.handoffs, o.leDefaultRounds, o.expiryRounds, o.window, o.parallel, o.admission, o.floors, o.scale, o.scale/o.grantsPerRes, o.probes, o.retention)
-	fmt.Fprint(w, r.table())
-	fmt.Fprintln(w)
+	if len(r.rows) > 0 {
+		fmt.Fprint(w, r.table())
+		fmt.Fprintln(w)
+	}
 	if ts := r.targets(o); len(ts) > 0 {
 		fmt.Fprint(w, targetsMarkdown(ts))
+		fmt.Fprintln(w)
+	}
+	if len(r.permits) > 0 {
+		fmt.Fprint(w, permitsMarkdown(r.permits, o.window))
 		fmt.Fprintln(w)
 	}
 	for _, s := range r.all {

@@ -41,7 +41,7 @@ func run(ctx context.Context, o options) (err error) {
 	b := &bench{o: o, dir: dir, res: &results{}}
 	desc := machine()
 	defer func() {
-		if len(b.res.rows) == 0 {
+		if len(b.res.rows) == 0 && len(b.res.permits) == 0 {
 			return
 		}
 		incomplete := ""
@@ -121,6 +121,7 @@ func run(ctx context.Context, o options) (err error) {
 		{"traced", "Handoff path breakdown (lockwarden, traced)", b.traced},
 		{"expiry", "Expiry handoff", b.expiry},
 		{"throughput", "Cycle throughput", b.throughput},
+		{"permits", fmt.Sprintf("Counted permits: cycle throughput on one resource with %v permits", permitCounts), b.permits},
 		{"admission", "Admission overhead", b.admission},
 		{"deadwaiters", "Handoff past waiters that died in the queue", b.deadWaiters},
 		{"failover", "Leader failover: fenced election beside client-go leader election", b.failover},
