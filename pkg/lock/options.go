@@ -46,6 +46,7 @@ type settings struct {
 	renewInterval  time.Duration
 	clk            clock.WithTicker
 	progress       func(*lockingv1alpha1.LockGrant)
+	trace          func(TraceEvent)
 	logger         *logr.Logger
 	driver         string
 	detached       bool
