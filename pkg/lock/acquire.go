@@ -135,6 +135,7 @@ func (c *Client) acquire(ctx context.Context, resource string, try bool, opts []
 		driver:    s.driver,
 		timeout:   requestTimeoutFor(s.ttl),
 		opRoot:    s.operationRoot,
+		trace:     s.trace,
 		changed:   make(chan struct{}),
 		stop:      make(chan struct{}),
 		stopped:   make(chan struct{}),

@@ -88,6 +88,14 @@
 // lock is exclusive: slot 0, the resource itself, the same as before
 // permits existed.
 //
+// # Tracing
+//
+// WithTrace reports every step of a Handle as it happens: each holder state
+// change with the fence and the local deadline, the closing of Done and
+// why, and each renew sent and its answer. lockwarden's chaos suite records
+// its workers' beliefs this way and checks them against what the registry
+// and the guarded objects recorded; a program can log or export them.
+//
 // # Reacting to grants
 //
 // WaitForGrant blocks until a grant satisfies a condition, WatchTransitions

@@ -61,6 +61,12 @@ type Handle struct {
 	// lastState is the state changed was last closed for.
 	lastState holder.State
 
+	// trace receives the steps traceQ queues (WithTrace); tracing is set
+	// while a goroutine delivers them.
+	trace   func(TraceEvent)
+	traceQ  []TraceEvent
+	tracing bool
+
 	releaseMu sync.Mutex
 	stopOnce  sync.Once
 	stop      chan struct{}
@@ -191,6 +197,7 @@ func (h *Handle) Proof() string {
 // may go back to HELD after OWNERSHIP_UNKNOWN if a read proves a renew
 // landed; the handle stays spent all the same.
 func (h *Handle) State() holder.State {
+	defer h.flushTrace()
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	h.m.Tick(h.mono())
@@ -223,6 +230,7 @@ func (h *Handle) Err() error {
 // still start effects: the local deadline minus now, or 0 when Check fails.
 // Use it to bound an operation (a statement timeout, an RPC deadline).
 func (h *Handle) Remaining() time.Duration {
+	defer h.flushTrace()
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	now := h.mono()
@@ -241,6 +249,7 @@ func (h *Handle) Remaining() time.Duration {
 // if the deadline just passed). Passing Check does not make a write safe:
 // the enforcement point that checks the fence does.
 func (h *Handle) Check() error {
+	defer h.flushTrace()
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	now := h.mono()
@@ -258,6 +267,11 @@ func (h *Handle) Check() error {
 // publish applies the machine's state to the handle; h.mu held.
 func (h *Handle) publish() {
 	st := h.m.State()
+	step := -1
+	if st != h.lastState && h.trace != nil {
+		h.traceStep(TraceEvent{Kind: TraceState, Previous: h.lastState})
+		step = len(h.traceQ) - 1
+	}
 	if st == holder.Held || st == holder.Renewing {
 		h.heldOnce = true
 	} else if h.heldOnce && h.cause == nil {
@@ -274,6 +288,9 @@ func (h *Handle) publish() {
 			h.spend(lost(h.m.Reason()))
 		}
 	}
+	if step >= 0 {
+		h.traceQ[step].Err = h.cause // the state change may have closed Done
+	}
 	if st != h.lastState {
 		h.lastState = st
 		h.bump()
@@ -288,6 +305,7 @@ func (h *Handle) spend(cause error) {
 	}
 	h.cause = cause
 	h.cancel(cause)
+	h.traceStep(TraceEvent{Kind: TraceDone})
 	if !errors.Is(cause, ErrReleased) {
 		h.log.Info("Lock ownership ended", "grant", h.key, "resource", h.resource, "fence", h.m.Fence(), "cause", cause.Error())
 	}
@@ -360,6 +378,9 @@ func (h *Handle) run(ctx context.Context) {
 			if (due && at <= now) || (hasRetry && retryAt <= now) {
 				target, sendRenew = h.m.RenewSent(now)
 				inFlight, hasRetry = sendRenew, false
+				if sendRenew {
+					h.traceStep(TraceEvent{Kind: TraceRenewSent, Renewals: target})
+				}
 			}
 		}
 		sendRead := hasRead && readAt <= now
@@ -390,6 +411,7 @@ func (h *Handle) run(ctx context.Context) {
 		}
 		h.publish()
 		h.mu.Unlock()
+		h.flushTrace()
 
 		if st.Final() {
 			return
@@ -442,6 +464,9 @@ func (h *Handle) run(ctx context.Context) {
 			inFlight = false
 			h.mu.Lock()
 			now := h.mono()
+			if r.target != 0 {
+				h.traceRenewAnswer(r)
+			}
 			switch ref := Refusal(r.err); {
 			case r.err == nil:
 				h.observe(now, r.g)
@@ -463,6 +488,7 @@ func (h *Handle) run(ctx context.Context) {
 				retryAt, hasRetry = now+holder.Mono(retryWait), true
 			}
 			h.mu.Unlock()
+			h.flushTrace()
 		case <-h.stop:
 			if timer != nil {
 				timer.Stop()
@@ -493,11 +519,13 @@ func (h *Handle) run(ctx context.Context) {
 func (h *Handle) Release(ctx context.Context) error {
 	h.releaseMu.Lock()
 	defer h.releaseMu.Unlock()
+	defer h.flushTrace()
 	h.mu.Lock()
 	h.m.ReleaseSent(h.mono())
 	h.spend(ErrReleased)
 	h.publish()
 	h.mu.Unlock()
+	h.flushTrace()
 
 	err := h.c.release(ctx, h.clk, h.target())
 	r := fencing.ReasonOf(err)
@@ -520,6 +548,7 @@ func (h *Handle) Release(ctx context.Context) error {
 // changes returns the current state, the last grant read, and a channel
 // closed at the next state change.
 func (h *Handle) changes() (holder.State, *lockingv1alpha1.LockGrant, <-chan struct{}) {
+	defer h.flushTrace()
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	h.m.Tick(h.mono())

@@ -47,6 +47,7 @@ type settings struct {
 	renewInterval  time.Duration
 	clk            clock.WithTicker
 	progress       func(*lockingv1alpha1.LockGrant)
+	trace          func(TraceEvent)
 	logger         *logr.Logger
 	driver         string
 	detached       bool

@@ -408,6 +408,7 @@ func (h *Handle) followSession(s *Session) {
 	} else {
 		err = fmt.Errorf("%w: %w", ErrOwnershipUnknown, err)
 	}
+	defer h.flushTrace()
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	h.spend(err)

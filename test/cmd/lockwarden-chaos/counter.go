@@ -36,15 +36,16 @@ func objectName(resource string) string {
 	return "counter-" + resource[strings.LastIndex(resource, "/")+1:]
 }
 
-// increment reads the resource's counter, computes for a moment (keeping
-// the lease), and writes count+1 with the grant, its fence and its proof,
-// under a resourceVersion precondition (a create when the object does not
-// exist). It writes nothing unless the holder machine is Valid just before;
-// but between that check and the request a process can always be paused,
-// and the chaos driver makes sure some are (pauseIfArmed): those late
-// writes are the ones admission must refuse.
+// increment reads the resource's counter, computes for a moment (the
+// handle renewing meanwhile), and writes count+1 stamped by the handle
+// (Handle.Stamp: the grant, its fence and its proof) under a
+// resourceVersion precondition (a create when the object does not exist).
+// It writes nothing unless Stamp's check passes just before; but between
+// that check and the request a process can always be paused, and the chaos
+// driver makes sure some are (pauseIfArmed): those late writes are the
+// ones admission must refuse.
 // It reports whether the worker may go on writing under l: false once
-// admission refused the grant or the lease is no longer valid.
+// admission refused the grant or the handle's Done closed.
 func (w *worker) increment(ctx context.Context, l *lease) bool {
 	key := client.ObjectKey{Namespace: w.o.namespace, Name: objectName(l.resource)}
 	read := Event{Op: OpRead, ID: w.nextID("r"), Resource: l.resource, Object: key.Name}
@@ -67,25 +68,27 @@ func (w *worker) increment(ctx context.Context, l *lease) bool {
 	default:
 		read.Detail = err.Error()
 		w.rec.emit(withKind(read, EventInfo))
-		return l.valid()
+		return l.h.Check() == nil
 	}
 
-	l.keep(ctx, w.between(0, maxCompute), nil)
-	if !l.valid() {
-		return false
-	}
+	l.wait(ctx, w.between(0, maxCompute))
 	if !exists {
-		cm = &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{
-			Name: key.Name, Namespace: key.Namespace,
-			Labels:      map[string]string{lockingv1alpha1.GuardedLabel: "true"},
-			Annotations: map[string]string{lockingv1alpha1.ResourceAnnotation: l.resource},
-		}}
+		cm = &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: key.Name, Namespace: key.Namespace}}
 	}
 	write := Event{
 		Op: OpWrite, ID: w.nextID("w"), Resource: l.resource, Object: key.Name,
-		Grant: l.key.Name, UID: string(l.uid), Fence: l.m.Fence(), ExpectRV: read.RV, Count: read.Count + 1,
+		Grant: l.key.Name, UID: string(l.h.UID()), Fence: l.h.Fence(), ExpectRV: read.RV, Count: read.Count + 1,
 	}
-	stamp(cm, l, write)
+	if cm.Data == nil {
+		cm.Data = map[string]string{}
+	}
+	cm.Data[countKey] = strconv.FormatInt(write.Count, 10)
+	cm.Data[writeKey] = write.ID
+	// The last check: the handle stamps the write only while it may start
+	// an effect.
+	if err := l.h.Stamp(cm); err != nil {
+		return false
+	}
 	if w.pauseIfArmed(ctx, write) && exists {
 		// Resumed long after its lease ended, the write goes out without
 		// its resourceVersion precondition, as a client that does not
@@ -117,7 +120,7 @@ func (w *worker) increment(ctx context.Context, l *lease) bool {
 		write.Detail = err.Error()
 		w.rec.emit(withKind(write, EventInfo))
 	}
-	return l.valid()
+	return l.h.Check() == nil
 }
 
 // stray sends, once l has ended, what a replica that lost its lease still
@@ -131,7 +134,7 @@ func (w *worker) stray(ctx context.Context, l *lease) {
 		return
 	}
 	cm := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: w.o.namespace, Name: objectName(resource)}}
-	e := Event{Op: OpStray, ID: w.nextID("s"), Resource: resource, Object: cm.Name, Grant: l.key.Name, UID: string(l.uid), Fence: l.m.Fence()}
+	e := Event{Op: OpStray, ID: w.nextID("s"), Resource: resource, Object: cm.Name, Grant: l.key.Name, UID: string(l.h.UID()), Fence: l.h.Fence()}
 	rctx, cancel := w.requestCtx(ctx)
 	defer cancel()
 	var err error
@@ -190,26 +193,6 @@ func (w *worker) strayTarget(ctx context.Context, held string) string {
 		return false, nil
 	})
 	return target
-}
-
-// stamp writes the new count and the write's ID into cm, and the grant, its
-// fence and its proof into the annotations admission checks.
-func stamp(cm *corev1.ConfigMap, l *lease, write Event) {
-	if cm.Data == nil {
-		cm.Data = map[string]string{}
-	}
-	cm.Data[countKey] = strconv.FormatInt(write.Count, 10)
-	cm.Data[writeKey] = write.ID
-	if cm.Annotations == nil {
-		cm.Annotations = map[string]string{}
-	}
-	cm.Annotations[lockingv1alpha1.GrantAnnotation] = l.key.Name
-	cm.Annotations[lockingv1alpha1.FenceAnnotation] = fencing.FormatFence(write.Fence)
-	if l.proof != "" {
-		cm.Annotations[lockingv1alpha1.ProofAnnotation] = l.proof
-	} else {
-		delete(cm.Annotations, lockingv1alpha1.ProofAnnotation)
-	}
 }
 
 // pauseIfArmed stops the worker (SIGSTOP to itself) if the chaos driver

@@ -31,14 +31,19 @@
 //     system:serviceaccount:chaos:worker-N, except worker-1, which runs as
 //     worker-0's service account: two replicas of one Deployment, whose
 //     writes only the claim each asserts tells apart. They contend for
-//     a few resources: acquire a LockGrant, keep it with the holder state
-//     machine of pkg/lock/holder (renewing, and producing no effect once
-//     ownership is unknown), and write fenced increments to the guarded
-//     ConfigMap of the resource: read the count, add one, write it back with
-//     a resourceVersion precondition and the grant, fence and proof
-//     annotations (the claim, which admission consumes, recording what it
-//     accepted in the accepted-* annotations). Each worker reaches the API server through its own
-//     toxiproxy proxy (github.com/Shopify/toxiproxy/v2, in process).
+//     a few resources with the shipped holder library, pkg/lock, as a
+//     user's program does: lock.Client.Acquire makes the LockGrant, the
+//     Handle keeps it (renewing in the background, and closing Done once
+//     ownership is unknown or lost), and Release gives it back. Under it
+//     they write fenced increments to the guarded ConfigMap of the
+//     resource: read the count, add one, stamp the write with Handle.Stamp
+//     (the grant, fence and proof: the claim, which admission consumes,
+//     recording what it accepted in the accepted-* annotations) and write
+//     it back with a resourceVersion precondition. What a worker believed
+//     and when (its renewals, OWNERSHIP_UNKNOWN with the local deadline,
+//     Done) comes from the handle's trace (lock.WithTrace). Each worker
+//     reaches the API server through its own toxiproxy proxy
+//     (github.com/Shopify/toxiproxy/v2, in process).
 //
 // # The faults
 //
@@ -58,10 +63,12 @@
 // webhook unavailability while a replica is healthy reads them. Faults are random
 // from --seed; the run is not deterministic (real processes and a real
 // scheduler), but every action is in the history. Workers add faults of
-// their own: once a grant has ended, a worker sometimes sends what a replica
-// that lost its lease still sends to the object — a merge patch of data
-// only, or a delete without a precondition — neither of which asserts a
-// claim.
+// their own: a worker sometimes walks away from a grant without releasing
+// it (its handle's requests fail from then on, as for a process that has
+// gone away), so that the grant expires; once a grant has ended, a worker
+// sometimes sends what a replica that lost its lease still sends to the
+// object — a merge patch of data only, or a delete without a precondition —
+// neither of which asserts a claim.
 //
 // # The history and the checker
 //

@@ -122,6 +122,10 @@ const (
 	// NoteUnknownEnd (worker): a read or the registry's answer settled it;
 	// Reason is the new state.
 	NoteUnknownEnd = "unknown-end"
+	// NoteDone (worker): the handle's Done closed, the worker may start no
+	// new effect under Grant; Reason says why (OWNERSHIP_UNKNOWN, RELEASED,
+	// or the registry's reason), Detail is the handle's error.
+	NoteDone = "handle-done"
 	// NoteFault (chaos): a fault began; NoteHeal: it ended. Detail says which.
 	NoteFault = "fault"
 	NoteHeal  = "heal"

@@ -24,9 +24,9 @@ import (
 const workerCommand = "worker"
 
 // Worker behaviour. The numbers make leases short and busy: a worker holds
-// a grant for a few writes, renews it a third of the TTL after each
-// confirmed send, and sometimes walks away without releasing it, so that
-// both handoff paths (release and expiry) happen without faults too.
+// a grant for a few writes (its handle renews it a third of the TTL after
+// each confirmed send), and sometimes walks away without releasing it, so
+// that both handoff paths (release and expiry) happen without faults too.
 const (
 	maxWritesPerGrant = 6
 	maxThink          = 400 * time.Millisecond
@@ -38,8 +38,9 @@ const (
 	// strayWait bounds how long a stray request waits for a successor to
 	// write the object first.
 	strayWait = 5 * time.Second
-	// unknownPatience is how long a worker in OWNERSHIP_UNKNOWN keeps
-	// reading its grant before it gives the grant up with a release.
+	// unknownPatience is how long a worker whose handle is in
+	// OWNERSHIP_UNKNOWN lets it learn how the grant ended before it gives
+	// the grant up with a release.
 	unknownPatience = 2 * time.Second
 	// settleTimeout bounds the wait for a final answer after a release.
 	settleTimeout = 10 * time.Second
@@ -57,22 +58,22 @@ type workerOptions struct {
 	// replicaOf names the worker that runs as the same service account
 	// (a replica of the same Deployment), or "".
 	replicaOf string
-	// requestTimeout bounds every API request.
+	// requestTimeout bounds every request to a guarded object (the
+	// handle bounds its own).
 	requestTimeout time.Duration
 	// waitTimeout is the grants' spec.waitTimeoutSeconds.
 	waitTimeout time.Duration
 }
 
-// worker is one worker process: it takes grants on random resources and
-// writes fenced increments while the holder machine says it may.
+// worker is one worker process: it takes grants on random resources with
+// pkg/lock and writes fenced increments while its handle says it may.
 type worker struct {
 	o   workerOptions
 	c   client.WithWatch
 	rec *recorder
 	rnd *rand.Rand
-	// origin is the instant the worker's monotonic clock counts from.
-	origin time.Time
-	seq    int
+	// seq numbers the worker's operations (its handles' renewals too).
+	seq atomic.Int64
 	// armed is set by SIGUSR1 and cleared by SIGUSR2 (the chaos driver):
 	// pause before the next write.
 	armed atomic.Bool
@@ -91,7 +92,7 @@ func runWorker(args []string) int {
 	fs.DurationVar(&o.ttl, "ttl", defaultTTL, "Lease duration of every grant (whole seconds).")
 	fs.Uint64Var(&o.seed, "seed", 1, "Seed of the worker's choices.")
 	fs.StringVar(&o.replicaOf, "replica-of", "", "The worker that runs as the same service account, if any.")
-	fs.DurationVar(&o.requestTimeout, "request-timeout", 3*time.Second, "Deadline of every API request.")
+	fs.DurationVar(&o.requestTimeout, "request-timeout", 3*time.Second, "Deadline of every request to a guarded object.")
 	fs.DurationVar(&o.waitTimeout, "wait-timeout", 20*time.Second, "How long a grant may wait in the queue (spec.waitTimeoutSeconds).")
 	if err := fs.Parse(args); err != nil {
 		return 2
@@ -142,8 +143,7 @@ func newWorker(o workerOptions) (*worker, error) {
 	}
 	return &worker{
 		o: o, c: c, rec: rec,
-		rnd:    rand.New(rand.NewPCG(o.seed, 0x6c6f636b)),
-		origin: time.Now(),
+		rnd: rand.New(rand.NewPCG(o.seed, 0x6c6f636b)),
 	}, nil
 }
 
@@ -152,40 +152,37 @@ func newWorker(o workerOptions) (*worker, error) {
 func (w *worker) run(ctx context.Context) {
 	for ctx.Err() == nil {
 		resource := w.o.resources[w.rnd.IntN(len(w.o.resources))]
-		l := w.acquire(ctx, resource)
-		if l != nil {
+		if l := w.acquire(ctx, resource); l != nil {
 			w.hold(ctx, l)
-			l.close()
 		}
 		_ = sleep(ctx, w.between(0, maxThink))
 	}
 }
 
 // hold writes a few increments under l, then releases it or, sometimes,
-// walks away and lets it expire. It stops writing as soon as the holder
-// machine is not Valid: in OWNERSHIP_UNKNOWN it reads the grant until that
-// settles, and gives the grant up if it does not settle soon.
+// walks away and lets it expire. It stops writing as soon as the handle's
+// Done closes; a handle in OWNERSHIP_UNKNOWN gets a moment to learn how
+// the grant ended before the worker gives the grant up.
 func (w *worker) hold(ctx context.Context, l *lease) {
 	// Cleanup runs even when ctx ends (SIGTERM at the end of the run).
 	after := context.WithoutCancel(ctx)
 	writes := 1 + w.rnd.IntN(maxWritesPerGrant)
-	for i := 0; i < writes && ctx.Err() == nil; i++ {
-		if !l.valid() {
-			if !l.reconcile(ctx, unknownPatience) {
-				break
-			}
-		}
+	for i := 0; i < writes && ctx.Err() == nil && l.h.Check() == nil; i++ {
 		if !w.increment(ctx, l) {
 			break
 		}
-		l.keep(ctx, w.between(0, maxThink), nil)
+		l.wait(ctx, w.between(0, maxThink))
 	}
-	if ctx.Err() == nil && l.valid() && w.rnd.Float64() < abandonRate {
-		return // the grant expires; the successor waits for it
+	if ctx.Err() == nil && l.h.Check() == nil && w.rnd.Float64() < abandonRate {
+		l.abandon() // the grant expires; the successor waits for it
+		return
+	}
+	if l.h.State() == holder.OwnershipUnknown {
+		l.settle(ctx, unknownPatience, func(st holder.State) bool { return st != holder.OwnershipUnknown })
 	}
 	l.release(after)
-	l.keep(after, settleTimeout, func() bool { return l.m.State().Final() })
-	if ctx.Err() == nil && l.m.State().Final() && w.rnd.Float64() < strayRate {
+	final := l.settle(after, settleTimeout, holder.State.Final)
+	if ctx.Err() == nil && final && w.rnd.Float64() < strayRate {
 		w.stray(ctx, l)
 	}
 }
@@ -195,18 +192,13 @@ func (w *worker) between(lo, hi time.Duration) time.Duration {
 	return lo + time.Duration(w.rnd.Int64N(int64(hi-lo)))
 }
 
-// mono is the worker's monotonic clock, the only clock the holder machine
-// sees.
-func (w *worker) mono() holder.Mono { return holder.Mono(time.Since(w.origin)) }
-
-// wall estimates the wall-clock instant of m, for the history.
-func (w *worker) wall(m holder.Mono) time.Time { return w.origin.Add(time.Duration(m)) }
+// next returns the next operation number.
+func (w *worker) next() int64 { return w.seq.Add(1) }
 
 // nextID returns a new operation ID: the worker's name, a letter for the
 // operation and a sequence number.
 func (w *worker) nextID(letter string) string {
-	w.seq++
-	return fmt.Sprintf("%s-%s%d", w.o.id, letter, w.seq)
+	return fmt.Sprintf("%s-%s%d", w.o.id, letter, w.next())
 }
 
 // requestCtx bounds one API request.
