@@ -14,21 +14,21 @@ import (
 type TraceKind string
 
 const (
-	// TraceState: the holder state changed (Previous to State), as the
+	// TraceState means the holder state changed (Previous to State), as the
 	// handle published it: REQUESTED to HELD when the grant is confirmed,
 	// HELD to OWNERSHIP_UNKNOWN at the local deadline, to EXPIRED or
 	// RELEASED when the acquisition ended, ... A state the handle passed
 	// through between two of its steps is not reported.
 	TraceState TraceKind = "state"
-	// TraceDone: Done closed; Err says why (ErrOwnershipUnknown,
+	// TraceDone means Done closed; Err says why (ErrOwnershipUnknown,
 	// ErrReleased, or ErrLost and the refusal). Reported once, at the
 	// instant the handle stopped allowing new effects.
 	TraceDone TraceKind = "done"
-	// TraceRenewSent: the handle is sending a renew that sets
+	// TraceRenewSent means the handle is sending a renew that sets
 	// spec.renewals to Renewals. A renew whose outcome was unknown is
 	// reported again when it is resent, with the same Renewals.
 	TraceRenewSent TraceKind = "renew-sent"
-	// TraceRenewAnswered: the API server answered the renew of Renewals,
+	// TraceRenewAnswered means the API server answered the renew of Renewals,
 	// or no answer came (RenewErr). An accepted renew extends the lease
 	// only once the controller has observed it: a later TraceState says so.
 	TraceRenewAnswered TraceKind = "renew-answered"
