@@ -106,14 +106,14 @@ func (a *app) acquireCmd() *cobra.Command {
 		Short: "Take the lock on RESOURCE and print the grant and its fence",
 		Long: `Take the lock on RESOURCE, waiting in its queue, and print the grant's name
 and fence. The lock is not renewed after the command exits: renew it with
-'kubectl lock renew GRANT' before the TTL runs out, or use 'kubectl lock run'.
+'kubectl lockwarden renew GRANT' before the TTL runs out, or use 'kubectl lockwarden run'.
 Acquiring again with the same --request-id prints the same grant while it
 lasts.`,
-		Example: `  kubectl lock acquire reports/nightly --ttl 60s --wait 10s
-  kubectl lock acquire reports/nightly -o json
+		Example: `  kubectl lockwarden acquire reports/nightly --ttl 60s --wait 10s
+  kubectl lockwarden acquire reports/nightly -o json
 
   # One of 4 permits of render/farm: at most 4 holders at once.
-  kubectl lock acquire render/farm --permits 4`,
+  kubectl lockwarden acquire render/farm --permits 4`,
 		Args:              cobra.ExactArgs(1),
 		ValidArgsFunction: a.completeResources,
 		RunE: func(cmd *cobra.Command, args []string) error {
@@ -161,7 +161,7 @@ func (a *app) renewCmd() *cobra.Command {
 		Long: `Renew the grant GRANT (NAME or NAMESPACE/NAME) once and wait for the
 controller's answer. A grant whose lease already ran out is never renewed
 (exit code 3, EXPIRED): acquire again for a new fence. A grant that
-'kubectl lock run' or a library handle holds is renewed by that process
+'kubectl lockwarden run' or a library handle holds is renewed by that process
 only (exit code 3, DRIVER_MISMATCH). A grant that does not exist is
 UNKNOWN_GRANT (exit code 3), as for release.`,
 		Args:              cobra.ExactArgs(1),
@@ -204,7 +204,7 @@ never a later grant. Prints "released", or exits with code 3 and the reason:
 NOT_OWNER (another identity's grant), EXPIRED (the lease had run out),
 ALREADY_ENDED (released before, or timed out), REVOKED, or UNKNOWN_GRANT (no
 such grant, as for renew). Releasing the grant of a running
-'kubectl lock run' stops it: its command is terminated.`,
+'kubectl lockwarden run' stops it: its command is terminated.`,
 		Args:              cobra.ExactArgs(1),
 		ValidArgsFunction: a.completeGrants,
 		RunE: func(cmd *cobra.Command, args []string) error {
@@ -299,11 +299,16 @@ func (p *progress) update(g *lockingv1alpha1.LockGrant) {
 		}
 	}
 	line := fmt.Sprintf("waiting for %s: position %d in the queue", p.resource, pos)
-	if p.permits > 1 {
+	var st *resourceStatus
+	if listed {
+		st = statusOf(p.ns, p.resource, list.Items, nil)
+	}
+	if p.permits > 1 || (st != nil && st.semaphore()) {
 		// Each permit has its own fence record; the holders are counted
-		// from the grants, when the user may list them.
-		if listed {
-			st := statusOf(p.ns, p.resource, list.Items, nil)
+		// from the grants, when the user may list them. A request for
+		// one permit waits here too while holders of a resource whose
+		// limit was lowered keep their permits.
+		if st != nil {
 			line += fmt.Sprintf(", %d of %d permits held", len(st.Holders), st.Permits)
 		}
 		if line != p.last {
@@ -333,9 +338,9 @@ func (p *progress) update(g *lockingv1alpha1.LockGrant) {
 func (p *progress) print(line string) {
 	p.last = line
 	if p.tty {
-		fmt.Fprintf(p.w, "\r\033[Kkubectl-lock: %s", line)
+		fmt.Fprintf(p.w, "\r\033[Kkubectl-lockwarden: %s", line)
 	} else {
-		fmt.Fprintf(p.w, "kubectl-lock: %s\n", line)
+		fmt.Fprintf(p.w, "kubectl-lockwarden: %s\n", line)
 	}
 }
 
@@ -348,7 +353,7 @@ func (p *progress) finish(msg string) {
 		fmt.Fprint(p.w, "\r\033[K")
 	}
 	if msg != "" {
-		fmt.Fprintf(p.w, "kubectl-lock: %s\n", msg)
+		fmt.Fprintf(p.w, "kubectl-lockwarden: %s\n", msg)
 	}
 }
 

@@ -1,18 +1,20 @@
-// Command kubectl-lock is the kubectl plugin for lockwarden's fenced locks:
-// installed on $PATH it runs as `kubectl lock`. It takes, renews, releases
-// and inspects LockGrants with the user's kubeconfig and the usual kubectl
-// flags (--kubeconfig, --context, --namespace, ...), and `kubectl lock run`
-// protects a shell command: it holds the lock while the command runs, hands
-// it the fence, and stops it the moment the lock is lost or in doubt.
+// Command kubectl-lock is the kubectl plugin for lockwarden's fenced locks,
+// built as kubectl-lockwarden (and as kubectl-lock for compatibility):
+// installed on $PATH it runs as `kubectl lockwarden`. It takes, renews,
+// releases and inspects LockGrants with the user's kubeconfig and the usual
+// kubectl flags (--kubeconfig, --context, --namespace, ...), and
+// `kubectl lockwarden run` protects a shell command: it holds the lock while
+// the command runs, hands it the fence, and stops it the moment the lock is
+// lost or in doubt.
 //
-//	kubectl lock acquire RESOURCE [--ttl 30s] [--wait 0] [--request-id ID] [-o json|yaml]
-//	kubectl lock renew GRANT
-//	kubectl lock release GRANT
-//	kubectl lock status RESOURCE [-o json|yaml]
-//	kubectl lock list [--resource R] [--phase P] [--owner O] [-A] [-o json|yaml]
-//	kubectl lock run RESOURCE [--ttl 30s] [--wait 0] [--grace 10s] [-- COMMAND [ARG...]]
-//	kubectl lock version
-//	kubectl lock completion bash|zsh|fish|powershell
+//	kubectl lockwarden acquire RESOURCE [--ttl 30s] [--wait 0] [--request-id ID] [-o json|yaml]
+//	kubectl lockwarden renew GRANT
+//	kubectl lockwarden release GRANT
+//	kubectl lockwarden status RESOURCE [-o json|yaml]
+//	kubectl lockwarden list [--resource R] [--phase P] [--owner O] [-A] [-o json|yaml]
+//	kubectl lockwarden run RESOURCE [--ttl 30s] [--wait 0] [--grace 10s] [-- COMMAND [ARG...]]
+//	kubectl lockwarden version
+//	kubectl lockwarden completion bash|zsh|fish|powershell
 //
 // `run` passes the command LOCKWARDEN_FENCE, LOCKWARDEN_GRANT (the grant's
 // name), LOCKWARDEN_NAMESPACE, LOCKWARDEN_RESOURCE, LOCKWARDEN_GRANT_UID,
@@ -29,14 +31,14 @@
 // Exit codes:
 //
 //	0    success; for run, the command exited 0 while the lock was held
-//	1    kubectl-lock failed (usage, API errors) — every command but run
+//	1    kubectl-lockwarden failed (usage, API errors) — every command but run
 //	3    lockwarden refused, with the reason code first in the message
 //	     (NOT_OWNER, EXPIRED, ALREADY_ENDED, NOT_HELD, REVOKED, UNKNOWN_GRANT,
 //	     DRIVER_MISMATCH, ...); for run, before the command started
 //	123  run: the lock was lost, or its ownership became unknown, while the
 //	     command ran; the command was terminated
 //	124  acquire, run: not acquired within --wait
-//	125  run: kubectl-lock itself failed (usage, API errors)
+//	125  run: kubectl-lockwarden itself failed (usage, API errors)
 //	126  run: the command could not be executed
 //	127  run: the command was not found
 //	N    run: otherwise the command's own exit status (128+S when it was

@@ -87,7 +87,7 @@ func execute(args []string, streams genericiooptions.IOStreams) int {
 		}
 	}
 	if ee.err != nil {
-		fmt.Fprintf(streams.ErrOut, "kubectl-lock: %v\n", ee.err)
+		fmt.Fprintf(streams.ErrOut, "kubectl-lockwarden: %v\n", ee.err)
 	}
 	return ee.code
 }
@@ -101,9 +101,9 @@ type app struct {
 func newRootCmd(streams genericiooptions.IOStreams) *cobra.Command {
 	a := &app{streams: streams, flags: genericclioptions.NewConfigFlags(true)}
 	root := &cobra.Command{
-		Use:   "kubectl-lock",
+		Use:   "kubectl-lockwarden",
 		Short: "Take, hold and inspect lockwarden's fenced locks",
-		Long: `kubectl lock takes, renews, releases and inspects lockwarden locks
+		Long: `kubectl lockwarden takes, renews, releases and inspects lockwarden locks
 (LockGrants), and runs a command while holding one.
 
 Every grant carries a fencing token (the fence) that is strictly larger than
@@ -112,35 +112,35 @@ holder that lost its lease cannot write any more, whatever it believes.
 
 Exit codes:
   0    success; for run, the command exited 0 while the lock was held
-  1    kubectl-lock failed (usage, API errors), every command but run
+  1    kubectl-lockwarden failed (usage, API errors), every command but run
   3    lockwarden refused, with the reason code first in the message (NOT_OWNER,
        EXPIRED, ALREADY_ENDED, NOT_HELD, REVOKED, UNKNOWN_GRANT,
        DRIVER_MISMATCH, ...); for run, before the command started
   123  run: the lock was lost or in doubt while the command ran; it was terminated
   124  acquire, run: not acquired within --wait
-  125  run: kubectl-lock itself failed
+  125  run: kubectl-lockwarden itself failed
   126  run: the command could not be executed
   127  run: the command was not found
   N    run: otherwise the command's own exit status (128+S if killed by signal S,
        or if signal S interrupted the wait)
 
-Shell completion: kubectl lock completion bash|zsh|fish|powershell. For
-completion through kubectl itself, put an executable kubectl_complete-lock
-on $PATH that runs: kubectl-lock __complete "$@"`,
+Shell completion: kubectl lockwarden completion bash|zsh|fish|powershell. For
+completion through kubectl itself, put an executable kubectl_complete-lockwarden
+on $PATH that runs: kubectl-lockwarden __complete "$@"`,
 		Example: `  # Run a migration while holding the lock on db/orders; wait at most 5 minutes.
-  kubectl lock run db/orders --ttl 30s --wait 5m -- ./migrate.sh
+  kubectl lockwarden run db/orders --ttl 30s --wait 5m -- ./migrate.sh
 
   # Take a lock by hand, renew it, release it.
-  kubectl lock acquire reports/nightly --ttl 60s
-  kubectl lock renew req-0f3c...
-  kubectl lock release req-0f3c...
+  kubectl lockwarden acquire reports/nightly --ttl 60s
+  kubectl lockwarden renew req-0f3c...
+  kubectl lockwarden release req-0f3c...
 
   # Who holds db/orders, and who waits?
-  kubectl lock status db/orders`,
+  kubectl lockwarden status db/orders`,
 		SilenceErrors: true,
 		SilenceUsage:  true,
-		// Shown in usage lines: the plugin is run as `kubectl lock`.
-		Annotations: map[string]string{cobra.CommandDisplayNameAnnotation: "kubectl lock"},
+		// Shown in usage lines: the plugin is run as `kubectl lockwarden`.
+		Annotations: map[string]string{cobra.CommandDisplayNameAnnotation: "kubectl lockwarden"},
 	}
 	a.flags.AddFlags(root.PersistentFlags())
 	root.AddCommand(a.acquireCmd(), a.renewCmd(), a.releaseCmd(), a.statusCmd(), a.listCmd(), a.runCmd(), a.versionCmd())

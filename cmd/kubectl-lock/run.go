@@ -93,12 +93,12 @@ runs hold one grant. A run that finds the grant of its request ID held or
 awaited by another run is refused with DRIVER_MISMATCH (exit code 3), and
 one that finds it ended is refused with the reason it ended. Unless stdin is a terminal, COMMAND runs
 in its own process group, and signals go to the whole group. SIGINT, SIGTERM
-and SIGHUP sent to kubectl lock are passed on to COMMAND.`,
-		Example: `  kubectl lock run db/orders --ttl 30s --wait 5m -- ./migrate.sh
-  kubectl lock run reports/nightly -- sh -c 'generate-report --fence "$LOCKWARDEN_FENCE"'
+and SIGHUP sent to kubectl lockwarden are passed on to COMMAND.`,
+		Example: `  kubectl lockwarden run db/orders --ttl 30s --wait 5m -- ./migrate.sh
+  kubectl lockwarden run reports/nightly -- sh -c 'generate-report --fence "$LOCKWARDEN_FENCE"'
 
   # At most 4 renders at once; each knows its permit.
-  kubectl lock run render/farm --permits 4 -- sh -c 'render --slot "$LOCKWARDEN_PERMIT"'`,
+  kubectl lockwarden run render/farm --permits 4 -- sh -c 'render --slot "$LOCKWARDEN_PERMIT"'`,
 		Args:              cobra.MinimumNArgs(1),
 		ValidArgsFunction: a.completeResources,
 		RunE: func(cmd *cobra.Command, args []string) error {
@@ -107,7 +107,7 @@ and SIGHUP sent to kubectl lock are passed on to COMMAND.`,
 				// No command: hold the lock until interrupted.
 				args = append(args, "")
 			} else if dash != 1 || len(args) < 2 {
-				return &exitErr{code: exitRunFailed, err: errors.New("usage: kubectl lock run RESOURCE [flags] -- COMMAND [ARG...]")}
+				return &exitErr{code: exitRunFailed, err: errors.New("usage: kubectl lockwarden run RESOURCE [flags] -- COMMAND [ARG...]")}
 			}
 			g, err := fitGrace(o.ttl, grace, cmd.Flags().Changed("grace"))
 			if err != nil {
@@ -275,12 +275,12 @@ func (a *app) run(resource string, argv []string, o acquireOptions, grace time.D
 		case err := <-exited:
 			code := exitCode(child.ProcessState, err)
 			if rerr := release(releaseTimeout); rerr != nil {
-				fmt.Fprintf(a.streams.ErrOut, "kubectl-lock: warning: %v\n", rerr)
+				fmt.Fprintf(a.streams.ErrOut, "kubectl-lockwarden: warning: %v\n", rerr)
 			}
 			return code, nil
 		case <-h.Done():
 			cause := h.Err()
-			fmt.Fprintf(a.streams.ErrOut, "kubectl-lock: %v; stopping the command (SIGTERM, SIGKILL after %s)\n", cause, grace)
+			fmt.Fprintf(a.streams.ErrOut, "kubectl-lockwarden: %v; stopping the command (SIGTERM, SIGKILL after %s)\n", cause, grace)
 			signalChild(syscall.SIGTERM)
 			t := time.NewTimer(grace)
 			select {
@@ -291,7 +291,7 @@ func (a *app) run(resource string, argv []string, o acquireOptions, grace time.D
 			}
 			t.Stop()
 			if rerr := release(lostReleaseTimeout); rerr != nil {
-				fmt.Fprintf(a.streams.ErrOut, "kubectl-lock: %v\n", rerr)
+				fmt.Fprintf(a.streams.ErrOut, "kubectl-lockwarden: %v\n", rerr)
 			}
 			return exitLockLost, fmt.Errorf("lock on %s lost while the command ran: %w", resource, cause)
 		case s := <-sigs:
@@ -316,7 +316,7 @@ func (a *app) hold(h *lock.Handle, resource, permit string, sigs <-chan os.Signa
 	case <-h.Done():
 		cause := h.Err()
 		if rerr := release(lostReleaseTimeout); rerr != nil {
-			fmt.Fprintf(a.streams.ErrOut, "kubectl-lock: %v\n", rerr)
+			fmt.Fprintf(a.streams.ErrOut, "kubectl-lockwarden: %v\n", rerr)
 		}
 		return exitLockLost, fmt.Errorf("lock on %s lost while held: %w", resource, cause)
 	}

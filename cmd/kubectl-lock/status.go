@@ -25,7 +25,7 @@ import (
 	"github.com/lockwarden/lockwarden/internal/grantplan"
 )
 
-// resourceStatus is what `kubectl lock status` reports about one resource.
+// resourceStatus is what `kubectl lockwarden status` reports about one resource.
 type resourceStatus struct {
 	Resource  string `json:"resource"`
 	Namespace string `json:"namespace"`
@@ -44,6 +44,10 @@ type resourceStatus struct {
 	// resource ID itself (from its FenceCounter); 0 when unknown. Each
 	// other slot has its own fence sequence: see its holder's fence.
 	HighestFence int64 `json:"highestFence,omitempty"`
+	// SlotFences are, for a resource with permits, the highest fence ever
+	// issued for each permit below the limit or held: each permit has a
+	// fence sequence of its own.
+	SlotFences []slotFence `json:"slotFences,omitempty"`
 	// LockDelayUntil is set while slot 0 waits out the lock-delay of a
 	// holder whose lease ended without a release: nobody is granted it
 	// before, by the controller's clock.
@@ -68,6 +72,13 @@ type holderStatus struct {
 	GrantedAt *metav1.MicroTime `json:"grantedAt,omitempty"`
 	ExpiresAt *metav1.MicroTime `json:"expiresAt,omitempty"`
 	Renewals  int64             `json:"renewals"`
+}
+
+// slotFence is the highest fence issued for one permit.
+type slotFence struct {
+	Permit         int32  `json:"permit"`
+	FencedResource string `json:"fencedResource"`
+	HighestFence   int64  `json:"highestFence"`
 }
 
 type queuedRequest struct {
@@ -95,9 +106,9 @@ requests, next first. For a resource with permits (acquire or run
 its fenced resource ID and its fence (each permit has its own fence
 sequence). -o json|yaml|jsonpath|go-template print it as an object of kind
 ResourceStatus.`,
-		Example: `  kubectl lock status db/orders
-  kubectl lock status db/orders -o jsonpath='{.holder.fence}'
-  kubectl lock status render/farm -o jsonpath='{range .holders[*]}{.permit} {.fence}{"\n"}{end}'`,
+		Example: `  kubectl lockwarden status db/orders
+  kubectl lockwarden status db/orders -o jsonpath='{.holder.fence}'
+  kubectl lockwarden status render/farm -o jsonpath='{range .holders[*]}{.permit} {.fence}{"\n"}{end}'`,
 		Args:              cobra.ExactArgs(1),
 		ValidArgsFunction: a.completeResources,
 		RunE: func(cmd *cobra.Command, args []string) error {
@@ -174,7 +185,53 @@ func readStatus(ctx context.Context, c client.Client, ns, resource string) (*res
 	default:
 		return nil, err
 	}
-	return statusOf(ns, resource, list.Items, fc), nil
+	st := statusOf(ns, resource, list.Items, fc)
+	if st.semaphore() {
+		counters := map[int32]*lockingv1alpha1.FenceCounter{0: fc}
+		for k := int32(1); k < st.slots(); k++ {
+			sc := &lockingv1alpha1.FenceCounter{}
+			switch err := c.Get(ctx, types.NamespacedName{Namespace: ns, Name: lockingv1alpha1.FenceCounterName(lockingv1alpha1.SlotResource(resource, k))}, sc); {
+			case err == nil:
+				counters[k] = sc
+			case apierrors.IsNotFound(err), apierrors.IsForbidden(err):
+			default:
+				return nil, err
+			}
+		}
+		st.addSlotFences(counters)
+	}
+	return st, nil
+}
+
+// slots is the number of permits to show: those below the limit, and any
+// permit held above it.
+func (st *resourceStatus) slots() int32 {
+	n := st.Permits
+	for _, h := range st.Holders {
+		n = max(n, h.Permit+1)
+	}
+	return min(n, lockingv1alpha1.MaxPermits)
+}
+
+// addSlotFences fills SlotFences from the permits' FenceCounters (nil or
+// missing when unknown) and the holders' fences.
+func (st *resourceStatus) addSlotFences(counters map[int32]*lockingv1alpha1.FenceCounter) {
+	st.SlotFences = nil
+	for k := int32(0); k < st.slots(); k++ {
+		f := slotFence{Permit: k, FencedResource: lockingv1alpha1.SlotResource(st.Resource, k)}
+		if c := counters[k]; c != nil {
+			f.HighestFence = c.Spec.Fence
+		}
+		if k == 0 {
+			f.HighestFence = max(f.HighestFence, st.HighestFence)
+		}
+		for _, h := range st.Holders {
+			if h.Permit == k {
+				f.HighestFence = max(f.HighestFence, h.Fence)
+			}
+		}
+		st.SlotFences = append(st.SlotFences, f)
+	}
 }
 
 // statusOf is the status of resource in namespace ns, from the
@@ -271,19 +328,32 @@ func printStatus(a *app, st *resourceStatus) {
 	default:
 		fmt.Fprintf(w, "Holder:\t<none>\n")
 	}
-	if st.HighestFence > 0 {
-		label := "Highest fence"
-		if st.semaphore() {
-			label = "Highest fence of permit 0"
+	switch {
+	case len(st.SlotFences) > 0:
+		fences := make([]string, 0, len(st.SlotFences))
+		for _, f := range st.SlotFences {
+			fences = append(fences, fmt.Sprintf("permit %d: %d", f.Permit, f.HighestFence))
 		}
-		fmt.Fprintf(w, "%s:\t%d\n", label, st.HighestFence)
+		fmt.Fprintf(w, "Highest fences:\t%s\n", strings.Join(fences, ", "))
+	case st.HighestFence > 0 && st.semaphore():
+		fmt.Fprintf(w, "Highest fence of permit 0:\t%d\n", st.HighestFence)
+	case st.HighestFence > 0:
+		fmt.Fprintf(w, "Highest fence:\t%d\n", st.HighestFence)
 	}
 	if d := st.LockDelayUntil; d != nil && time.Until(d.Time) > -time.Minute {
 		fmt.Fprintf(w, "Lock-delay:\tuntil %s (%s, by the controller's clock): the last holder's lease ended without a release\n", d.UTC().Format(time.RFC3339Nano), relative(d.Time))
 	}
 	fmt.Fprintf(w, "Queue:\t%d waiting\n", len(st.Queue))
+	if len(st.Queue) == 0 {
+		return
+	}
+	// The queue's table is aligned on its own columns.
+	_ = w.Flush()
+	tw := printers.GetNewTabWriter(a.streams.Out)
+	defer tw.Flush()
+	fmt.Fprintf(tw, "  POSITION\tGRANT\tOWNER\tREQUESTED AT\n")
 	for _, q := range st.Queue {
-		fmt.Fprintf(w, "  %d\t%s\t%s\t%s\n", q.Position, q.Grant, q.Owner, q.RequestedAt)
+		fmt.Fprintf(tw, "  %d\t%s\t%s\t%s\n", q.Position, q.Grant, q.Owner, q.RequestedAt)
 	}
 }
 
@@ -305,11 +375,11 @@ func (a *app) listCmd() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "list",
 		Short: "List grants, filtered by resource, phase or owner",
-		Example: `  kubectl lock list --phase Held
-  kubectl lock list --resource db/orders -A
-  kubectl lock list --owner system:serviceaccount:billing:settlement -o yaml
-  kubectl lock list -o name
-  kubectl lock list -o jsonpath='{range .items[*]}{.metadata.name} {.status.fenceToken}{"\n"}{end}'`,
+		Example: `  kubectl lockwarden list --phase Held
+  kubectl lockwarden list --resource db/orders -A
+  kubectl lockwarden list --owner system:serviceaccount:billing:settlement -o yaml
+  kubectl lockwarden list -o name
+  kubectl lockwarden list -o jsonpath='{range .items[*]}{.metadata.name} {.status.fenceToken}{"\n"}{end}'`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			printer, err := toPrinter(pf)

@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -66,10 +67,18 @@ func TestStatusOfPermits(t *testing.T) {
 		t.Errorf("queue %+v, want w1 then w2", st.Queue)
 	}
 
+	// Each permit's highest fence comes from its own counter (permit 1's
+	// counter has issued 6, beyond its holder's 4).
+	st.addSlotFences(map[int32]*lockingv1alpha1.FenceCounter{1: {Spec: lockingv1alpha1.FenceCounterSpec{Fence: 6}}})
+	if want := []slotFence{{0, res, 9}, {1, res + "#1", 6}}; !slices.Equal(st.SlotFences, want) {
+		t.Errorf("highest fences %+v, want %+v", st.SlotFences, want)
+	}
+
 	var out bytes.Buffer
 	printStatus(&app{streams: genericiooptions.IOStreams{Out: &out}}, st)
 	t.Logf("\n%s", out.String())
-	for _, want := range []string{"Permits:", "2 (2 held)", "PERMIT", "render/farm#1", "h1", "owner-h1", "Queue:", "2 waiting", "w1"} {
+	for _, want := range []string{"Permits:", "2 (2 held)", "PERMIT", "render/farm#1", "h1", "owner-h1", "Highest fences:", "permit 0: 9, permit 1: 6",
+		"Queue:", "2 waiting", "POSITION", "REQUESTED AT", "w1"} {
 		if !strings.Contains(out.String(), want) {
 			t.Errorf("status output lacks %q", want)
 		}

@@ -561,12 +561,12 @@ func withinLimit(g *lockingv1alpha1.LockGrant, limit int32, now metav1.MicroTime
 	k := g.HeldSlot()
 	if k >= limit {
 		setCond(g, lockingv1alpha1.ConditionWithinLimit, metav1.ConditionFalse, ReasonOverLimit,
-			fmt.Sprintf("Holds permit %d while the resource's limit is %d permits; it keeps its permit and fence until it is released or expires, and nobody is granted while %d or more grants hold", k, limit, limit), now)
+			fmt.Sprintf("Holds permit %d while the resource's limit is %s; it keeps its permit and fence until it is released or expires, and nobody is granted while %d or more grants hold", k, permits(limit), limit), now)
 		return
 	}
 	if c := meta.FindStatusCondition(g.Status.Conditions, lockingv1alpha1.ConditionWithinLimit); c != nil && c.Status != metav1.ConditionTrue {
 		setCond(g, lockingv1alpha1.ConditionWithinLimit, metav1.ConditionTrue, ReasonWithinLimit,
-			fmt.Sprintf("Holds permit %d within the resource's limit of %d permits", k, limit), now)
+			fmt.Sprintf("Holds permit %d within the resource's limit of %s", k, permits(limit)), now)
 	}
 }
 
@@ -710,4 +710,12 @@ func equalTime(a, b *metav1.MicroTime) bool {
 		return a == b
 	}
 	return a.Equal(b)
+}
+
+// permits says n permits in words: "1 permit", "3 permits".
+func permits(n int32) string {
+	if n == 1 {
+		return "1 permit"
+	}
+	return fmt.Sprintf("%d permits", n)
 }

@@ -121,7 +121,7 @@ func TestRenewReleaseNonexistentAgree(t *testing.T) {
 	ns := namespace(t)
 	for _, verb := range []string{"renew", "release"} {
 		code, _, errOut := kubectlLockOK(t, "alice", "-n", ns, verb, "nonexistent")
-		if code != 3 || !strings.HasPrefix(strings.TrimPrefix(errOut, "kubectl-lock: "), "grant "+ns+"/nonexistent: UNKNOWN_GRANT: ") {
+		if code != 3 || !strings.HasPrefix(strings.TrimPrefix(errOut, "kubectl-lockwarden: "), "grant "+ns+"/nonexistent: UNKNOWN_GRANT: ") {
 			t.Errorf("%s nonexistent exited %d, want 3 and UNKNOWN_GRANT:\n%s", verb, code, errOut)
 		}
 	}

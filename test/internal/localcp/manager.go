@@ -357,7 +357,7 @@ func CheckPortFree(port int) error {
 	addr := net.JoinHostPort("localhost", strconv.Itoa(port))
 	if conn, err := net.DialTimeout("tcp", addr, time.Second); err == nil {
 		conn.Close()
-		return fmt.Errorf("port %d is already in use (another lockwarden manager, `make run`, or an earlier demo?): the webhook server needs it; stop that process and retry", port)
+		return fmt.Errorf("port %d is already in use (another lockwarden manager, `make run`, or an earlier demo?): the webhook server needs it; stop that process and retry, or choose another port (make demo WEBHOOK_PORT=9555)", port)
 	}
 	l, err := net.Listen("tcp", ":"+strconv.Itoa(port))
 	if err != nil {
