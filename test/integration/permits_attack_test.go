@@ -400,3 +400,53 @@ func TestPermitsExclusiveRequestHoldsOnlySlotZero(t *testing.T) {
 		t.Fatalf("b: %s, want still Held", g.Status.Phase)
 	}
 }
+
+// Shrinking and growing back: a holder put over the limit by a newer
+// request for fewer permits is within it again (WithinLimit True) once a
+// still newer request names more, and keeps its slot and fence throughout;
+// nobody is granted while the holders fill the limit.
+func TestPermitsShrinkThenGrowRestoresTheLimit(t *testing.T) {
+	ns := namespace(t)
+	tl := startTimeline()
+	a := mustAcquireWith(t, as(t, "sg-a"), ns, 600, withPermits(2))
+	tl.at(0.1)
+	b := mustAcquireWith(t, as(t, "sg-b"), ns, 600, withPermits(2))
+	tl.at(0.2)
+	w1, err := acquire(t, as(t, "sg-w1"), ns, 600, withPermits(1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cond := func(status metav1.ConditionStatus, reason string) func(*lockingv1alpha1.LockGrant) bool {
+		return func(g *lockingv1alpha1.LockGrant) bool {
+			c := withinLimit(g)
+			return g.Status.Phase == lockingv1alpha1.PhaseHeld && c != nil && c.Status == status && c.Reason == reason
+		}
+	}
+	waitFor(t, b, "Held over the lowered limit", cond(metav1.ConditionFalse, "OverLimit"))
+	tl.at(0.3)
+	w2, err := acquire(t, as(t, "sg-w2"), ns, 600, withPermits(2))
+	if err != nil {
+		t.Fatal(err)
+	}
+	b = waitFor(t, b, "Held within the limit again", cond(metav1.ConditionTrue, "WithinLimit"))
+	if b.HeldSlot() != 1 || b.Status.FenceToken != 1 {
+		t.Fatalf("b: slot %d fence %d, want its slot 1 and fence 1 kept", b.HeldSlot(), b.Status.FenceToken)
+	}
+	for _, w := range []*lockingv1alpha1.LockGrant{w1, w2} {
+		if g := get(t, w); g.Status.Phase == lockingv1alpha1.PhaseHeld {
+			t.Fatalf("%s granted while 2 grants hold 2 permits", g.Name)
+		}
+	}
+	if err := release(t, as(t, "sg-a"), a); err != nil {
+		t.Fatal(err)
+	}
+	if g := waitPhase(t, w1, lockingv1alpha1.PhaseHeld); g.HeldFencedResource() != resource || g.Status.FenceToken != 2 {
+		t.Fatalf("w1: %s fence %d, want slot 0 with fence 2", g.HeldFencedResource(), g.Status.FenceToken)
+	}
+	if err := release(t, as(t, "sg-b"), b); err != nil {
+		t.Fatal(err)
+	}
+	if g := waitPhase(t, w2, lockingv1alpha1.PhaseHeld); g.HeldSlot() != 1 || g.Status.FenceToken != 2 {
+		t.Fatalf("w2: slot %d fence %d, want slot 1 with fence 2", g.HeldSlot(), g.Status.FenceToken)
+	}
+}
