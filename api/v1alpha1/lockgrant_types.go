@@ -149,8 +149,9 @@ type LockGrantSpec struct {
 
 	// permits is the number of holders the resource admits at once, from 1
 	// to 64: a resource with N permits is N exclusive slots, numbered 0 to
-	// N-1, sharing one FIFO queue. The grant holds one slot
-	// (status.permit), and each slot has its own fence sequence and its own
+	// N-1, sharing one FIFO queue. The grant holds one slot below its own
+	// permits (status.permit), so that an exclusive request only ever
+	// holds slot 0, and each slot has its own fence sequence and its own
 	// fenced resource ID (status.fencedResource): slot 0 is the resource
 	// ID itself, slot k>0 is the resource ID followed by "#k". Guarded
 	// objects and store rows bound to a slot accept only that slot's

@@ -372,17 +372,20 @@ func Decide(f Facts) Plan {
 	}
 
 	// Hand free slots to the waiters, head first: the head gets the
-	// lowest-numbered free slot below the limit, while fewer grants hold
-	// than the limit allows. A slot is free when its holder ended or is
-	// gone, its lock-delay is over and its fence space is not exhausted
-	// (a counter raised to the int64 limit by hand: nobody is granted it,
-	// rather than a fence that wraps around). When the head cannot be
-	// granted nobody behind it is.
+	// lowest-numbered free slot below the limit and below its own permits,
+	// while fewer grants hold than the limit allows. A request is never
+	// granted a slot it did not ask for: an exclusive request only ever
+	// holds slot 0, the resource itself, whose fences it takes for the
+	// resource's, even after a newer request raised the limit. A slot is
+	// free when its holder ended or is gone, its lock-delay is over and its
+	// fence space is not exhausted (a counter raised to the int64 limit by
+	// hand: nobody is granted it, rather than a fence that wraps around).
+	// When the head cannot be granted nobody behind it is.
 	limit := Limit(holding, waiting)
 	count := int32(len(holding))
 	var headDelay time.Time
 	for len(waiting) > 0 && count < limit {
-		k, delay, ok := freeSlot(slots, limit, f.Now)
+		k, delay, ok := freeSlot(slots, min(limit, waiting[0].Spec.EffectivePermits()), f.Now)
 		if !ok {
 			headDelay = delay
 			break

@@ -270,3 +270,33 @@ func TestPermitsPerSlotFencesIncreaseOverManyPasses(t *testing.T) {
 		t.Fatalf("slots used: %v, want all %d", last, n)
 	}
 }
+
+// A request is granted only a slot below its own permits: an exclusive
+// request at the head, behind a newer request that raised the limit, waits
+// for slot 0 (and nobody behind it barges into the free slot 2); once
+// slot 0 is free it holds slot 0 with the resource's next fence, and the
+// request behind it gets slot 2.
+func TestPermitsRequestHoldsOnlyItsOwnSlots(t *testing.T) {
+	a := heldIn(withPermits(grant("a", 0.1, 60), 2), 0, 7, 60)
+	b := heldIn(withPermits(grant("b", 0.2, 60), 2), 1, 3, 60)
+	e := grant("e", 0.3, 60)
+	s := withPermits(grant("s", 0.4, 60), 3)
+	slots := map[int32]*lockingv1alpha1.FenceCounter{1: slotCounter(1, 3, &b)}
+	f := Facts{Now: sec(1), Resource: res, Counter: counter(7, &a), Grants: []lockingv1alpha1.LockGrant{a, b, e, s}, SlotCounters: slots}
+	p := Decide(f)
+	if len(p.Granted) != 0 || len(p.SlotCounters) != 0 {
+		t.Fatalf("granted %v, slots %+v; want nobody while slot 0, the exclusive head's only slot, is held", grantedNames(p), p.SlotCounters)
+	}
+
+	a.Spec.Release = true
+	p = Decide(Facts{Now: sec(2), Resource: res, Counter: counter(7, &a), Grants: []lockingv1alpha1.LockGrant{a, b, e, s}, SlotCounters: slots})
+	if got := grantedNames(p); len(got) != 2 || got[0] != "e" || got[1] != "s" {
+		t.Fatalf("granted %v, want e then s", got)
+	}
+	if st := statusOf(p, "e"); st.Permit != nil || st.FencedResource != "" || st.FenceToken != 8 {
+		t.Fatalf("e: %+v, want slot 0 with the resource's next fence 8, with the status of an exclusive lock", st)
+	}
+	if st := statusOf(p, "s"); st.Permit == nil || *st.Permit != 2 || st.FenceToken != 1 {
+		t.Fatalf("s: %+v, want slot 2 with its first fence", st)
+	}
+}
