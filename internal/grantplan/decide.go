@@ -380,11 +380,20 @@ func Decide(f Facts) Plan {
 	// free when its holder ended or is gone, its lock-delay is over and its
 	// fence space is not exhausted (a counter raised to the int64 limit by
 	// hand: nobody is granted it, rather than a fence that wraps around).
+	// Nor does a grant ever get more company than it asked for: the head
+	// is granted only while fewer grants hold than every holder's own
+	// permits (and its own), so an exclusive holder is never joined by a
+	// newer request for permits, and a limit raised by newer requests
+	// takes effect once the holders that asked for fewer have left.
 	// When the head cannot be granted nobody behind it is.
 	limit := Limit(holding, waiting)
 	count := int32(len(holding))
+	room := limit
+	for _, g := range holding {
+		room = min(room, g.Spec.EffectivePermits())
+	}
 	var headDelay time.Time
-	for len(waiting) > 0 && count < limit {
+	for len(waiting) > 0 && count < min(room, waiting[0].Spec.EffectivePermits()) {
 		k, delay, ok := freeSlot(slots, min(limit, waiting[0].Spec.EffectivePermits()), f.Now)
 		if !ok {
 			headDelay = delay
@@ -411,6 +420,7 @@ func Decide(f Facts) Plan {
 		next.Status.ObservedRenewals = next.Spec.Renewals
 		p.Granted = append(p.Granted, next)
 		count++
+		room = min(room, next.Spec.EffectivePermits())
 		deadlines = append(deadlines, next.Status.ExpiresAt.Time)
 		p.Statuses = slices.DeleteFunc(p.Statuses, func(g *lockingv1alpha1.LockGrant) bool { return g.UID == next.UID })
 	}

@@ -158,15 +158,37 @@ func TestPermitsShrinkKeepsHoldersAndGrantsNobody(t *testing.T) {
 
 // Growing the limit lets waiters in at once, in new slots.
 func TestPermitsGrowGrantsNewSlots(t *testing.T) {
+	// Two permits asked while an exclusive grant holds: nobody joins the
+	// exclusive holder, which asked to hold the resource alone.
 	a := held(grant("a", 0.1, 60), 3, 60)
 	b := withPermits(grant("b", 0.2, 60), 2)
 	c := withPermits(grant("c", 0.3, 60), 2)
 	p := Decide(Facts{Now: sec(1), Resource: res, Counter: counter(3, &a), Grants: []lockingv1alpha1.LockGrant{a, b, c}})
-	if got := grantedNames(p); len(got) != 1 || got[0] != "b" || p.SlotCounters[1] == nil || p.SlotCounters[1].Fence != 1 {
-		t.Fatalf("granted %v, slots %+v; want b in slot 1 with fence 1", got, p.SlotCounters)
+	if got := grantedNames(p); len(got) != 0 {
+		t.Fatalf("granted %v beside the exclusive holder", got)
 	}
 	if s := statusOf(p, "a"); s != nil {
 		t.Fatalf("the exclusive holder's status changed: %+v", s)
+	}
+	// Once it has left, the new limit takes effect: both are granted, in
+	// slots 0 and 1, each with its slot's next fence.
+	a.Spec.Release = true
+	p = Decide(Facts{Now: sec(2), Resource: res, Counter: counter(3, &a), Grants: []lockingv1alpha1.LockGrant{a, b, c}})
+	if got := grantedNames(p); len(got) != 2 || got[0] != "b" || got[1] != "c" {
+		t.Fatalf("granted %v after the exclusive holder released, want b and c", got)
+	}
+	if p.Counter == nil || p.Counter.Fence != 4 || p.SlotCounters[1] == nil || p.SlotCounters[1].Fence != 1 {
+		t.Fatalf("counters %+v and %+v, want slot 0 at fence 4 and slot 1 at fence 1", p.Counter, p.SlotCounters)
+	}
+
+	// Holders that asked for two permits are joined by at most one more,
+	// even when a newer request raises the limit to three.
+	h0 := heldIn(withPermits(grant("h0", 0.1, 60), 2), 0, 1, 60)
+	d := withPermits(grant("d", 0.2, 60), 3)
+	e := withPermits(grant("e", 0.3, 60), 3)
+	p = Decide(Facts{Now: sec(1), Resource: res, Counter: counter(1, &h0), Grants: []lockingv1alpha1.LockGrant{h0, d, e}})
+	if got := grantedNames(p); len(got) != 1 || got[0] != "d" {
+		t.Fatalf("granted %v beside a holder of two permits, want d alone", got)
 	}
 }
 
@@ -271,11 +293,12 @@ func TestPermitsPerSlotFencesIncreaseOverManyPasses(t *testing.T) {
 	}
 }
 
-// A request is granted only a slot below its own permits: an exclusive
-// request at the head, behind a newer request that raised the limit, waits
-// for slot 0 (and nobody behind it barges into the free slot 2); once
-// slot 0 is free it holds slot 0 with the resource's next fence, and the
-// request behind it gets slot 2.
+// A request is granted only a slot below its own permits, and only while
+// no more grants hold than it asked for: an exclusive request at the head,
+// behind a newer request that raised the limit, waits until it can hold the
+// resource alone (and nobody behind it barges into the free slot 2); then
+// it holds slot 0 with the resource's next fence, and the request behind it
+// waits for it in turn.
 func TestPermitsRequestHoldsOnlyItsOwnSlots(t *testing.T) {
 	a := heldIn(withPermits(grant("a", 0.1, 60), 2), 0, 7, 60)
 	b := heldIn(withPermits(grant("b", 0.2, 60), 2), 1, 3, 60)
@@ -290,13 +313,16 @@ func TestPermitsRequestHoldsOnlyItsOwnSlots(t *testing.T) {
 
 	a.Spec.Release = true
 	p = Decide(Facts{Now: sec(2), Resource: res, Counter: counter(7, &a), Grants: []lockingv1alpha1.LockGrant{a, b, e, s}, SlotCounters: slots})
-	if got := grantedNames(p); len(got) != 2 || got[0] != "e" || got[1] != "s" {
-		t.Fatalf("granted %v, want e then s", got)
+	if got := grantedNames(p); len(got) != 0 {
+		t.Fatalf("granted %v while b holds; want the exclusive head to wait until it can hold alone", got)
+	}
+
+	b.Spec.Release = true
+	p = Decide(Facts{Now: sec(3), Resource: res, Counter: counter(7, nil), Grants: []lockingv1alpha1.LockGrant{b, e, s}, SlotCounters: slots})
+	if got := grantedNames(p); len(got) != 1 || got[0] != "e" {
+		t.Fatalf("granted %v, want e alone", got)
 	}
 	if st := statusOf(p, "e"); st.Permit != nil || st.FencedResource != "" || st.FenceToken != 8 {
 		t.Fatalf("e: %+v, want slot 0 with the resource's next fence 8, with the status of an exclusive lock", st)
-	}
-	if st := statusOf(p, "s"); st.Permit == nil || *st.Permit != 2 || st.FenceToken != 1 {
-		t.Fatalf("s: %+v, want slot 2 with its first fence", st)
 	}
 }

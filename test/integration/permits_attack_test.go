@@ -356,11 +356,11 @@ func TestPermitsExclusiveRequestWaitsForEverySlot(t *testing.T) {
 	wantReason(t, "slot 1's released semaphore holder", writeSlot(t, as(t, "mix-b"), ns, "plain", resource, b, "b-late"), "BINDING_MISMATCH")
 }
 
-// A request is only ever granted a slot below its own permits: an
-// exclusive request (permits unset) that waits while a newer request raises
-// the limit is granted slot 0, the resource itself with its own fence
-// sequence, never another slot whose fences it would take for the
-// resource's. Nobody behind it barges while slot 0 is held.
+// A request is only ever granted a slot below its own permits, and never
+// more company than it asked for: an exclusive request (permits unset) that
+// waits while a newer request raises the limit is granted slot 0, the
+// resource itself with its own fence sequence, and only once it can hold
+// alone. Nobody behind it barges meanwhile, and nobody joins it after.
 func TestPermitsExclusiveRequestHoldsOnlySlotZero(t *testing.T) {
 	ns := namespace(t)
 	tl := startTimeline()
@@ -388,23 +388,35 @@ func TestPermitsExclusiveRequestHoldsOnlySlotZero(t *testing.T) {
 	if err := release(t, as(t, "ex0-a"), a); err != nil {
 		t.Fatal(err)
 	}
+	// The pass that ends a's grant swaps slot 0's counter: to nobody.
+	if h := nextSlotHolder(t, ns, 0, a.Name); h != "" {
+		t.Fatalf("slot 0 went to %s while b holds; want nobody: the exclusive head holds only alone, and nobody passes it", h)
+	}
+	if err := release(t, as(t, "ex0-b"), b); err != nil {
+		t.Fatal(err)
+	}
 	e = waitPhase(t, e, lockingv1alpha1.PhaseHeld)
 	if e.Status.Permit != nil || e.HeldFencedResource() != resource || e.Status.FenceToken != a.Status.FenceToken+1 {
 		t.Fatalf("the exclusive grant: permit %v, %s, fence %d; want slot 0 (%s) with fence %d", e.Status.Permit, e.HeldFencedResource(), e.Status.FenceToken, resource, a.Status.FenceToken+1)
 	}
-	s = waitPhase(t, s, lockingv1alpha1.PhaseHeld)
-	if s.HeldSlot() != 2 {
-		t.Fatalf("the request for 3 permits holds slot %d, want 2 (slot 1 is b's)", s.HeldSlot())
+	for k := int32(1); k < 3; k++ {
+		if h := slotHolder(t, ns, k); h != "" {
+			t.Fatalf("permit %d is held by %s beside the exclusive holder; want nobody", k, h)
+		}
 	}
-	if g := get(t, b); g.Status.Phase != lockingv1alpha1.PhaseHeld {
-		t.Fatalf("b: %s, want still Held", g.Status.Phase)
+	if err := release(t, as(t, "ex0-e"), e); err != nil {
+		t.Fatal(err)
+	}
+	if s = waitPhase(t, s, lockingv1alpha1.PhaseHeld); s.HeldSlot() != 0 || s.Status.FenceToken != e.Status.FenceToken+1 {
+		t.Fatalf("the request for 3 permits holds slot %d at fence %d, want slot 0 at %d", s.HeldSlot(), s.Status.FenceToken, e.Status.FenceToken+1)
 	}
 }
 
 // Shrinking and growing back: a holder put over the limit by a newer
 // request for fewer permits is within it again (WithinLimit True) once a
 // still newer request names more, and keeps its slot and fence throughout;
-// nobody is granted while the holders fill the limit.
+// nobody is granted while the holders fill the limit, and the request for
+// one permit holds only alone.
 func TestPermitsShrinkThenGrowRestoresTheLimit(t *testing.T) {
 	ns := namespace(t)
 	tl := startTimeline()
@@ -440,13 +452,54 @@ func TestPermitsShrinkThenGrowRestoresTheLimit(t *testing.T) {
 	if err := release(t, as(t, "sg-a"), a); err != nil {
 		t.Fatal(err)
 	}
-	if g := waitPhase(t, w1, lockingv1alpha1.PhaseHeld); g.HeldFencedResource() != resource || g.Status.FenceToken != 2 {
-		t.Fatalf("w1: %s fence %d, want slot 0 with fence 2", g.HeldFencedResource(), g.Status.FenceToken)
+	if h := nextSlotHolder(t, ns, 0, a.Name); h != "" {
+		t.Fatalf("slot 0 went to %s while b holds; want nobody: w1 asked for one permit and holds only alone", h)
 	}
 	if err := release(t, as(t, "sg-b"), b); err != nil {
 		t.Fatal(err)
 	}
-	if g := waitPhase(t, w2, lockingv1alpha1.PhaseHeld); g.HeldSlot() != 1 || g.Status.FenceToken != 2 {
-		t.Fatalf("w2: slot %d fence %d, want slot 1 with fence 2", g.HeldSlot(), g.Status.FenceToken)
+	w1 = waitPhase(t, w1, lockingv1alpha1.PhaseHeld)
+	if w1.HeldFencedResource() != resource || w1.Status.FenceToken != 2 {
+		t.Fatalf("w1: %s fence %d, want slot 0 with fence 2", w1.HeldFencedResource(), w1.Status.FenceToken)
 	}
+	if h := slotHolder(t, ns, 1); h != "" {
+		t.Fatalf("permit 1 is held by %s beside w1, which asked for one permit; want nobody", h)
+	}
+	if err := release(t, as(t, "sg-w1"), w1); err != nil {
+		t.Fatal(err)
+	}
+	if g := waitPhase(t, w2, lockingv1alpha1.PhaseHeld); g.HeldSlot() != 0 || g.Status.FenceToken != 3 {
+		t.Fatalf("w2: slot %d fence %d, want slot 0 with fence 3", g.HeldSlot(), g.Status.FenceToken)
+	}
+}
+
+// slotHolder is the grant slot k's counter names as holder; "" when none
+// (or no counter yet).
+func slotHolder(t *testing.T, ns string, k int32) string {
+	t.Helper()
+	c := &lockingv1alpha1.FenceCounter{}
+	err := admin.Get(t.Context(), types.NamespacedName{Namespace: ns, Name: lockingv1alpha1.FenceCounterName(lockingv1alpha1.SlotResource(resource, k))}, c)
+	switch {
+	case apierrors.IsNotFound(err):
+		return ""
+	case err != nil:
+		t.Fatal(err)
+	}
+	if c.Spec.Holder == nil {
+		return ""
+	}
+	return c.Spec.Holder.Name
+}
+
+// nextSlotHolder waits until slot k's counter no longer names grant was,
+// and returns the holder it names then: the outcome of the pass that ended
+// was's grant, which swaps the counter once, for its next holder or none.
+func nextSlotHolder(t *testing.T, ns string, k int32, was string) string {
+	t.Helper()
+	var h string
+	waitUntil(t, "permit "+fmt.Sprint(k)+" no longer held by "+was, func() (bool, error) {
+		h = slotHolder(t, ns, k)
+		return h != was, nil
+	})
+	return h
 }
