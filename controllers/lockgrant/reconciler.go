@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"golang.org/x/sync/errgroup"
 	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -303,17 +304,35 @@ func (r *Reconciler) gatherSlots(ctx context.Context, reader client.Reader, f *g
 	if len(want) == 0 {
 		return nil
 	}
+	// The counters are read at once, like slot 0's counter and the grant
+	// in admission (facts.ReadRegistry): a resource with N permits costs
+	// one round trip more, not N-1.
+	slotsWanted := slices.Sorted(maps.Keys(want))
+	read := make([]*lockingv1alpha1.FenceCounter, len(slotsWanted))
+	var reads errgroup.Group
+	for i, k := range slotsWanted {
+		reads.Go(func() error {
+			c := &lockingv1alpha1.FenceCounter{}
+			key := types.NamespacedName{Namespace: ns, Name: lockingv1alpha1.FenceCounterName(lockingv1alpha1.SlotResource(f.Resource, k))}
+			switch err := reader.Get(ctx, key, c); {
+			case apierrors.IsNotFound(err):
+				return nil
+			case err != nil:
+				return fmt.Errorf("reading fence counter of permit %d: %w", k, err)
+			}
+			read[i] = c
+			return nil
+		})
+	}
+	if err := reads.Wait(); err != nil {
+		return err
+	}
 	f.SlotCounters = make(map[int32]*lockingv1alpha1.FenceCounter, len(want))
-	for k := range want {
-		c := &lockingv1alpha1.FenceCounter{}
-		key := types.NamespacedName{Namespace: ns, Name: lockingv1alpha1.FenceCounterName(lockingv1alpha1.SlotResource(f.Resource, k))}
-		switch err := reader.Get(ctx, key, c); {
-		case apierrors.IsNotFound(err):
+	for i, c := range read {
+		if c == nil {
 			continue
-		case err != nil:
-			return fmt.Errorf("reading fence counter of permit %d: %w", k, err)
 		}
-		f.SlotCounters[k] = c
+		f.SlotCounters[slotsWanted[i]] = c
 		if h := c.Spec.Holder; h != nil {
 			if err := r.refreshHolder(ctx, reader, f, ns, h); err != nil {
 				return err
