@@ -87,8 +87,8 @@ const (
 	// (its driver token): a random token the holder library (pkg/lock) sets at creation and
 	// tests in every renew and release it sends. A second process that finds
 	// the grant by its request ID cannot drive it (DRIVER_MISMATCH). Grants
-	// created without it (kubectl lock acquire, kubectl create) are renewed
-	// by hand with kubectl lock renew.
+	// created without it (kubectl lockwarden acquire, kubectl create) are renewed
+	// by hand with kubectl lockwarden renew.
 	DriverAnnotation = "locking.lockwarden.io/driver"
 
 	// RequestIDLabel carries LockGrantSpec.RequestID so that a client whose

@@ -246,7 +246,7 @@ func (c *Client) Renew(ctx context.Context, key types.NamespacedName, uid types.
 		return nil, fmt.Errorf("lock: renewing grant %s: %w", key, gone(key))
 	case cur.Annotations[lockingv1alpha1.DriverAnnotation] != "":
 		return nil, fmt.Errorf("lock: renewing grant %s: %w", key, &fencing.Error{Reason: fencing.ReasonDriverMismatch, Detail: fmt.Sprintf(
-			"grant %s is driven by a running holder (kubectl lock run or a library Handle), which renews it itself", key.Name)})
+			"grant %s is driven by a running holder (kubectl lockwarden run or a library Handle), which renews it itself", key.Name)})
 	}
 	t := target{key: key, uid: uid, timeout: requestTimeout}
 	want := cur.Spec.Renewals + 1

@@ -80,7 +80,7 @@ func lost(reason fencing.Reason) error {
 func driverMismatch(g *lockingv1alpha1.LockGrant) *fencing.Error {
 	if g.Annotations[lockingv1alpha1.DriverAnnotation] == "" {
 		return &fencing.Error{Reason: fencing.ReasonDriverMismatch, Detail: fmt.Sprintf(
-			"grant %s (request ID %q) was made by hand, without a driver token; renew and release it with kubectl lock renew/release", g.Name, g.Spec.RequestID)}
+			"grant %s (request ID %q) was made by hand, without a driver token; renew and release it with kubectl lockwarden renew/release", g.Name, g.Spec.RequestID)}
 	}
 	return &fencing.Error{Reason: fencing.ReasonDriverMismatch, Detail: fmt.Sprintf(
 		"grant %s (request ID %q) is driven by another process that acquired it under this request ID; a request ID makes retries of one attempt idempotent, it does not share a lock: wait for that grant to end, or use another request ID", g.Name, g.Spec.RequestID)}

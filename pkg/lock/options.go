@@ -266,7 +266,7 @@ func WithDriverToken(token string) Option {
 // WithDetachedGrant makes a grant bound to no driver token: it outlives the
 // process, any process of its owner may renew it (Client.Renew) and
 // release it, and an Acquire with the same request ID finds it and follows
-// it again. For grants held by hand (kubectl lock acquire). The Handle
+// it again. For grants held by hand (kubectl lockwarden acquire). The Handle
 // still renews it while the program runs. Default: bound to a new driver token.
 func WithDetachedGrant() Option {
 	return func(s *settings) { s.driver, s.detached = "", true }

@@ -84,7 +84,7 @@ type sessionSettings struct {
 
 // WithoutSession makes the request without a session: it has no liveness
 // beyond its wait limit and its lease, as a LockGrant created by hand. Use
-// it for grants that outlive the process (kubectl lock acquire).
+// it for grants that outlive the process (kubectl lockwarden acquire).
 func WithoutSession() Option {
 	return func(s *settings) { s.session.none = true }
 }
