@@ -64,6 +64,17 @@ type FenceHolder struct {
 	// +kubebuilder:validation:Minimum=0
 	// +kubebuilder:validation:Maximum=3600
 	LockDelaySeconds int32 `json:"lockDelaySeconds,omitempty"`
+	// expiresAt is the end of the holder's lease by the controller's clock
+	// (RFC 3339, any fraction of a second), set when it is granted and
+	// moved by every renew the controller applies. The counter carries the
+	// live lease, so that the controller judges expiry and admission judges
+	// a guarded write on this one object; the grant's status.expiresAt
+	// mirrors it. A value that cannot be read counts as expired (fail
+	// closed). Unset on counters written before it existed: the grant's
+	// status is read then.
+	// +optional
+	// +kubebuilder:validation:Format=date-time
+	ExpiresAt string `json:"expiresAt,omitempty"`
 }
 
 // FenceCounter records, for one resource ID in its namespace, the highest
@@ -78,6 +89,7 @@ type FenceHolder struct {
 // +kubebuilder:printcolumn:name="Fence",type=integer,JSONPath=`.spec.fence`
 // +kubebuilder:printcolumn:name="Holder",type=string,JSONPath=`.spec.holder.name`
 // +kubebuilder:printcolumn:name="Owner",type=string,JSONPath=`.spec.holder.owner`
+// +kubebuilder:printcolumn:name="Expires",type=string,JSONPath=`.spec.holder.expiresAt`,priority=1
 // +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
 type FenceCounter struct {
 	metav1.TypeMeta `json:",inline"`
