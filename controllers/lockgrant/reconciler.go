@@ -203,9 +203,6 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reco
 		}
 		params = f.Params
 		p = grantplan.Decide(f)
-		if p, err = r.endHolderFirst(ctx, f, p); err != nil {
-			return err
-		}
 		revisions, err = r.writeCounters(ctx, req.Namespace, f, p)
 		return err
 	})
@@ -229,8 +226,14 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reco
 }
 
 // gather reads what decide needs: the resource's grants from the cache, and
-// the counter and its holder directly from the API server, so that the
-// compare-and-swap and the holder's expiry are judged on fresh data.
+// the counter directly from the API server. The counter carries its
+// holder's live lease (spec.holder.expiresAt), so the holder's expiry is
+// judged on that one fresh read, and every change of the holder or its
+// lease is a compare-and-swap on it. The grants are read before the
+// counter, so the counter is never older than a status read with it (a
+// status is written after its counter). The holder grant is read directly
+// too only when the cache may mislead (refreshHolder): it is missing, its
+// lease is over, or the counter predates the lease it now carries.
 // reader is that direct reader (the cache, for ownership's check only).
 func (r *Reconciler) gather(ctx context.Context, req reconcile.Request, reader client.Reader) (grantplan.Facts, error) {
 	f := grantplan.Facts{Now: r.Clock.Now(), Retention: r.FinishedGrantRetention}
@@ -365,15 +368,27 @@ func (r *Reconciler) policies(ctx context.Context, grants []lockingv1alpha1.Lock
 	return out, nil
 }
 
-// refreshHolder replaces the holder's cached copy with a direct read: a
-// renew applied a moment ago must not look expired because the cache lags.
-// A cached copy that already asks for release needs no read: release can
-// never be unset, so the grant ends whatever else the cache lags on.
+// refreshHolder replaces the holder's cached copy with a direct read when
+// the cache may mislead the decision about it: the holder is missing from
+// the cache (created a moment ago, or deleted), its lease as the counter
+// records it is over (a renew applied a moment ago must not look expired
+// because the cache lags), or the counter does not record its lease
+// (written before counters carried it). A live holder the cache has, the
+// common case, needs no read, nor does a cached copy that already asks for
+// release: release can never be unset, so the grant ends whatever else the
+// cache lags on.
 func (r *Reconciler) refreshHolder(ctx context.Context, reader client.Reader, f *grantplan.Facts, ns string, h *lockingv1alpha1.FenceHolder) error {
+	var cached *lockingv1alpha1.LockGrant
 	for i := range f.Grants {
-		if g := &f.Grants[i]; string(g.UID) == h.UID && g.Spec.Release {
-			return nil
+		if g := &f.Grants[i]; string(g.UID) == h.UID {
+			cached = g
 		}
+	}
+	if cached != nil && cached.Spec.Release {
+		return nil
+	}
+	if end, recorded, err := h.LeaseEnd(); cached != nil && recorded && err == nil && !fencing.Expired(end, f.Now) {
+		return nil
 	}
 	fresh := &lockingv1alpha1.LockGrant{}
 	err := reader.Get(ctx, types.NamespacedName{Namespace: ns, Name: h.Name}, fresh)
@@ -399,45 +414,6 @@ func (r *Reconciler) refreshHolder(ctx context.Context, reader client.Reader, f 
 	return nil
 }
 
-// endHolderFirst writes the end (expired, released, revoked) of the
-// counter's holder before the counter moves on, conditional on the
-// holder's resourceVersion as decided on. Another replica that renews the
-// same holder at the same time writes with that resourceVersion too: one
-// of the two gets a Conflict, so a renew is never reported while the
-// resource has already gone to the next waiter. A Conflict here makes the
-// whole pass gather again. The returned plan no longer lists that status.
-//
-// With permits, this holds for every slot whose counter changes.
-func (r *Reconciler) endHolderFirst(ctx context.Context, f grantplan.Facts, p grantplan.Plan) (grantplan.Plan, error) {
-	for k, next := range counterWrites(f, p) {
-		if counter := counterOf(f, k); counter != nil && counter.Spec.Holder != nil && next != nil {
-			var err error
-			if p, err = r.endHolder(ctx, counter.Spec.Holder, p); err != nil {
-				return p, err
-			}
-		}
-	}
-	return p, nil
-}
-
-func (r *Reconciler) endHolder(ctx context.Context, holder *lockingv1alpha1.FenceHolder, p grantplan.Plan) (grantplan.Plan, error) {
-	for i, g := range p.Statuses {
-		if string(g.UID) != holder.UID || !g.Status.Phase.Final() {
-			continue
-		}
-		if err := r.Client.Status().Update(ctx, g); err != nil && !apierrors.IsNotFound(err) {
-			if apierrors.IsConflict(err) {
-				return p, err
-			}
-			return p, fmt.Errorf("ending holder grant %s: %w", g.Name, err)
-		}
-		r.emit(g, p.Events)
-		p.Statuses = append(p.Statuses[:i:i], p.Statuses[i+1:]...)
-		return p, nil
-	}
-	return p, nil
-}
-
 // counterOf is the counter of slot k as gathered.
 func counterOf(f grantplan.Facts, k int32) *lockingv1alpha1.FenceCounter {
 	if k == 0 {
@@ -446,15 +422,16 @@ func counterOf(f grantplan.Facts, k int32) *lockingv1alpha1.FenceCounter {
 	return f.SlotCounters[k]
 }
 
-// counterWrites yields the plan's counter writes, slot 0 first, then by
-// slot.
+// counterWrites yields the plan's counter writes in grantplan.CounterOrder:
+// the ends and renewals first, then the grants.
 func counterWrites(f grantplan.Facts, p grantplan.Plan) func(func(int32, *lockingv1alpha1.FenceCounterSpec) bool) {
 	return func(yield func(int32, *lockingv1alpha1.FenceCounterSpec) bool) {
-		if p.Counter != nil && !yield(0, p.Counter) {
-			return
-		}
-		for _, k := range slices.Sorted(maps.Keys(p.SlotCounters)) {
-			if !yield(k, p.SlotCounters[k]) {
+		for _, k := range grantplan.CounterOrder(f, p) {
+			next := p.Counter
+			if k > 0 {
+				next = p.SlotCounters[k]
+			}
+			if !yield(k, next) {
 				return
 			}
 		}
@@ -462,7 +439,7 @@ func counterWrites(f grantplan.Facts, p grantplan.Plan) func(func(int32, *lockin
 }
 
 // writeCounters applies the plan's counter writes, each by
-// compare-and-swap (writeCounter), slot 0 first. It returns each slot's
+// compare-and-swap (writeCounter), in grantplan.CounterOrder. It returns each slot's
 // counter resourceVersion after the write or as read.
 func (r *Reconciler) writeCounters(ctx context.Context, ns string, f grantplan.Facts, p grantplan.Plan) (map[int32]string, error) {
 	revs := map[int32]string{}
@@ -521,9 +498,11 @@ func (r *Reconciler) writeCounter(ctx context.Context, req reconcile.Request, cu
 	return next.ResourceVersion, nil
 }
 
-// writeStatuses writes each changed status once, the new holder first. Each
-// update carries the resourceVersion it was decided on; a Conflict requeues
-// the resource, and the next pass converges on the counter.
+// writeStatuses writes each changed status once, after the counters, in the
+// plan's order: the ended holders, the new holders, the rest. Each update
+// carries the resourceVersion it was decided on; the first Conflict stops
+// the writes and requeues the resource, and the next pass converges on the
+// counter, which already says who holds.
 func (r *Reconciler) writeStatuses(ctx context.Context, p grantplan.Plan) error {
 	for _, g := range p.Statuses {
 		if err := r.Client.Status().Update(ctx, g); err != nil {

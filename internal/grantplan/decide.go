@@ -4,12 +4,14 @@ import (
 	"cmp"
 	"errors"
 	"fmt"
+	"maps"
 	"math"
 	"slices"
 	"time"
 
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 
 	lockingv1alpha1 "github.com/lockwarden/lockwarden/api/v1alpha1"
 	"github.com/lockwarden/lockwarden/internal/issuer"
@@ -254,6 +256,10 @@ func Decide(f Facts) Plan {
 	}
 	var waiting []*lockingv1alpha1.LockGrant
 	var holding []*lockingv1alpha1.LockGrant
+	// endedHolders are the grants whose hold ends in this pass (or ended
+	// in an earlier one whose status write was lost): their statuses are
+	// written first, once the counters have moved on.
+	var endedHolders []types.UID
 	deadlines := []time.Time{}
 
 	for i := range grants {
@@ -286,13 +292,19 @@ func Decide(f Facts) Plan {
 			}
 		case isHolder:
 			sl := slots[own]
-			if st.Phase != lockingv1alpha1.PhaseHeld {
+			answered := st.Phase == lockingv1alpha1.PhaseHeld
+			if !answered {
 				// The counter names it but its status was never written
 				// (a crash between the two writes): converge on the
 				// counter's fence, never issue another.
 				p.Events = append(p.Events, hold(g, own, f.Resource, sl.holder.Fence, now))
 			}
+			// The counter carries the live lease: its end is judged there,
+			// and the status mirrors it (the lease end of a status written
+			// just now is the counter's, whatever hold computed).
+			mirrorLease(g, sl.holder, now, answered)
 			lapses, serr := f.session(g)
+			leaseBefore := g.Status.ExpiresAt
 			if reason, msg := f.revocation(g); reason != "" {
 				p.Events = append(p.Events, end(g, lockingv1alpha1.PhaseRevoked, reason, msg, now, true))
 			} else if serr != nil && !g.Spec.Release {
@@ -309,6 +321,15 @@ func Decide(f Facts) Plan {
 			}
 			if !sl.live {
 				sl.end = st.Phase
+				endedHolders = append(endedHolders, g.UID)
+			} else if leaseMoved(sl.holder, leaseBefore, st.ExpiresAt) {
+				// A renew (or a counter written before it carried the
+				// lease): the counter records the new end first, by
+				// compare-and-swap, so that a renew and the resource's
+				// handoff to the next waiter can never both happen.
+				next := sl.counter.Spec.DeepCopy()
+				next.Holder.ExpiresAt = lockingv1alpha1.FormatInstant(st.ExpiresAt.Time)
+				sl.next = next
 			}
 		case st.Phase == lockingv1alpha1.PhaseHeld:
 			// Held in status but no longer the counter's holder: the
@@ -316,6 +337,7 @@ func Decide(f Facts) Plan {
 			// before ending this grant). It can never hold again.
 			_, serr := f.session(g)
 			p.Events = append(p.Events, endHeldNotHolder(g, serr, now))
+			endedHolders = append(endedHolders, g.UID)
 		default: // Pending, or new.
 			reason, msg := f.revocation(g)
 			lapses, serr := f.session(g)
@@ -417,6 +439,7 @@ func Decide(f Facts) Plan {
 			},
 		}
 		p.Events = append(p.Events, hold(next, k, f.Resource, fence, now))
+		sl.next.Holder.ExpiresAt = lockingv1alpha1.FormatInstant(next.Status.ExpiresAt.Time)
 		next.Status.ObservedRenewals = next.Spec.Renewals
 		p.Granted = append(p.Granted, next)
 		count++
@@ -481,9 +504,12 @@ func Decide(f Facts) Plan {
 			p.Statuses = append(p.Statuses, g)
 		}
 	}
-	if len(p.Granted) > 0 {
-		p.Statuses = append(slices.Clone(p.Granted), p.Statuses...)
-	}
+	// Status order, all after the counters: the ended holders first, so
+	// that no two grants of one slot ever read Held at once, then the new
+	// holders, then the rest.
+	first := slices.DeleteFunc(slices.Clone(p.Statuses), func(g *lockingv1alpha1.LockGrant) bool { return !slices.Contains(endedHolders, g.UID) })
+	rest := slices.DeleteFunc(p.Statuses, func(g *lockingv1alpha1.LockGrant) bool { return slices.Contains(endedHolders, g.UID) })
+	p.Statuses = slices.Concat(first, p.Granted, rest)
 
 	for _, d := range deadlines {
 		if d.IsZero() {
@@ -617,10 +643,57 @@ func hold(g *lockingv1alpha1.LockGrant, k int32, resource string, fence int64, n
 	}
 	st.QueuePosition = nil
 	st.GrantedAt = &now
-	exp := metav1.NewMicroTime(now.Add(ttl(g)))
+	exp := leaseEnd(now, g)
 	st.ExpiresAt = &exp
 	setReady(g, metav1.ConditionTrue, ReasonGranted, "Held with fence "+fencing.FormatFence(fence), now)
 	return Event{Grant: g, Reason: ReasonGranted, Note: "Granted with fence " + fencing.FormatFence(fence)}
+}
+
+// leaseEnd is the end of a lease of g granted or renewed at now, to the
+// microsecond: the precision a status keeps, so that the counter and the
+// status say the same instant.
+func leaseEnd(now metav1.MicroTime, g *lockingv1alpha1.LockGrant) metav1.MicroTime {
+	return metav1.NewMicroTime(now.Add(ttl(g)).Truncate(time.Microsecond))
+}
+
+// mirrorLease sets a holder's status.expiresAt to the lease end its counter
+// records. A counter written before it carried the lease leaves the status
+// as it is; one whose value cannot be read ends the lease now (fail
+// closed). A status that says later than a counter whose lease is still
+// live keeps its end, and the pass writes it into the counter (leaseMoved):
+// a controller of an earlier version, during a rolling upgrade, renews in
+// the status alone, and its answer must hold. Once the counter's lease is
+// over, the counter wins: admission has refused the holder since. answered
+// says the status was Held as read, not made so by this pass.
+func mirrorLease(g *lockingv1alpha1.LockGrant, h *lockingv1alpha1.FenceHolder, now metav1.MicroTime, answered bool) {
+	end, ok, err := h.LeaseEnd()
+	switch {
+	case !ok:
+		return
+	case err != nil:
+		end = now.Time
+	case answered && g.Status.ExpiresAt != nil && g.Status.ExpiresAt.After(end) && !fencing.Expired(end, now.Time):
+		return
+	}
+	if cur := g.Status.ExpiresAt; cur == nil || !cur.Equal(&metav1.MicroTime{Time: end}) {
+		exp := metav1.NewMicroTime(end)
+		g.Status.ExpiresAt = &exp
+	}
+}
+
+// leaseMoved reports whether the counter must record a live holder's lease
+// end anew: this pass moved it from before to after (a renew), or the
+// counter records another. A counter written before it carried the lease
+// is left as it is until the holder renews.
+func leaseMoved(h *lockingv1alpha1.FenceHolder, before, after *metav1.MicroTime) bool {
+	if after == nil {
+		return false
+	}
+	if !equalTime(before, after) {
+		return true
+	}
+	end, ok, err := h.LeaseEnd()
+	return ok && (err != nil || !end.Equal(after.Time))
 }
 
 // settleHolder applies the holder's release, expiry or renew. It reports
@@ -640,7 +713,7 @@ func settleHolder(g *lockingv1alpha1.LockGrant, now metav1.MicroTime) ([]Event, 
 			// released, and the renew is answered with why.
 			setCond(g, lockingv1alpha1.ConditionRenewed, metav1.ConditionFalse, ReasonAlreadyEnded, "Renew arrived together with the release; the grant is released", now)
 		default:
-			exp := metav1.NewMicroTime(now.Add(ttl(g)))
+			exp := leaseEnd(now, g)
 			st.ExpiresAt = &exp
 			st.LastRenewTime = &now
 			setCond(g, lockingv1alpha1.ConditionRenewed, metav1.ConditionTrue, ReasonRenewed, "Lease extended to "+exp.UTC().Format(time.RFC3339Nano), now)
@@ -731,4 +804,33 @@ func permits(n int32) string {
 		return "1 permit"
 	}
 	return fmt.Sprintf("%d permits", n)
+}
+
+// CounterOrder returns the slots whose counters p writes, in the order they
+// must be written: first the writes that grant no new holder (a holder ends
+// or renews), then those that do, each group by slot. The counters are
+// separate objects, written one compare-and-swap at a time; in this order a
+// permit its holder gives up is free before any other is granted, so no
+// more grants ever hold than the plan allows, between any two writes too.
+func CounterOrder(f Facts, p Plan) []int32 {
+	var ending, granting []int32
+	add := func(k int32, next *lockingv1alpha1.FenceCounterSpec) {
+		cur := f.Counter
+		if k > 0 {
+			cur = f.SlotCounters[k]
+		}
+		grants := next.Holder != nil && (cur == nil || cur.Spec.Holder == nil || cur.Spec.Holder.UID != next.Holder.UID)
+		if grants {
+			granting = append(granting, k)
+		} else {
+			ending = append(ending, k)
+		}
+	}
+	if p.Counter != nil {
+		add(0, p.Counter)
+	}
+	for _, k := range slices.Sorted(maps.Keys(p.SlotCounters)) {
+		add(k, p.SlotCounters[k])
+	}
+	return append(ending, granting...)
 }

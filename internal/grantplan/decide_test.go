@@ -39,6 +39,18 @@ func counter(fence int64, holder *lockingv1alpha1.LockGrant) *lockingv1alpha1.Fe
 	c := &lockingv1alpha1.FenceCounter{Spec: lockingv1alpha1.FenceCounterSpec{Resource: res, Fence: fence}}
 	if holder != nil {
 		c.Spec.Holder = &lockingv1alpha1.FenceHolder{Name: holder.Name, UID: string(holder.UID), Owner: holder.Spec.Owner, Fence: fence}
+		if e := holder.Status.ExpiresAt; e != nil {
+			c.Spec.Holder.ExpiresAt = lockingv1alpha1.FormatInstant(e.Time)
+		}
+	}
+	return c
+}
+
+// legacyCounter is a counter written before counters carried the lease.
+func legacyCounter(fence int64, holder *lockingv1alpha1.LockGrant) *lockingv1alpha1.FenceCounter {
+	c := counter(fence, holder)
+	if c.Spec.Holder != nil {
+		c.Spec.Holder.ExpiresAt = ""
 	}
 	return c
 }

@@ -2,18 +2,23 @@
 // to the facts the rules of package fencing judge, for every enforcement
 // point: the admission webhooks, and a verifier outside the cluster that
 // reads the registry through the Kubernetes API. It is the only place that
-// maps API phases to fencing states, including the rule that a grant whose
-// owner asked to release admits nothing more from that write on.
+// maps API phases to fencing states, including the rule that the
+// FenceCounter is the holder of record: a counter that names a grant with
+// its lease end (spec.holder.expiresAt) says all a write under that grant is
+// judged on, so a release takes effect at the controller's swap of the
+// counter. A grant the counter does not name is judged on the grant itself,
+// where one whose owner asked to release admits nothing more.
 //
-// A verifier must read the grant and the counter linearizably (a direct
-// read from the API server, never an informer cache): ReadRegistry does.
+// A verifier must read the counter (and, when the counter does not name the
+// grant, the grant) linearizably (a direct read from the API server, never
+// an informer cache): ReadRegistry does.
 package k8s
 
 import (
 	"context"
 	"fmt"
+	"time"
 
-	"golang.org/x/sync/errgroup"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/types"
@@ -39,42 +44,78 @@ func NamespaceTerminating(ctx context.Context, r client.Reader, name string) (bo
 	return ns.DeletionTimestamp != nil, nil
 }
 
-// ReadRegistry reads the grant ns/name and the FenceCounter of resource (a
-// fenced resource ID: a resource, or one slot "ID#k" of a resource with
-// permits) in ns with r, both at once, and returns their facts; nil for one that does
-// not exist. r must read from the API server (for example a client built
-// with client.New, not a manager's cached client): a stale grant or counter
-// could make a superseded write look current. The two reads may land in
-// either order: the counter moves past a grant only after the grant's end
-// was written, its owner asked to release, or it was deleted, and each of
-// those is visible in the grant that is read.
+// ReadRegistry reads the facts a write that names grant ns/name is judged
+// on, for the FenceCounter of resource (a fenced resource ID: a resource, or
+// one slot "ID#k" of a resource with permits) in ns, with r. It reads the
+// counter first; when the counter names the grant with its lease (Registry),
+// that one read is all, and the accepting path of a guarded write costs one
+// round trip. Otherwise it reads the grant as well, for the reason of the
+// refusal (or for a counter written before it carried the lease). r must
+// read from the API server (for example a client built with client.New, not
+// a manager's cached client): a stale counter could make a superseded write
+// look current. nil facts for an object that does not exist.
 func ReadRegistry(ctx context.Context, r client.Reader, ns, name, resource string) (*fencing.Grant, *fencing.Counter, error) {
-	grant := &lockingv1alpha1.LockGrant{}
 	counter := &lockingv1alpha1.FenceCounter{}
-	var g errgroup.Group
-	g.Go(func() error {
-		switch err := r.Get(ctx, types.NamespacedName{Namespace: ns, Name: name}, grant); {
-		case apierrors.IsNotFound(err):
-			grant = nil
-		case err != nil:
-			return fmt.Errorf("reading grant %s/%s: %w", ns, name, err)
-		}
-		return nil
-	})
-	g.Go(func() error {
-		key := types.NamespacedName{Namespace: ns, Name: lockingv1alpha1.FenceCounterName(resource)}
-		switch err := r.Get(ctx, key, counter); {
-		case apierrors.IsNotFound(err):
-			counter = nil
-		case err != nil:
-			return fmt.Errorf("reading fence counter %s: %w", key, err)
-		}
-		return nil
-	})
-	if err := g.Wait(); err != nil {
-		return nil, nil, err
+	key := types.NamespacedName{Namespace: ns, Name: lockingv1alpha1.FenceCounterName(resource)}
+	switch err := r.Get(ctx, key, counter); {
+	case apierrors.IsNotFound(err):
+		counter = nil
+	case err != nil:
+		return nil, nil, fmt.Errorf("reading fence counter %s: %w", key, err)
 	}
-	return Grant(grant), Counter(counter), nil
+	if HolderGrant(counter, name) != nil {
+		g, c := Registry(name, nil, counter)
+		return g, c, nil
+	}
+	grant := &lockingv1alpha1.LockGrant{}
+	switch err := r.Get(ctx, types.NamespacedName{Namespace: ns, Name: name}, grant); {
+	case apierrors.IsNotFound(err):
+		grant = nil
+	case err != nil:
+		return nil, nil, fmt.Errorf("reading grant %s/%s: %w", ns, name, err)
+	}
+	g, c := Registry(name, grant, counter)
+	return g, c, nil
+}
+
+// Registry returns the facts a write that names grant name is judged on,
+// from the resource's counter and the grant as read (either may be nil):
+// the counter's own account of its holder when it names that grant with its
+// lease (HolderGrant), otherwise the grant's (Grant).
+//
+// Why the counter alone is enough: a grant holds exactly while the counter
+// names it, the counter moves only by compare-and-swap, and every end of a
+// holder (release, expiry, revocation, a lapsed session, deletion) moves
+// the counter before the grant's status says so. A grant the counter names
+// with an unexpired lease therefore holds, whatever its status still says;
+// one it does not name does not. A release takes effect in admission with
+// the counter's swap, milliseconds after the owner asked for it, before any
+// successor can hold.
+func Registry(name string, grant *lockingv1alpha1.LockGrant, counter *lockingv1alpha1.FenceCounter) (*fencing.Grant, *fencing.Counter) {
+	if g := HolderGrant(counter, name); g != nil {
+		return g, Counter(counter)
+	}
+	return Grant(grant), Counter(counter)
+}
+
+// HolderGrant is the grant named name as the counter records it while it
+// holds: Held, with the counter's fence, owner and lease end. nil when the
+// counter does not name that grant or does not record its lease (written
+// before counters carried it). A lease end that cannot be read gives a
+// lease that is already over (fail closed).
+func HolderGrant(c *lockingv1alpha1.FenceCounter, name string) *fencing.Grant {
+	if c == nil || c.Spec.Holder == nil || c.Spec.Holder.Name != name {
+		return nil
+	}
+	h := c.Spec.Holder
+	end, ok, err := h.LeaseEnd()
+	if !ok {
+		return nil
+	}
+	if err != nil {
+		end = time.Time{}
+	}
+	return &fencing.Grant{UID: h.UID, Resource: c.Spec.Resource, Owner: h.Owner, State: fencing.StateHeld, Fence: h.Fence, ExpiresAt: end}
 }
 
 // Grant returns the fencing facts of a LockGrant; nil for nil. Its resource

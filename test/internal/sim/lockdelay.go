@@ -3,13 +3,15 @@ package sim
 import (
 	"time"
 
+	"k8s.io/apimachinery/pkg/types"
+
 	lockingv1alpha1 "github.com/lockwarden/lockwarden/api/v1alpha1"
 )
 
 // lockDelayTolerance is how much earlier than its holder's end plus the
 // delay a grant may be issued without breaking the lock-delay: the end is
-// recorded when its status write lands, one network hop after the decision,
-// and two replicas' clocks differ by up to twice the skew bound.
+// recorded when the counter write lands, one network hop after the
+// decision, and two replicas' clocks differ by up to twice the skew bound.
 const lockDelayTolerance = 2*MaxReplicaSkew + 100*time.Millisecond
 
 // lastEnd is how the last holder of a resource ended.
@@ -19,21 +21,28 @@ type lastEnd struct {
 	delay    time.Duration
 }
 
-// noteHolderEnd records the end of g if the counter names it as holder:
-// its end is written before the counter moves on.
-func (w *world) noteHolderEnd(g *lockingv1alpha1.LockGrant) {
-	c := w.reg.counters[g.Spec.Resource]
-	if c == nil || c.Spec.Holder == nil || c.Spec.Holder.UID != string(g.UID) {
+// noteHolderEnd records how the holder a counter named before a write ended,
+// when the write names another holder or none: the counter moves first, and
+// ended is the phase the same pass writes for it ("" when its grant is
+// gone, which counts as not released). The delay is the one the holder
+// requested (its grant's spec), not the one the counter recorded, so that a
+// controller that forgets it is caught.
+func (w *world) noteHolderEnd(resource string, before, after *lockingv1alpha1.FenceCounterSpec, ended lockingv1alpha1.LockGrantPhase) {
+	if before == nil || before.Holder == nil || (after.Holder != nil && after.Holder.UID == before.Holder.UID) {
 		return
 	}
 	if w.ends == nil {
 		w.ends = map[string]lastEnd{}
 	}
-	if g.Spec.LockDelaySeconds > 0 && g.Status.Phase != lockingv1alpha1.PhaseReleased {
+	released := ended == lockingv1alpha1.PhaseReleased
+	delay := before.Holder.LockDelaySeconds
+	if g := w.reg.grants[types.UID(before.Holder.UID)]; g != nil {
+		delay = g.Spec.LockDelaySeconds
+	}
+	if delay > 0 && !released {
 		w.rep.Faults["lock-delay-ended-unreleased"]++
 	}
-	w.ends[g.Spec.Resource] = lastEnd{at: w.s.now, released: g.Status.Phase == lockingv1alpha1.PhaseReleased,
-		delay: time.Duration(g.Spec.LockDelaySeconds) * time.Second}
+	w.ends[resource] = lastEnd{at: w.s.now, released: released, delay: time.Duration(delay) * time.Second}
 }
 
 // checkLockDelay judges a grant that becomes Held against the lock-delay of

@@ -43,6 +43,10 @@ type registry struct {
 	onIssue func(g *lockingv1alpha1.LockGrant)
 	// onEnd is called for each grant that reaches a final phase.
 	onEnd func(g *lockingv1alpha1.LockGrant)
+	// onCounter is called for each counter write, with the counter's spec
+	// before (nil when new) and after, and how the plan ends the holder it
+	// named before (endedPhase).
+	onCounter func(resource string, before, after *lockingv1alpha1.FenceCounterSpec, ended lockingv1alpha1.LockGrantPhase)
 	// sessions are the clients' session Leases, by name (waiters.go).
 	sessions map[string]*simSession
 	// sessionsNeverLapse breaks the controller's session rule (tests only).
@@ -155,40 +159,17 @@ func (r *registry) reconcile(resource string, now time.Duration) time.Duration {
 	if c := r.counters[resource]; c != nil {
 		revision = c.ResourceVersion
 	}
-	// The old holder's end first, as the controller writes it before the
-	// counter moves on.
-	statuses := p.Statuses
-	if p.Counter != nil && counter != nil && counter.Spec.Holder != nil {
-		for i, g := range statuses {
-			if cur := r.grants[g.UID]; cur != nil && string(g.UID) == counter.Spec.Holder.UID && g.Status.Phase.Final() {
-				r.setStatus(cur, g)
-				statuses = append(statuses[:i:i], statuses[i+1:]...)
-				break
-			}
-		}
-	}
+	// The counter first, then the statuses in the plan's order, as the
+	// controller writes them.
 	if p.Counter != nil {
-		r.rv++
-		c := r.counters[resource]
-		if c == nil {
-			c = &lockingv1alpha1.FenceCounter{ObjectMeta: metav1.ObjectMeta{Namespace: namespace, Name: lockingv1alpha1.FenceCounterName(resource)}}
-			r.counters[resource] = c
-		}
-		if p.Counter.Fence < c.Spec.Fence {
-			panic(fmt.Sprintf("the plan lowers the fence of %s from %d to %d", resource, c.Spec.Fence, p.Counter.Fence))
-		}
-		c.Spec = *p.Counter.DeepCopy()
-		r.forgetLockDelay(c)
-		c.ResourceVersion = strconv.FormatInt(r.rv, 10)
-		revision = c.ResourceVersion
+		revision = r.writeCounter(resource, p)
 	}
 	if r.crashNext {
 		r.crashNext = false
 		return time.Millisecond // the restarted controller comes back at once
 	}
-	p.Statuses = statuses
 	grantplan.Sign(p, params, revision)
-	for _, g := range statuses {
+	for _, g := range p.Statuses {
 		cur := r.grants[g.UID]
 		if cur == nil {
 			continue
@@ -196,6 +177,49 @@ func (r *registry) reconcile(resource string, now time.Duration) time.Duration {
 		r.setStatus(cur, g)
 	}
 	return p.RequeueAfter
+}
+
+// writeCounter stores the plan's counter (the compare-and-swap succeeded)
+// and tells the oracle; it returns the new resourceVersion.
+func (r *registry) writeCounter(resource string, p grantplan.Plan) string {
+	r.rv++
+	c := r.counters[resource]
+	var before *lockingv1alpha1.FenceCounterSpec
+	if c == nil {
+		c = &lockingv1alpha1.FenceCounter{ObjectMeta: metav1.ObjectMeta{Namespace: namespace, Name: lockingv1alpha1.FenceCounterName(resource)}}
+		r.counters[resource] = c
+	} else {
+		before = c.Spec.DeepCopy()
+	}
+	if p.Counter.Fence < c.Spec.Fence {
+		panic(fmt.Sprintf("the plan lowers the fence of %s from %d to %d", resource, c.Spec.Fence, p.Counter.Fence))
+	}
+	c.Spec = *p.Counter.DeepCopy()
+	r.forgetLockDelay(c)
+	c.ResourceVersion = strconv.FormatInt(r.rv, 10)
+	if r.onCounter != nil {
+		r.onCounter(resource, before, &c.Spec, endedPhase(p, before, r.grants))
+	}
+	return c.ResourceVersion
+}
+
+// endedPhase is how the holder a counter named before a write ends: its
+// final phase in the plan, else as stored; "" when its grant is gone (or
+// it goes on holding).
+func endedPhase(p grantplan.Plan, before *lockingv1alpha1.FenceCounterSpec, grants map[types.UID]*lockingv1alpha1.LockGrant) lockingv1alpha1.LockGrantPhase {
+	if before == nil || before.Holder == nil {
+		return ""
+	}
+	uid := types.UID(before.Holder.UID)
+	for _, g := range p.Statuses {
+		if g.UID == uid && g.Status.Phase.Final() {
+			return g.Status.Phase
+		}
+	}
+	if g := grants[uid]; g != nil && g.Status.Phase.Final() {
+		return g.Status.Phase
+	}
+	return ""
 }
 
 // setStatus writes g's status onto the stored grant cur and tells the
@@ -248,10 +272,12 @@ func (r *registry) restore(s *snapshot) {
 	r.rv += 1000
 }
 
-// facts reads a grant and its resource's counter as an enforcement point
-// does, linearizably.
+// facts reads what a write naming grant uid is judged on, as an
+// enforcement point does (facts.ReadRegistry), linearizably: the counter,
+// and the grant unless the counter names it with its lease. A grant's name
+// is its UID here.
 func (r *registry) facts(uid types.UID, resource string) (*fencing.Grant, *fencing.Counter) {
-	return facts.Grant(r.grants[uid]), facts.Counter(r.counters[resource])
+	return facts.Registry(string(uid), r.grants[uid], r.counters[resource])
 }
 
 func compareUID(a, b types.UID) int {

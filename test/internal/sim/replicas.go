@@ -4,11 +4,9 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"slices"
-	"strconv"
 	"time"
 
 	"k8s.io/apimachinery/pkg/api/equality"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 
 	lockingv1alpha1 "github.com/lockwarden/lockwarden/api/v1alpha1"
@@ -192,10 +190,10 @@ func (r *registry) writeStatus(ps pass, g *lockingv1alpha1.LockGrant) bool {
 	return true
 }
 
-// apply writes a pass's plan as the LockGrant controller does: the
-// holder's end first (conditional on the holder as read), then the
-// counter by compare-and-swap, then the other statuses, each conditional.
-// A failed precondition ends the pass, as a Conflict does; it reports
+// apply writes a pass's plan as the LockGrant controller does: the counter
+// by compare-and-swap, then the statuses in the plan's order (the ended
+// holders, the new holder, the rest), each conditional on the grant as
+// read. A failed precondition ends the pass, as a Conflict does; it reports
 // whether the pass conflicted.
 func (r *registry) apply(ps pass) (requeue time.Duration, conflict bool) {
 	p := ps.plan
@@ -207,40 +205,16 @@ func (r *registry) apply(ps pass) (requeue time.Duration, conflict bool) {
 	if p.Counter != nil && curRV != ps.counterRV {
 		return 0, true // the compare-and-swap fails: the counter moved
 	}
-	statuses := p.Statuses
-	if p.Counter != nil && c != nil && c.Spec.Holder != nil {
-		for i, g := range statuses {
-			if string(g.UID) == c.Spec.Holder.UID && g.Status.Phase.Final() {
-				if !r.writeStatus(ps, g) {
-					return 0, true
-				}
-				statuses = append(statuses[:i:i], statuses[i+1:]...)
-				break
-			}
-		}
-	}
 	revision := ps.counterRV
 	if p.Counter != nil {
-		if c == nil {
-			c = &lockingv1alpha1.FenceCounter{ObjectMeta: metav1.ObjectMeta{Namespace: namespace, Name: lockingv1alpha1.FenceCounterName(ps.resource)}}
-			r.counters[ps.resource] = c
-		}
-		if p.Counter.Fence < c.Spec.Fence {
-			panic("the plan lowers the fence of " + ps.resource)
-		}
-		r.rv++
-		c.Spec = *p.Counter.DeepCopy()
-		r.forgetLockDelay(c)
-		c.ResourceVersion = strconv.FormatInt(r.rv, 10)
-		revision = c.ResourceVersion
+		revision = r.writeCounter(ps.resource, p)
 	}
 	if r.crashNext {
 		r.crashNext = false
 		return time.Millisecond, false
 	}
-	p.Statuses = statuses
 	grantplan.Sign(p, ps.params, revision)
-	for _, g := range statuses {
+	for _, g := range p.Statuses {
 		if !r.writeStatus(ps, g) {
 			return time.Millisecond, true
 		}

@@ -155,22 +155,33 @@ type semPass struct {
 	plan grantplan.Plan
 	// counterRV is each slot counter's resourceVersion as read; "" absent.
 	counterRV map[int32]string
+	// at is when the pass read and decided.
+	at time.Duration
 }
 
 // gather reads what the controller reads (counters of every slot below the
 // largest permits a live grant names, and every slot a live grant holds)
-// and decides. A stale gather reads each counter either as it is or as it
-// was a few ticks ago, and each grant likewise, as a decider whose reads
-// straddle changes would.
+// and decides. As the controller does, it reads the grants (from a cache,
+// perhaps behind) before the counters (directly), so a counter is never
+// older than a grant read with it. A stale gather reads the counters as
+// they are or as they were a few ticks ago, and each grant as it was then
+// or earlier, as a decider whose reads straddle changes would.
 func (w *semWorld) gather(stale bool) semPass {
 	f := grantplan.Facts{Now: w.wall(w.s.now), Resource: w.resource, Epoch: 0,
 		Params: issuer.Params{KeyID: "sim", Key: w.key}}
+	// lag is how many ticks behind the counters are read: -1 as they are.
+	lag := -1
+	if stale && len(w.past) > 0 && w.rng.IntN(2) == 0 {
+		lag = w.rng.IntN(len(w.past))
+	}
 	want := map[int32]bool{}
 	for _, uid := range w.grantUIDs() {
 		g := w.grants[uid]
-		if stale && len(w.pastGrants) > 0 && w.rng.IntN(2) == 0 {
-			if old := w.pastGrants[w.rng.IntN(len(w.pastGrants))][uid]; old != nil {
+		if stale && len(w.pastGrants) > max(lag, 0) && (lag >= 0 || w.rng.IntN(2) == 0) {
+			if old := w.pastGrants[max(lag, 0)+w.rng.IntN(len(w.pastGrants)-max(lag, 0))][uid]; old != nil {
 				g = old
+			} else if lag >= 0 {
+				continue // not created yet as of the counters' read
 			}
 		}
 		f.Grants = append(f.Grants, *g.DeepCopy())
@@ -184,10 +195,10 @@ func (w *semWorld) gather(stale bool) semPass {
 			want[k] = true
 		}
 	}
-	ps := semPass{counterRV: map[int32]string{}}
+	ps := semPass{counterRV: map[int32]string{}, at: w.s.now}
 	read := func(id string) *lockingv1alpha1.FenceCounter {
-		if stale && len(w.past) > 0 && w.rng.IntN(2) == 0 {
-			return w.past[w.rng.IntN(len(w.past))][id]
+		if lag >= 0 {
+			return w.past[lag][id]
 		}
 		return w.counters[id]
 	}
@@ -204,8 +215,45 @@ func (w *semWorld) gather(stale bool) semPass {
 			ps.counterRV[k] = c.ResourceVersion
 		}
 	}
+	// Each counter's holder grant is read directly where the cache may
+	// mislead, as the controller's refreshHolder does: as of the counters'
+	// read.
+	direct := w.grants
+	if lag >= 0 {
+		direct = w.pastGrants[lag]
+	}
+	refreshHolder(&f, f.Counter, direct)
+	for _, k := range slices.Sorted(maps.Keys(f.SlotCounters)) {
+		refreshHolder(&f, f.SlotCounters[k], direct)
+	}
 	ps.f, ps.plan = f, grantplan.Decide(f)
 	return ps
+}
+
+// refreshHolder replaces the grant list's copy of counter c's holder with
+// its state in direct when the controller reads it directly: the list
+// lacks it, its lease as the counter records it is over, or the counter
+// does not record it; not when the listed copy asks for release.
+func refreshHolder(f *grantplan.Facts, c *lockingv1alpha1.FenceCounter, direct map[types.UID]*lockingv1alpha1.LockGrant) {
+	if c == nil || c.Spec.Holder == nil {
+		return
+	}
+	h := c.Spec.Holder
+	i := slices.IndexFunc(f.Grants, func(g lockingv1alpha1.LockGrant) bool { return string(g.UID) == h.UID })
+	if i >= 0 && f.Grants[i].Spec.Release {
+		return
+	}
+	if end, recorded, err := h.LeaseEnd(); i >= 0 && recorded && err == nil && !fencing.Expired(end, f.Now) {
+		return
+	}
+	switch fresh := direct[types.UID(h.UID)]; {
+	case fresh == nil && i >= 0:
+		f.Grants = slices.Delete(f.Grants, i, i+1)
+	case fresh != nil && i >= 0:
+		f.Grants[i] = *fresh.DeepCopy()
+	case fresh != nil:
+		f.Grants = append(f.Grants, *fresh.DeepCopy())
+	}
 }
 
 func (w *semWorld) grantUIDs() []types.UID {
@@ -217,13 +265,13 @@ func (w *semWorld) grantUIDs() []types.UID {
 	return uids
 }
 
-// apply writes a plan as the controller does: the ends of the holders of
-// the slots whose counter changes, then each counter by compare-and-swap
-// (slot 0 first), then the statuses, each conditional on the version read;
-// a conflict ends the pass.
+// apply writes a plan as the controller does: each counter by
+// compare-and-swap (grantplan.CounterOrder), each conditional on the version read,
+// then the statuses in the plan's order (ended holders first); a conflict
+// ends the pass.
 func (w *semWorld) apply(ps semPass) {
 	p := ps.plan
-	statuses := slices.Clone(p.Statuses)
+	statuses := p.Statuses
 	writes := map[int32]*lockingv1alpha1.FenceCounterSpec{}
 	if p.Counter != nil {
 		writes[0] = p.Counter
@@ -231,29 +279,7 @@ func (w *semWorld) apply(ps semPass) {
 	for k, s := range p.SlotCounters {
 		writes[k] = s
 	}
-	slots := make([]int32, 0, len(writes))
-	for k := range writes {
-		slots = append(slots, k)
-	}
-	slices.Sort(slots)
-	for _, k := range slots {
-		cur := ps.f.Counter
-		if k > 0 {
-			cur = ps.f.SlotCounters[k]
-		}
-		if cur == nil || cur.Spec.Holder == nil {
-			continue
-		}
-		for i, g := range statuses {
-			if string(g.UID) == cur.Spec.Holder.UID && g.Status.Phase.Final() {
-				if !w.writeStatus(g) {
-					return
-				}
-				statuses = append(statuses[:i:i], statuses[i+1:]...)
-				break
-			}
-		}
-	}
+	slots := grantplan.CounterOrder(ps.f, p)
 	revs := map[int32]string{}
 	for k, rv := range ps.counterRV {
 		revs[k] = rv
@@ -268,9 +294,10 @@ func (w *semWorld) apply(ps semPass) {
 		if cur != nil && next.Fence < cur.Spec.Fence {
 			panic(fmt.Sprintf("the plan lowers the fence of %s from %d to %d", id, cur.Spec.Fence, next.Fence))
 		}
-		if next.Holder != nil && (cur == nil || cur.Spec.Holder == nil || cur.Spec.Holder.UID != next.Holder.UID || cur.Spec.Fence != next.Fence) {
-			w.onIssue(id, types.UID(next.Holder.UID), next.Fence)
+		if cur != nil {
+			w.noteSlotEnd(id, cur.Spec.Holder, next.Holder, statuses, ps.at)
 		}
+		issues := next.Holder != nil && (cur == nil || cur.Spec.Holder == nil || cur.Spec.Holder.UID != next.Holder.UID || cur.Spec.Fence != next.Fence)
 		if cur == nil {
 			cur = &lockingv1alpha1.FenceCounter{ObjectMeta: metav1.ObjectMeta{Namespace: namespace, Name: lockingv1alpha1.FenceCounterName(id)}}
 			w.counters[id] = cur
@@ -279,12 +306,22 @@ func (w *semWorld) apply(ps semPass) {
 		w.rv++
 		cur.ResourceVersion = strconv.FormatInt(w.rv, 10)
 		revs[k] = cur.ResourceVersion
+		if issues {
+			// Judged once stored: the holders the counters name now.
+			w.onIssue(id, types.UID(next.Holder.UID), next.Fence)
+		}
+		// The counter carries the live lease, and admission judges it
+		// there: the history's lease end is the latest either says.
+		if h := next.Holder; h != nil {
+			if end, ok, err := h.LeaseEnd(); ok && err == nil {
+				w.expiresAt[types.UID(h.UID)] = max(w.expiresAt[types.UID(h.UID)], end.Sub(epochBase))
+			}
+		}
 	}
 	if w.fault[FaultControllerCrash] && len(slots) > 0 && w.rng.IntN(5) == 0 {
 		w.rep.Faults[string(FaultControllerCrash)]++
 		return // the restarted controller converges on the counters
 	}
-	p.Statuses = statuses
 	grantplan.SignSlots(p, ps.f.Params, func(k int32) string { return revs[k] })
 	for _, g := range statuses {
 		if !w.writeStatus(g) {
@@ -314,12 +351,33 @@ func (w *semWorld) writeStatus(g *lockingv1alpha1.LockGrant) bool {
 	}
 	if !wasFinal && st.Phase.Final() {
 		w.endedAt[cur.UID] = now
-		if wasHeld && st.Phase != lockingv1alpha1.PhaseReleased && cur.Spec.LockDelaySeconds > 0 {
-			id := w.slotOf[cur.UID]
-			w.delayUntil[id] = max(w.delayUntil[id], now+time.Duration(cur.Spec.LockDelaySeconds)*time.Second)
-		}
 	}
 	return true
+}
+
+// noteSlotEnd starts slot id's lock-delay when a counter write moves it
+// from holder before to after (another grant or none) and the plan does not
+// release before: the counter is the holder of record, so its holder ends
+// at this write, as the pass decided at decided. The delay is the one its
+// grant requested.
+func (w *semWorld) noteSlotEnd(id string, before, after *lockingv1alpha1.FenceHolder, statuses []*lockingv1alpha1.LockGrant, decided time.Duration) {
+	if before == nil || (after != nil && after.UID == before.UID) {
+		return
+	}
+	uid := types.UID(before.UID)
+	g := w.grants[uid]
+	if g == nil || g.Spec.LockDelaySeconds == 0 {
+		return
+	}
+	for _, s := range statuses {
+		if s.UID == uid && s.Status.Phase == lockingv1alpha1.PhaseReleased {
+			return
+		}
+	}
+	if g.Status.Phase == lockingv1alpha1.PhaseReleased {
+		return
+	}
+	w.delayUntil[id] = max(w.delayUntil[id], decided+time.Duration(g.Spec.LockDelaySeconds)*time.Second)
 }
 
 // live reports whether grant uid holds by the oracle's history at t.
@@ -485,8 +543,11 @@ func (w *semWorld) work(owner string, uid types.UID, writes int) {
 func (w *semWorld) write(owner string, uid types.UID, id string, fence int64) {
 	now := w.s.now
 	w.rep.Offered++
+	// As admission reads them (facts.ReadRegistry): the counter, and the
+	// grant only when the counter does not record it as its holder.
+	g, c := facts.Registry(string(uid), w.grants[uid], w.counters[id])
 	err := fencing.CheckWrite(fencing.Write{Resource: id, Caller: owner, Fence: fence, Recorded: w.stores[id],
-		Grant: facts.Grant(w.grants[uid]), Counter: facts.Counter(w.counters[id]), Now: w.wall(now)})
+		Grant: g, Counter: c, Now: w.wall(now)})
 	if err != nil {
 		w.rep.Rejected[string(fencing.ReasonOf(err))]++
 		return

@@ -167,7 +167,16 @@ func newWorld(seed uint64, faults []Fault) *world {
 		if _, ok := w.h.endedAt[g.UID]; !ok {
 			w.h.endedAt[g.UID] = w.s.now
 		}
-		w.noteHolderEnd(g)
+	}
+	w.reg.onCounter = func(resource string, before, after *lockingv1alpha1.FenceCounterSpec, ended lockingv1alpha1.LockGrantPhase) {
+		w.noteHolderEnd(resource, before, after, ended)
+		// The counter carries the live lease, and admission judges it
+		// there: the history's lease end is the latest either says.
+		if h := after.Holder; h != nil {
+			if end, ok, err := h.LeaseEnd(); ok && err == nil {
+				w.h.expiresAt[types.UID(h.UID)] = max(w.h.expiresAt[types.UID(h.UID)], end.Sub(epochBase))
+			}
+		}
 	}
 	return w
 }
