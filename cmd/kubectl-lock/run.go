@@ -235,6 +235,12 @@ func (a *app) run(resource string, argv []string, o acquireOptions, grace time.D
 	if len(argv) == 0 {
 		return a.hold(h, resource, handlePermitText(h, o.permits), sigs, release)
 	}
+	// The command gets the signed record with its fence: wait for the
+	// grant's status, which may come a moment after the lock is held.
+	if _, err := h.AwaitRecord(h.Context()); err != nil {
+		_ = release(releaseTimeout)
+		return exitLockLost, fmt.Errorf("lock on %s lost before the command started (grant %s): %w", resource, h.Grant().Name, err)
+	}
 	child := exec.Command(argv[0], argv[1:]...)
 	child.Stdin, child.Stdout, child.Stderr = a.streams.In, a.streams.Out, a.streams.ErrOut
 	child.Env = append(os.Environ(),

@@ -134,6 +134,7 @@ func (c *Client) acquire(ctx context.Context, resource string, try bool, opts []
 		requestID: s.requestID,
 		driver:    s.driver,
 		timeout:   requestTimeoutFor(s.ttl),
+		counter:   followsCounter(s),
 		opRoot:    s.operationRoot,
 		trace:     s.trace,
 		changed:   make(chan struct{}),

@@ -3,6 +3,7 @@ package lock
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -37,6 +38,9 @@ type Handle struct {
 	driver    string
 	// timeout bounds each request (requestTimeoutFor the TTL).
 	timeout time.Duration
+	// counter: the handle follows its resource's FenceCounter as well as
+	// its grant (followsCounter).
+	counter bool
 
 	// Set once the grant exists, then constant.
 	uid   types.UID
@@ -170,7 +174,10 @@ func (h *Handle) OperationRoot() string { return h.opRoot }
 
 // Record returns the signed grant record (lockGrant.v1, status.record) the
 // issuer published when the grant became Held, or nil when the registry
-// publishes none. It never changes.
+// publishes none. A Handle that learned it holds from the resource's
+// FenceCounter (an exclusive lock without a GuardPolicy) may return from
+// Acquire a moment before the grant's status arrives: Record is nil, and
+// Proof "", until it does. Once set it never changes.
 func (h *Handle) Record() *lockingv1alpha1.GrantRecord {
 	h.mu.Lock()
 	defer h.mu.Unlock()
@@ -180,10 +187,36 @@ func (h *Handle) Record() *lockingv1alpha1.GrantRecord {
 	return h.last.Status.Record.DeepCopy()
 }
 
+// AwaitRecord waits until the grant's status has arrived and returns its
+// signed record, as Record then does (nil when the registry publishes
+// none). A Handle that learned it holds from the resource's FenceCounter
+// returns from Acquire before the status; call AwaitRecord before handing
+// Proof or Record to anyone who checks them, such as a verifier outside the
+// cluster. It returns Err when Done closes first, and ctx's error when ctx
+// ends first.
+func (h *Handle) AwaitRecord(ctx context.Context) (*lockingv1alpha1.GrantRecord, error) {
+	for {
+		st, last, changed := h.changes()
+		if err := h.Err(); err != nil {
+			return nil, err
+		}
+		if last != nil && last.Status.Phase == lockingv1alpha1.PhaseHeld && (st == holder.Held || st == holder.Renewing) {
+			return h.Record(), nil
+		}
+		select {
+		case <-changed:
+		case <-h.Done():
+		case <-ctx.Done():
+			return nil, fmt.Errorf("lock: waiting for the status of grant %s: %w", h.key, context.Cause(ctx))
+		}
+	}
+}
+
 // Proof returns the record in its compact signed form (status.proof,
 // "lgv1.<record>.<signature>"), what a guarded write carries in annotation
 // locking.lockwarden.io/proof and any verifier checks with the issuer's
-// trust bundle; "" when the registry publishes none.
+// trust bundle; "" when the registry publishes none, or before the grant's
+// status arrived (see Record).
 func (h *Handle) Proof() string {
 	h.mu.Lock()
 	defer h.mu.Unlock()
@@ -318,11 +351,24 @@ func (h *Handle) observe(now holder.Mono, g *lockingv1alpha1.LockGrant) {
 		return
 	}
 	h.last = g.DeepCopy()
+	if h.fenceDisagrees(g) {
+		h.log.Error(nil, "The grant's status names another fence than its resource's fence record did; stopping", "grant", h.key,
+			"fence", h.m.Fence(), "statusFence", g.Status.FenceToken)
+		h.end(now, &fencing.Error{Reason: fencing.ReasonBindingMismatch, Detail: fmt.Sprintf(
+			"the grant's status names fence %d, its resource's fence record named fence %d", g.Status.FenceToken, h.m.Fence())})
+		return
+	}
 	if h.fenced == "" && g.Status.Phase == lockingv1alpha1.PhaseHeld {
 		h.permit, h.fenced = g.HeldSlot(), g.HeldFencedResource()
 	}
 	h.m.Observe(now, holder.FactsOf(g))
 	h.bump()
+}
+
+// statusHeld reports whether the grant's status, as last read, says Held;
+// h.mu held.
+func (h *Handle) statusHeld() bool {
+	return h.last != nil && h.last.Status.Phase == lockingv1alpha1.PhaseHeld
 }
 
 // bump wakes everyone waiting on changed; h.mu held.
@@ -337,7 +383,8 @@ func (h *Handle) stopLoop() {
 	<-h.stopped
 }
 
-// run is the handle's loop: it watches the grant, renews on schedule,
+// run is the handle's loop: it watches the grant (and, when it follows
+// it, the resource's FenceCounter), renews on schedule,
 // retries renews whose outcome is unknown, and ticks the machine at the
 // local deadline. It returns when the machine is final or stopLoop is called.
 func (h *Handle) run(ctx context.Context) {
@@ -355,6 +402,11 @@ func (h *Handle) run(ctx context.Context) {
 			}
 		})
 	}()
+	var counters chan *lockingv1alpha1.FenceCounter // nil: not followed
+	if h.counter {
+		counters = make(chan *lockingv1alpha1.FenceCounter, 4)
+		go h.followCounter(ctx, counters)
+	}
 	renewed := make(chan renewResult, 1)
 	var (
 		inFlight          bool
@@ -366,8 +418,10 @@ func (h *Handle) run(ctx context.Context) {
 		now := h.mono()
 		h.m.Tick(now)
 		st := h.m.State()
-		// A spent handle renews no more: its owner was told to stop.
-		mayRenew := h.cause == nil && !inFlight
+		// A spent handle renews no more: its owner was told to stop. Nor
+		// does one that learned it holds from the counter, until its
+		// status says so too: admission judges a renew on the status.
+		mayRenew := h.cause == nil && !inFlight && h.statusHeld()
 		var target int64
 		sendRenew := false
 		if _, _, pending := h.m.PendingRenew(); !pending {
@@ -395,7 +449,7 @@ func (h *Handle) run(ctx context.Context) {
 				next, hasNext = at, true
 			}
 		}
-		if h.cause == nil && !inFlight {
+		if mayRenew && !inFlight {
 			if at, ok := h.m.NextRenew(now); ok {
 				wake(at)
 			}
@@ -459,6 +513,10 @@ func (h *Handle) run(ctx context.Context) {
 		case o := <-obs:
 			h.mu.Lock()
 			h.observe(h.mono(), o.g)
+			h.mu.Unlock()
+		case fc := <-counters:
+			h.mu.Lock()
+			h.observeCounter(h.mono(), fc)
 			h.mu.Unlock()
 		case r := <-renewed:
 			inFlight = false

@@ -59,6 +59,11 @@ func TestAcquireStampRelease(t *testing.T) {
 		t.Fatalf("grant %+v does not match the handle (uid %s, request %s), or was renewed to confirm", g.ObjectMeta, h.UID(), h.RequestID())
 	}
 
+	// The record comes with the grant's status, which may land a moment
+	// after the resource's fence record told the handle it holds.
+	if _, err := h.AwaitRecord(t.Context()); err != nil {
+		t.Fatal(err)
+	}
 	if rec := h.Record(); rec == nil || rec.FenceToken != 1 || rec.LeaseID != string(h.UID()) || rec.OperationRoot != h.OperationRoot() || h.Proof() == "" {
 		t.Fatalf("signed grant record %+v, proof %q; want fence 1 of this acquisition and its operation root", rec, h.Proof())
 	}

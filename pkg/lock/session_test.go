@@ -61,8 +61,8 @@ func TestAcquireUnderTheClientsSession(t *testing.T) {
 		t.Fatalf("Err = %v, want ErrSessionExpired or ErrLost", err)
 	}
 	ended := waitPhase(t, h.Grant(), lockingv1alpha1.PhaseExpired)
-	if ended.Status.FenceToken != g.Status.FenceToken {
-		t.Fatalf("the ended grant's fence changed from %d to %d", g.Status.FenceToken, ended.Status.FenceToken)
+	if ended.Status.FenceToken != h.Fence() {
+		t.Fatalf("the ended grant's fence changed from %d to %d", h.Fence(), ended.Status.FenceToken)
 	}
 
 	// The next Acquire makes a new session; Close deletes it.

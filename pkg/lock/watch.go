@@ -7,6 +7,7 @@ import (
 	"time"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/types"
@@ -19,14 +20,16 @@ import (
 	lockingv1alpha1 "github.com/lockwarden/lockwarden/api/v1alpha1"
 )
 
-// listThenWatch lists the LockGrants selected by opts, calls onList with
-// them, then calls onEvent for every change a watch reports from the list's
-// resourceVersion on. When the watch ends or fails, it lists again (onList
-// sees the fresh state) and resumes. It returns when ctx ends (ctx.Err()) or
-// a callback returns an error or stop.
-func listThenWatch(ctx context.Context, c client.WithWatch, opts []client.ListOption,
-	onList func([]lockingv1alpha1.LockGrant) (stop bool, err error),
-	onEvent func(watch.EventType, *lockingv1alpha1.LockGrant) (stop bool, err error),
+// listThenWatch lists the objects of newList's kind selected by opts, calls
+// onList with them, then calls onEvent for every change a watch reports from
+// the list's resourceVersion on. When the watch ends or fails, it lists again
+// (onList sees the fresh state) and resumes. It returns when ctx ends
+// (ctx.Err()), a callback returns an error or stop, or a list or watch fails
+// with an error giveUp (when set) reports as final: that error is returned.
+func listThenWatch[T client.Object](ctx context.Context, c client.WithWatch, newList func() client.ObjectList, opts []client.ListOption,
+	giveUp func(error) bool,
+	onList func([]T) (stop bool, err error),
+	onEvent func(watch.EventType, T) (stop bool, err error),
 ) error {
 	// Reconnecting: 100 ms doubling to 1 s, jittered, so that a watch
 	// broken by a partition is back within about a second of the heal.
@@ -34,7 +37,15 @@ func listThenWatch(ctx context.Context, c client.WithWatch, opts []client.ListOp
 		return wait.Backoff{Duration: 100 * time.Millisecond, Factor: 2, Jitter: 0.2, Steps: math.MaxInt32, Cap: time.Second}
 	}
 	backoff := newBackoff()
-	pause := func() error {
+	// failed decides what a failed list or watch does: end (ctx ended, or
+	// giveUp) or pause and try again.
+	failed := func(err error) error {
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		if giveUp != nil && giveUp(err) {
+			return err
+		}
 		t := time.NewTimer(backoff.Step())
 		defer t.Stop()
 		select {
@@ -45,31 +56,29 @@ func listThenWatch(ctx context.Context, c client.WithWatch, opts []client.ListOp
 		}
 	}
 	for {
-		list := &lockingv1alpha1.LockGrantList{}
+		list := newList()
 		lctx, cancel := context.WithTimeout(ctx, requestTimeout)
 		err := c.List(lctx, list, opts...)
 		cancel()
 		if err != nil {
-			if ctx.Err() != nil {
-				return ctx.Err()
-			}
-			if err := pause(); err != nil {
+			if err := failed(err); err != nil {
 				return err
 			}
 			continue
 		}
-		if stop, err := onList(list.Items); stop || err != nil {
+		items, err := itemsOf[T](list)
+		if err != nil {
+			return err
+		}
+		if stop, err := onList(items); stop || err != nil {
 			return err
 		}
 		wopts := append(append([]client.ListOption{}, opts...), &client.ListOptions{Raw: &metav1.ListOptions{
-			ResourceVersion: list.ResourceVersion, AllowWatchBookmarks: true,
+			ResourceVersion: list.GetResourceVersion(), AllowWatchBookmarks: true,
 		}})
-		w, err := c.Watch(ctx, &lockingv1alpha1.LockGrantList{}, wopts...)
+		w, err := c.Watch(ctx, newList(), wopts...)
 		if err != nil {
-			if ctx.Err() != nil {
-				return ctx.Err()
-			}
-			if err := pause(); err != nil {
+			if err := failed(err); err != nil {
 				return err
 			}
 			continue
@@ -86,8 +95,23 @@ func listThenWatch(ctx context.Context, c client.WithWatch, opts []client.ListOp
 	}
 }
 
+// itemsOf returns the items of a typed list, each as a pointer into it.
+func itemsOf[T client.Object](list client.ObjectList) ([]T, error) {
+	objs, err := meta.ExtractList(list)
+	if err != nil {
+		return nil, err
+	}
+	items := make([]T, 0, len(objs))
+	for _, o := range objs {
+		if t, ok := o.(T); ok {
+			items = append(items, t)
+		}
+	}
+	return items, nil
+}
+
 // drain feeds one watch's events to onEvent until the watch ends.
-func drain(ctx context.Context, w watch.Interface, onEvent func(watch.EventType, *lockingv1alpha1.LockGrant) (bool, error)) (bool, error) {
+func drain[T client.Object](ctx context.Context, w watch.Interface, onEvent func(watch.EventType, T) (bool, error)) (bool, error) {
 	for {
 		select {
 		case <-ctx.Done():
@@ -98,11 +122,11 @@ func drain(ctx context.Context, w watch.Interface, onEvent func(watch.EventType,
 			}
 			switch ev.Type {
 			case watch.Added, watch.Modified, watch.Deleted:
-				g, ok := ev.Object.(*lockingv1alpha1.LockGrant)
+				o, ok := ev.Object.(T)
 				if !ok {
 					continue
 				}
-				if stop, err := onEvent(ev.Type, g); stop || err != nil {
+				if stop, err := onEvent(ev.Type, o); stop || err != nil {
 					return stop, err
 				}
 			case watch.Error:
@@ -113,7 +137,7 @@ func drain(ctx context.Context, w watch.Interface, onEvent func(watch.EventType,
 	}
 }
 
-// byName selects one grant by name.
+// byName selects one object by name.
 func byName(key types.NamespacedName) []client.ListOption {
 	return []client.ListOption{&client.ListOptions{
 		Namespace:     key.Namespace,
@@ -121,24 +145,50 @@ func byName(key types.NamespacedName) []client.ListOption {
 	}}
 }
 
-// watchGrant calls fn with the grant key's current state (nil when it does
-// not exist), read directly, and then with every change a watch reports,
-// until fn returns true or an error, or ctx ends. After a broken watch it
-// reads the grant again, so fn always sees the latest state eventually.
-func watchGrant(ctx context.Context, c client.WithWatch, key types.NamespacedName, fn func(g *lockingv1alpha1.LockGrant) (bool, error)) error {
-	return listThenWatch(ctx, c, byName(key),
-		func(items []lockingv1alpha1.LockGrant) (bool, error) {
+// grantList is a new LockGrantList, for listThenWatch.
+func grantList() client.ObjectList { return &lockingv1alpha1.LockGrantList{} }
+
+// watchOne calls fn with the current state of the one object byName(key)
+// selects (nil when it does not exist), read directly, and then with every
+// change a watch reports, until fn returns true or an error, ctx ends, or
+// giveUp reports a failed list or watch as final. After a broken watch it
+// reads the object again, so fn always sees the latest state eventually.
+func watchOne[T client.Object](ctx context.Context, c client.WithWatch, newList func() client.ObjectList, key types.NamespacedName,
+	giveUp func(error) bool, fn func(T) (bool, error)) error {
+	var none T
+	return listThenWatch(ctx, c, newList, byName(key), giveUp,
+		func(items []T) (bool, error) {
 			if len(items) == 0 {
-				return fn(nil)
+				return fn(none)
 			}
-			return fn(&items[0])
+			return fn(items[0])
 		},
-		func(t watch.EventType, g *lockingv1alpha1.LockGrant) (bool, error) {
+		func(t watch.EventType, o T) (bool, error) {
 			if t == watch.Deleted {
-				return fn(nil)
+				return fn(none)
 			}
-			return fn(g)
+			return fn(o)
 		})
+}
+
+// watchGrant is watchOne for the LockGrant key: fn sees nil while it does
+// not exist.
+func watchGrant(ctx context.Context, c client.WithWatch, key types.NamespacedName, fn func(g *lockingv1alpha1.LockGrant) (bool, error)) error {
+	return watchOne(ctx, c, grantList, key, nil, fn)
+}
+
+// watchCounter is watchOne for the FenceCounter key: fn sees nil while it
+// does not exist. A list or watch the API server refuses for good (RBAC,
+// no such kind) ends it with that error; other failures are retried.
+func watchCounter(ctx context.Context, c client.WithWatch, key types.NamespacedName, fn func(*lockingv1alpha1.FenceCounter) (bool, error)) error {
+	return watchOne(ctx, c, func() client.ObjectList { return &lockingv1alpha1.FenceCounterList{} }, key, refusedForGood, fn)
+}
+
+// refusedForGood reports whether err is an answer that retrying does not
+// change: Forbidden or Unauthorized (RBAC), or a kind the server does not
+// serve.
+func refusedForGood(err error) bool {
+	return apierrors.IsForbidden(err) || apierrors.IsUnauthorized(err) || apierrors.IsNotFound(err) || meta.IsNoMatchError(err)
 }
 
 // WaitForGrant blocks until cond reports true for the LockGrant key, and
@@ -213,12 +263,12 @@ func WatchTransitions(ctx context.Context, c client.WithWatch, fn func(Transitio
 		}
 		return fn(Transition{Grant: g, From: old.phase, To: g.Status.Phase})
 	}
-	return listThenWatch(ctx, c, opts,
-		func(items []lockingv1alpha1.LockGrant) (bool, error) {
+	return listThenWatch(ctx, c, grantList, opts, nil,
+		func(items []*lockingv1alpha1.LockGrant) (bool, error) {
 			present := map[types.UID]bool{}
-			for i := range items {
-				present[items[i].UID] = true
-				if err := report(&items[i], false); err != nil {
+			for _, g := range items {
+				present[g.UID] = true
+				if err := report(g, false); err != nil {
 					return true, err
 				}
 			}
