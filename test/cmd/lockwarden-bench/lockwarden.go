@@ -8,6 +8,7 @@ import (
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/wait"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	lockingv1alpha1 "github.com/lockwarden/lockwarden/api/v1alpha1"
@@ -19,7 +20,10 @@ const actorLabel = "bench.lockwarden.io/actor"
 
 // lwClient is a lockwarden client: it acquires by creating a LockGrant,
 // observes it through its own watch (label-selected), and releases with a
-// merge patch carrying the grant's UID as a precondition.
+// merge patch carrying the grant's UID as a precondition. Like pkg/lock's
+// handle of an exclusive lock, it also watches the namespace's
+// FenceCounters, and sees itself Held when a counter names its grant, the
+// controller's first write; the status, with the signed proof, follows.
 type lwClient struct {
 	c     client.WithWatch
 	ns    string
@@ -33,9 +37,11 @@ type lwClient struct {
 	mu      sync.Mutex
 	tracked map[string]*lwTracked // by grant name
 	early   map[string]lwEvent    // events of grants not tracked yet
-	gone    map[string]bool       // released or vanished: ignore
-	cancel  context.CancelFunc
-	stopped <-chan struct{}
+	// earlyHeld are counter events naming grants not tracked yet.
+	earlyHeld map[string]lwHeld
+	gone      map[string]bool // released or vanished: ignore
+	cancel    context.CancelFunc
+	stopped   <-chan struct{}
 }
 
 type lwTracked struct {
@@ -48,6 +54,11 @@ type lwEvent struct {
 	at time.Time
 }
 
+type lwHeld struct {
+	fence int64
+	at    time.Time
+}
+
 // newLWClient starts a client whose grants have leases of ttlSeconds; it
 // returns once its watch is established.
 func newLWClient(ctx context.Context, cp *controlPlane, ns, actor string, ttlSeconds int32) (*lwClient, error) {
@@ -56,22 +67,56 @@ func newLWClient(ctx context.Context, cp *controlPlane, ns, actor string, ttlSec
 		return nil, err
 	}
 	l := &lwClient{c: c, ns: ns, actor: actor, ttl: ttlSeconds,
-		tracked: map[string]*lwTracked{}, early: map[string]lwEvent{}, gone: map[string]bool{}}
+		tracked: map[string]*lwTracked{}, early: map[string]lwEvent{}, earlyHeld: map[string]lwHeld{}, gone: map[string]bool{}}
 	wctx, cancel := context.WithCancel(ctx)
 	l.cancel = cancel
-	l.stopped, err = watchLoop(wctx, c, &lockingv1alpha1.LockGrantList{},
+	grants, err := watchLoop(wctx, c, &lockingv1alpha1.LockGrantList{},
 		[]client.ListOption{client.InNamespace(ns), client.MatchingLabels{actorLabel: actor}},
 		func(o client.Object, at time.Time) { l.observe(o.(*lockingv1alpha1.LockGrant), at) })
 	if err != nil {
 		cancel()
 		return nil, fmt.Errorf("watching the grants of %s: %w", actor, err)
 	}
+	counters, err := watchLoop(wctx, c, &lockingv1alpha1.FenceCounterList{}, []client.ListOption{client.InNamespace(ns)},
+		func(o client.Object, at time.Time) { l.observeCounter(o.(*lockingv1alpha1.FenceCounter), at) })
+	if err != nil {
+		cancel()
+		<-grants
+		return nil, fmt.Errorf("watching the fence counters of %s: %w", ns, err)
+	}
+	stopped := make(chan struct{})
+	go func() {
+		<-grants
+		<-counters
+		close(stopped)
+	}()
+	l.stopped = stopped
 	return l, nil
 }
 
 func (l *lwClient) Close() {
 	l.cancel()
 	<-l.stopped
+}
+
+// observeCounter marks the grant a counter names Held with its fence, for
+// an exclusive lock (a grant with permits learns its slot from its status).
+func (l *lwClient) observeCounter(c *lockingv1alpha1.FenceCounter, at time.Time) {
+	h := c.Spec.Holder
+	if h == nil || l.permits > 1 {
+		return
+	}
+	l.mu.Lock()
+	tr := l.tracked[h.Name]
+	if tr == nil {
+		if !l.gone[h.Name] {
+			l.earlyHeld[h.Name] = lwHeld{fence: h.Fence, at: at}
+		}
+		l.mu.Unlock()
+		return
+	}
+	l.mu.Unlock()
+	tr.t.markHeld(at, h.Fence)
 }
 
 func (l *lwClient) observe(g *lockingv1alpha1.LockGrant, at time.Time) {
@@ -108,6 +153,7 @@ func (l *lwClient) untrack(name string) {
 	l.mu.Lock()
 	delete(l.tracked, name)
 	delete(l.early, name)
+	delete(l.earlyHeld, name)
 	l.gone[name] = true
 	l.mu.Unlock()
 }
@@ -134,7 +180,12 @@ func (l *lwClient) RequestUnder(ctx context.Context, resource string, session *l
 	l.tracked[g.Name] = tr
 	ev, seen := l.early[g.Name]
 	delete(l.early, g.Name)
+	held, heldSeen := l.earlyHeld[g.Name]
+	delete(l.earlyHeld, g.Name)
 	l.mu.Unlock()
+	if heldSeen {
+		t.markHeld(held.at, held.fence)
+	}
 	if seen {
 		l.apply(tr, ev.g, ev.at)
 	}
@@ -143,10 +194,8 @@ func (l *lwClient) RequestUnder(ctx context.Context, resource string, session *l
 		defer l.untrack(name)
 		return l.release(ctx, name, uid)
 	}
-	t.vanish = func(context.Context) (time.Time, error) {
-		l.mu.Lock()
-		held := tr.held
-		l.mu.Unlock()
+	t.vanish = func(ctx context.Context) (time.Time, error) {
+		held := l.awaitStatus(ctx, tr)
 		l.untrack(name)
 		if held == nil || held.Status.ExpiresAt == nil {
 			return time.Time{}, fmt.Errorf("grant %s is not held", name)
@@ -166,14 +215,33 @@ func (l *lwClient) release(ctx context.Context, name string, uid types.UID) erro
 	return nil
 }
 
-// heldGrant returns the grant of a held ticket as its client observed it.
-func (l *lwClient) heldGrant(t *ticket) *lockingv1alpha1.LockGrant {
+// awaitStatus waits until the client has seen the held grant's status (it
+// may have seen itself Held from the counter first), and returns it; nil
+// when ctx ends or holdTimeout passes first.
+func (l *lwClient) awaitStatus(ctx context.Context, tr *lwTracked) *lockingv1alpha1.LockGrant {
+	var held *lockingv1alpha1.LockGrant
+	_ = wait.PollUntilContextTimeout(ctx, 2*time.Millisecond, holdTimeout, true, func(context.Context) (bool, error) {
+		l.mu.Lock()
+		held = tr.held
+		l.mu.Unlock()
+		return held != nil, nil
+	})
+	return held
+}
+
+// heldGrant returns the grant of a held ticket as its client observed it,
+// waiting for its status when the client saw itself Held from the counter.
+func (l *lwClient) heldGrant(ctx context.Context, t *ticket) *lockingv1alpha1.LockGrant {
 	l.mu.Lock()
-	defer l.mu.Unlock()
+	var found *lwTracked
 	for _, tr := range l.tracked {
 		if tr.t == t {
-			return tr.held
+			found = tr
 		}
 	}
-	return nil
+	l.mu.Unlock()
+	if found == nil {
+		return nil
+	}
+	return l.awaitStatus(ctx, found)
 }

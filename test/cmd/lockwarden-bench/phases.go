@@ -427,7 +427,10 @@ func (b *bench) admission(ctx context.Context) error {
 	if err := t.waitHeld(ctx, holdTimeout); err != nil {
 		return err
 	}
-	g := l.heldGrant(t)
+	g := l.heldGrant(ctx, t)
+	if g == nil {
+		return fmt.Errorf("the admission grant never showed its status")
+	}
 	c, err := b.cp.newClient()
 	if err != nil {
 		return err
