@@ -6,11 +6,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/go-logr/logr"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/runtime/schema"
-	"k8s.io/apimachinery/pkg/types"
-	clocktesting "k8s.io/utils/clock/testing"
 
 	lockingv1alpha1 "github.com/lockwarden/lockwarden/api/v1alpha1"
 	"github.com/lockwarden/lockwarden/pkg/fencing"
@@ -21,20 +18,7 @@ import (
 // its resource's counter: what Acquire has while it waits.
 func waitingHandle(t *testing.T, g *lockingv1alpha1.LockGrant) *Handle {
 	t.Helper()
-	clk := clocktesting.NewFakeClock(time.Now())
-	h := &Handle{clk: clk, origin: clk.Now(), log: logr.Discard(), resource: g.Spec.Resource, counter: true,
-		key: types.NamespacedName{Namespace: g.Namespace, Name: g.Name}, changed: make(chan struct{})}
-	h.ctx, h.cancel = context.WithCancelCause(t.Context())
-	pending := g.DeepCopy()
-	pending.Status = lockingv1alpha1.LockGrantStatus{Phase: lockingv1alpha1.PhasePending}
-	if err := h.adopt(pending, newSettings(nil)); err != nil {
-		t.Fatal(err)
-	}
-	h.mu.Lock()
-	h.m.Created(0)
-	h.observe(h.mono(), pending)
-	h.mu.Unlock()
-	return h
+	return createdHandle(t, g, true)
 }
 
 // counterNaming is resource's FenceCounter at fence with holder (nil: none).

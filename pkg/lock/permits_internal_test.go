@@ -46,12 +46,12 @@ func grantFixture(resource string, permit *int32, fenced, recordResource string)
 	return g
 }
 
-// heldHandle is a handle that created g and then read it Held, without a
-// registry: what Acquire has when it returns.
-func heldHandle(t *testing.T, g *lockingv1alpha1.LockGrant) *Handle {
+// createdHandle is a handle that created g and read it Pending, without a
+// registry (following its resource's counter when counter is set).
+func createdHandle(t *testing.T, g *lockingv1alpha1.LockGrant, counter bool) *Handle {
 	t.Helper()
 	clk := clocktesting.NewFakeClock(metav1.Now().Time)
-	h := &Handle{clk: clk, origin: clk.Now(), log: logr.Discard(), resource: g.Spec.Resource,
+	h := &Handle{clk: clk, origin: clk.Now(), log: logr.Discard(), resource: g.Spec.Resource, counter: counter,
 		key: types.NamespacedName{Namespace: g.Namespace, Name: g.Name}, changed: make(chan struct{})}
 	h.ctx, h.cancel = context.WithCancelCause(t.Context())
 	pending := g.DeepCopy()
@@ -61,6 +61,16 @@ func heldHandle(t *testing.T, g *lockingv1alpha1.LockGrant) *Handle {
 	}
 	h.mu.Lock()
 	h.m.Created(0)
+	h.mu.Unlock()
+	return h
+}
+
+// heldHandle is a handle that created g and then read it Held, without a
+// registry: what Acquire has when it returns.
+func heldHandle(t *testing.T, g *lockingv1alpha1.LockGrant) *Handle {
+	t.Helper()
+	h := createdHandle(t, g, false)
+	h.mu.Lock()
 	h.observe(h.mono(), g)
 	h.mu.Unlock()
 	if st := h.State(); st != holder.Held {
