@@ -46,6 +46,9 @@ func TestOneLiveHolderPerRequestID(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	if _, err := first.AwaitRecord(t.Context()); err != nil {
+		t.Fatal(err)
+	}
 	second := newTestClient(t, as(t, "one-a"), lock.WithNamespace(ns))
 	h, err := second.Acquire(t.Context(), res, lock.WithRequestID(rid), lock.WithTTL(30*time.Second))
 	if h != nil || !errors.Is(err, fencing.ErrDriverMismatch) || fencing.ReasonOf(err) != fencing.ReasonDriverMismatch {

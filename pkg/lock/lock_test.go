@@ -137,6 +137,9 @@ func TestHolderClockSkewAndRate(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	if _, err := a.AwaitRecord(t.Context()); err != nil { // the invariant reads A's status
+		t.Fatal(err)
+	}
 	type result struct {
 		h   *lock.Handle
 		err error
@@ -194,6 +197,9 @@ func TestHolderClockSkewAndRate(t *testing.T) {
 	b := <-bDone
 	if b.err != nil {
 		t.Fatal(b.err)
+	}
+	if _, err := b.h.AwaitRecord(t.Context()); err != nil { // B's status, a moment after its fence record
+		t.Fatal(err)
 	}
 	gb := grantOf(t, b.h.Grant())
 	if gb.Status.FenceToken != 2 || gb.Status.GrantedAt.Time.Before(expiry) {
@@ -425,6 +431,9 @@ func TestReleaseOfEarlierAcquisition(t *testing.T) {
 		t.Fatal(err)
 	}
 	release(t, h1, fencing.ReasonAlreadyEnded)
+	if _, err := h2.AwaitRecord(t.Context()); err != nil {
+		t.Fatal(err)
+	}
 	if g := grantOf(t, h2.Grant()); h2.Check() != nil || g.Status.Phase != lockingv1alpha1.PhaseHeld || g.Spec.Release || h2.Fence() != 2 {
 		t.Fatalf("h2 after h1's second release: Check %v, phase %s, release %v, fence %d", h2.Check(), g.Status.Phase, g.Spec.Release, h2.Fence())
 	}
@@ -585,6 +594,11 @@ func TestWatchTransitions(t *testing.T) {
 	locks := newTestClient(t, as(t, "watch-a"), lock.WithNamespace(ns))
 	h, err := locks.Acquire(t.Context(), "ledger/watch")
 	if err != nil {
+		t.Fatal(err)
+	}
+	// Held in status too before the release: a grant released at once,
+	// before its Held status was written, goes from Pending to Released.
+	if _, err := h.AwaitRecord(t.Context()); err != nil {
 		t.Fatal(err)
 	}
 	release(t, h, "")
