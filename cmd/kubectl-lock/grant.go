@@ -136,6 +136,12 @@ lasts.`,
 				return classify(err)
 			}
 			p.finish(fmt.Sprintf("acquired %s", args[0]))
+			// The handle may hold by the resource's fence record a moment
+			// before the grant's status says so: print the grant once it
+			// does, with its fence and signed record.
+			if _, err := h.AwaitRecord(ctx); err != nil {
+				return classify(err)
+			}
 			g, err := lock.WaitForGrant(ctx, c, h.Grant(), func(g *lockingv1alpha1.LockGrant) bool { return g != nil })
 			if err != nil {
 				return err

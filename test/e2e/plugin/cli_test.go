@@ -24,7 +24,7 @@ func TestCommands(t *testing.T) {
 	if err := json.Unmarshal([]byte(out), &g); err != nil {
 		t.Fatalf("acquire -o json printed %q: %v", out, err)
 	}
-	if g.Kind != "LockGrant" || g.Status.Phase != lockingv1alpha1.PhaseHeld || g.Status.FenceToken != 1 || g.Spec.Owner != "alice" {
+	if g.Kind != "LockGrant" || g.Status.Phase != lockingv1alpha1.PhaseHeld || g.Status.FenceToken != 1 || g.Status.Proof == "" || g.Spec.Owner != "alice" {
 		t.Fatalf("acquired grant: kind %q, %+v, owner %q", g.Kind, g.Status, g.Spec.Owner)
 	}
 
