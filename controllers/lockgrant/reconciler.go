@@ -369,48 +369,20 @@ func (r *Reconciler) policies(ctx context.Context, grants []lockingv1alpha1.Lock
 }
 
 // refreshHolder replaces the holder's cached copy with a direct read when
-// the cache may mislead the decision about it: the holder is missing from
-// the cache (created a moment ago, or deleted), its lease as the counter
-// records it is over (a renew applied a moment ago must not look expired
-// because the cache lags), or the counter does not record its lease
-// (written before counters carried it). A live holder the cache has, the
-// common case, needs no read, nor does a cached copy that already asks for
-// release: release can never be unset, so the grant ends whatever else the
-// cache lags on.
+// the cache may mislead the decision about it (grantplan.HolderReadNeeded).
+// A live holder the cache has, the common case, costs no read.
 func (r *Reconciler) refreshHolder(ctx context.Context, reader client.Reader, f *grantplan.Facts, ns string, h *lockingv1alpha1.FenceHolder) error {
-	var cached *lockingv1alpha1.LockGrant
-	for i := range f.Grants {
-		if g := &f.Grants[i]; string(g.UID) == h.UID {
-			cached = g
-		}
-	}
-	if cached != nil && cached.Spec.Release {
-		return nil
-	}
-	if end, recorded, err := h.LeaseEnd(); cached != nil && recorded && err == nil && !fencing.Expired(end, f.Now) {
+	if !grantplan.HolderReadNeeded(f.Grants, h, f.Now) {
 		return nil
 	}
 	fresh := &lockingv1alpha1.LockGrant{}
-	err := reader.Get(ctx, types.NamespacedName{Namespace: ns, Name: h.Name}, fresh)
-	found := err == nil && string(fresh.UID) == h.UID
-	if err != nil && !apierrors.IsNotFound(err) {
+	switch err := reader.Get(ctx, types.NamespacedName{Namespace: ns, Name: h.Name}, fresh); {
+	case apierrors.IsNotFound(err):
+		fresh = nil
+	case err != nil:
 		return fmt.Errorf("reading holder grant: %w", err)
 	}
-	replaced := false
-	for i := range f.Grants {
-		if string(f.Grants[i].UID) == h.UID {
-			if found {
-				f.Grants[i] = *fresh
-			} else {
-				f.Grants = append(f.Grants[:i], f.Grants[i+1:]...)
-			}
-			replaced = true
-			break
-		}
-	}
-	if found && !replaced {
-		f.Grants = append(f.Grants, *fresh)
-	}
+	f.Grants = grantplan.WithHolder(f.Grants, h, fresh)
 	return nil
 }
 
@@ -422,25 +394,9 @@ func counterOf(f grantplan.Facts, k int32) *lockingv1alpha1.FenceCounter {
 	return f.SlotCounters[k]
 }
 
-// counterWrites yields the plan's counter writes in grantplan.CounterOrder:
-// the ends and renewals first, then the grants.
-func counterWrites(f grantplan.Facts, p grantplan.Plan) func(func(int32, *lockingv1alpha1.FenceCounterSpec) bool) {
-	return func(yield func(int32, *lockingv1alpha1.FenceCounterSpec) bool) {
-		for _, k := range grantplan.CounterOrder(f, p) {
-			next := p.Counter
-			if k > 0 {
-				next = p.SlotCounters[k]
-			}
-			if !yield(k, next) {
-				return
-			}
-		}
-	}
-}
-
 // writeCounters applies the plan's counter writes, each by
-// compare-and-swap (writeCounter), in grantplan.CounterOrder. It returns each slot's
-// counter resourceVersion after the write or as read.
+// compare-and-swap (writeCounter), in grantplan.CounterWrites' order. It
+// returns each slot's counter resourceVersion after the write or as read.
 func (r *Reconciler) writeCounters(ctx context.Context, ns string, f grantplan.Facts, p grantplan.Plan) (map[int32]string, error) {
 	revs := map[int32]string{}
 	if f.Counter != nil {
@@ -449,13 +405,13 @@ func (r *Reconciler) writeCounters(ctx context.Context, ns string, f grantplan.F
 	for k, c := range f.SlotCounters {
 		revs[k] = c.ResourceVersion
 	}
-	for k, next := range counterWrites(f, p) {
-		key := reconcile.Request{NamespacedName: types.NamespacedName{Namespace: ns, Name: lockingv1alpha1.FenceCounterName(next.Resource)}}
-		rev, err := r.writeCounter(ctx, key, counterOf(f, k), next)
+	for _, w := range grantplan.CounterWrites(f, p) {
+		key := reconcile.Request{NamespacedName: types.NamespacedName{Namespace: ns, Name: lockingv1alpha1.FenceCounterName(w.Spec.Resource)}}
+		rev, err := r.writeCounter(ctx, key, counterOf(f, w.Slot), w.Spec)
 		if err != nil {
 			return nil, err
 		}
-		revs[k] = rev
+		revs[w.Slot] = rev
 	}
 	return revs, nil
 }

@@ -806,24 +806,31 @@ func permits(n int32) string {
 	return fmt.Sprintf("%d permits", n)
 }
 
-// CounterOrder returns the slots whose counters p writes, in the order they
-// must be written: first the writes that grant no new holder (a holder ends
-// or renews), then those that do, each group by slot. The counters are
+// CounterWrite is one counter write of a plan: slot Slot's counter gets
+// Spec.
+type CounterWrite struct {
+	Slot int32
+	Spec *lockingv1alpha1.FenceCounterSpec
+}
+
+// CounterWrites returns the counter writes of p, in the order they must be
+// written: first the writes that grant no new holder (a holder ends or
+// renews), then those that do, each group by slot. The counters are
 // separate objects, written one compare-and-swap at a time; in this order a
 // permit its holder gives up is free before any other is granted, so no
 // more grants ever hold than the plan allows, between any two writes too.
-func CounterOrder(f Facts, p Plan) []int32 {
-	var ending, granting []int32
+func CounterWrites(f Facts, p Plan) []CounterWrite {
+	var ending, granting []CounterWrite
 	add := func(k int32, next *lockingv1alpha1.FenceCounterSpec) {
 		cur := f.Counter
 		if k > 0 {
 			cur = f.SlotCounters[k]
 		}
-		grants := next.Holder != nil && (cur == nil || cur.Spec.Holder == nil || cur.Spec.Holder.UID != next.Holder.UID)
-		if grants {
-			granting = append(granting, k)
+		w := CounterWrite{Slot: k, Spec: next}
+		if next.Holder != nil && (cur == nil || cur.Spec.Holder == nil || cur.Spec.Holder.UID != next.Holder.UID) {
+			granting = append(granting, w)
 		} else {
-			ending = append(ending, k)
+			ending = append(ending, w)
 		}
 	}
 	if p.Counter != nil {

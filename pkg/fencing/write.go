@@ -84,8 +84,20 @@ func CheckWrite(w Write) error {
 	if Expired(g.ExpiresAt, w.Now) {
 		return refuse(ReasonExpired, "the lease expired at %s", g.ExpiresAt.UTC().Format(time.RFC3339Nano))
 	}
-	if c.HolderUID != g.UID {
-		return refuse(ReasonExpired, "the registry no longer names the grant as the holder of resource %q", w.Resource)
+	return CheckHolderOfRecord(*c, w.Resource, g.UID, w.Fence)
+}
+
+// CheckHolderOfRecord reports whether resource's fence record c still names
+// grant uid, which holds fence, as its holder. It returns nil, or an *Error:
+// ReasonStaleOwner once the record has issued a newer fence, ReasonExpired
+// once it names another grant or none. A holder that follows its fence
+// record judges its own loss with it, as admission judges its writes.
+func CheckHolderOfRecord(c Counter, resource, uid string, fence int64) error {
+	switch {
+	case fence < c.Fence:
+		return refuse(ReasonStaleOwner, "fence %d is older than fence %d issued for resource %q", fence, c.Fence, resource)
+	case c.HolderUID != uid:
+		return refuse(ReasonExpired, "the registry no longer names the grant as the holder of resource %q", resource)
 	}
 	return nil
 }

@@ -105,3 +105,22 @@ func TestCheckRenewAndRelease(t *testing.T) {
 		})
 	}
 }
+
+// A fence record judges whether a grant still holds: a newer fence issued
+// means it was superseded, another holder or none at its fence means its
+// hold ended.
+func TestCheckHolderOfRecord(t *testing.T) {
+	for _, tc := range []struct {
+		c    fencing.Counter
+		want fencing.Reason
+	}{
+		{fencing.Counter{Fence: 7, HolderUID: "a"}, ""},
+		{fencing.Counter{Fence: 8, HolderUID: "b"}, fencing.ReasonStaleOwner},
+		{fencing.Counter{Fence: 8}, fencing.ReasonStaleOwner},
+		{fencing.Counter{Fence: 7}, fencing.ReasonExpired},
+	} {
+		if got := fencing.ReasonOf(fencing.CheckHolderOfRecord(tc.c, "ledger/r", "a", 7)); got != tc.want {
+			t.Errorf("CheckHolderOfRecord(%+v, a, 7) = %q, want %q", tc.c, got, tc.want)
+		}
+	}
+}

@@ -8,6 +8,7 @@ import (
 
 	lockingv1alpha1 "github.com/lockwarden/lockwarden/api/v1alpha1"
 	"github.com/lockwarden/lockwarden/pkg/fencing"
+	facts "github.com/lockwarden/lockwarden/pkg/fencing/k8s"
 	"github.com/lockwarden/lockwarden/pkg/lock/holder"
 )
 
@@ -54,26 +55,30 @@ func (h *Handle) followCounter(ctx context.Context, out chan<- *lockingv1alpha1.
 // observeCounter applies one read of the resource's FenceCounter (nil when
 // it does not exist); h.mu held. While the grant is not known to hold, a
 // counter that names its UID makes it Held with the counter's fence. Once
-// it held, a counter that has moved past its fence without naming it ends
-// the acquisition: another grant holds a newer fence (STALE_OWNER), or none
-// does (EXPIRED), as admission judges a write under this grant. A handle
-// that is releasing, or whose grant already ended, ignores the counter.
+// it held, a counter at or past its fence that no longer names it ends the
+// acquisition with the refusal admission gives a write under this grant
+// (fencing.CheckHolderOfRecord). An older counter (a watch that has not
+// caught up with the grant's status yet) says nothing. A handle that is
+// releasing, or whose grant already ended, ignores the counter.
 func (h *Handle) observeCounter(now holder.Mono, fc *lockingv1alpha1.FenceCounter) {
 	if h.m.State().Final() || h.m.Releasing() || h.last == nil || h.last.Status.Phase.Final() {
 		return
 	}
-	var spec lockingv1alpha1.FenceCounterSpec
-	if fc != nil {
-		spec = fc.Spec
+	c := fencing.Counter{}
+	if f := facts.Counter(fc); f != nil {
+		c = *f
 	}
 	fence := h.m.Fence()
-	switch hold := spec.Holder; {
-	case hold != nil && types.UID(hold.UID) == h.uid:
+	switch {
+	case c.HolderUID == string(h.uid):
 		if fence == 0 {
-			h.heldByCounter(now, hold)
+			h.heldByCounter(now, fc.Spec.Holder)
 		}
-	case fence != 0 && spec.Fence >= fence:
-		h.lostByCounter(now, spec)
+	case fence != 0 && c.Fence >= fence:
+		if err := fencing.CheckHolderOfRecord(c, h.resource, string(h.uid), fence); err != nil {
+			h.log.V(1).Info("The resource's fence record moved past this grant", "grant", h.key, "reason", string(fencing.ReasonOf(err)))
+			h.end(now, err)
+		}
 	}
 }
 
@@ -90,28 +95,14 @@ func (h *Handle) heldByCounter(now holder.Mono, hold *lockingv1alpha1.FenceHolde
 	h.bump()
 }
 
-// lostByCounter ends the acquisition because the counter has moved past its
-// fence; h.mu held. Done closes with ErrLost and the reason admission gives
-// a write under this grant.
-func (h *Handle) lostByCounter(now holder.Mono, spec lockingv1alpha1.FenceCounterSpec) {
-	r := &fencing.Error{Reason: fencing.ReasonExpired, Detail: fmt.Sprintf(
-		"the fence record of resource %q no longer names the grant as its holder", h.resource)}
-	if hold := spec.Holder; hold != nil {
-		r = &fencing.Error{Reason: fencing.ReasonStaleOwner, Detail: fmt.Sprintf(
-			"the fence record of resource %q names grant %s with fence %d, newer than this grant's %d", h.resource, hold.Name, hold.Fence, h.m.Fence())}
-	}
-	h.log.V(1).Info("The resource's fence record moved past this grant", "grant", h.key, "reason", string(r.Reason))
-	h.end(now, r)
-}
-
 // end ends the acquisition with refusal r; h.mu held. A handle that held
 // closes Done with ErrLost wrapping r; one that never held makes Acquire
 // fail with r's reason.
-func (h *Handle) end(now holder.Mono, r *fencing.Error) {
+func (h *Handle) end(now holder.Mono, r error) {
 	if h.heldOnce {
 		h.spend(fmt.Errorf("%w: %w", ErrLost, r))
 	}
-	h.m.Refused(now, r.Reason)
+	h.m.Refused(now, fencing.ReasonOf(r))
 	h.bump()
 }
 

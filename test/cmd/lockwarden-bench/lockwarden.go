@@ -8,7 +8,6 @@ import (
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
-	"k8s.io/apimachinery/pkg/util/wait"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	lockingv1alpha1 "github.com/lockwarden/lockwarden/api/v1alpha1"
@@ -47,6 +46,8 @@ type lwClient struct {
 type lwTracked struct {
 	t    *ticket
 	held *lockingv1alpha1.LockGrant
+	// statusSeen is closed once held is set.
+	statusSeen chan struct{}
 }
 
 type lwEvent struct {
@@ -141,6 +142,7 @@ func (l *lwClient) apply(tr *lwTracked, g *lockingv1alpha1.LockGrant, at time.Ti
 		l.mu.Lock()
 		if tr.held == nil {
 			tr.held = g
+			close(tr.statusSeen)
 		}
 		l.mu.Unlock()
 		tr.t.markHeld(at, st.FenceToken)
@@ -175,7 +177,7 @@ func (l *lwClient) RequestUnder(ctx context.Context, resource string, session *l
 	}
 	t := newTicket()
 	t.name = g.Name
-	tr := &lwTracked{t: t}
+	tr := &lwTracked{t: t, statusSeen: make(chan struct{})}
 	l.mu.Lock()
 	l.tracked[g.Name] = tr
 	ev, seen := l.early[g.Name]
@@ -219,14 +221,16 @@ func (l *lwClient) release(ctx context.Context, name string, uid types.UID) erro
 // may have seen itself Held from the counter first), and returns it; nil
 // when ctx ends or holdTimeout passes first.
 func (l *lwClient) awaitStatus(ctx context.Context, tr *lwTracked) *lockingv1alpha1.LockGrant {
-	var held *lockingv1alpha1.LockGrant
-	_ = wait.PollUntilContextTimeout(ctx, 2*time.Millisecond, holdTimeout, true, func(context.Context) (bool, error) {
-		l.mu.Lock()
-		held = tr.held
-		l.mu.Unlock()
-		return held != nil, nil
-	})
-	return held
+	ctx, cancel := context.WithTimeout(ctx, holdTimeout)
+	defer cancel()
+	select {
+	case <-tr.statusSeen:
+	case <-ctx.Done():
+		return nil
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return tr.held
 }
 
 // heldGrant returns the grant of a held ticket as its client observed it,

@@ -230,30 +230,13 @@ func (w *semWorld) gather(stale bool) semPass {
 	return ps
 }
 
-// refreshHolder replaces the grant list's copy of counter c's holder with
-// its state in direct when the controller reads it directly: the list
-// lacks it, its lease as the counter records it is over, or the counter
-// does not record it; not when the listed copy asks for release.
+// refreshHolder reads counter c's holder grant from direct when the
+// controller would (grantplan.HolderReadNeeded), and puts it in the list.
 func refreshHolder(f *grantplan.Facts, c *lockingv1alpha1.FenceCounter, direct map[types.UID]*lockingv1alpha1.LockGrant) {
-	if c == nil || c.Spec.Holder == nil {
+	if c == nil || c.Spec.Holder == nil || !grantplan.HolderReadNeeded(f.Grants, c.Spec.Holder, f.Now) {
 		return
 	}
-	h := c.Spec.Holder
-	i := slices.IndexFunc(f.Grants, func(g lockingv1alpha1.LockGrant) bool { return string(g.UID) == h.UID })
-	if i >= 0 && f.Grants[i].Spec.Release {
-		return
-	}
-	if end, recorded, err := h.LeaseEnd(); i >= 0 && recorded && err == nil && !fencing.Expired(end, f.Now) {
-		return
-	}
-	switch fresh := direct[types.UID(h.UID)]; {
-	case fresh == nil && i >= 0:
-		f.Grants = slices.Delete(f.Grants, i, i+1)
-	case fresh != nil && i >= 0:
-		f.Grants[i] = *fresh.DeepCopy()
-	case fresh != nil:
-		f.Grants = append(f.Grants, *fresh.DeepCopy())
-	}
+	f.Grants = grantplan.WithHolder(f.Grants, c.Spec.Holder, direct[types.UID(c.Spec.Holder.UID)])
 }
 
 func (w *semWorld) grantUIDs() []types.UID {
@@ -266,31 +249,24 @@ func (w *semWorld) grantUIDs() []types.UID {
 }
 
 // apply writes a plan as the controller does: each counter by
-// compare-and-swap (grantplan.CounterOrder), each conditional on the version read,
-// then the statuses in the plan's order (ended holders first); a conflict
-// ends the pass.
+// compare-and-swap (in grantplan.CounterWrites' order), each conditional on
+// the version read, then the statuses in the plan's order (ended holders
+// first); a conflict ends the pass.
 func (w *semWorld) apply(ps semPass) {
 	p := ps.plan
 	statuses := p.Statuses
-	writes := map[int32]*lockingv1alpha1.FenceCounterSpec{}
-	if p.Counter != nil {
-		writes[0] = p.Counter
-	}
-	for k, s := range p.SlotCounters {
-		writes[k] = s
-	}
-	slots := grantplan.CounterOrder(ps.f, p)
+	writes := grantplan.CounterWrites(ps.f, p)
 	revs := map[int32]string{}
 	for k, rv := range ps.counterRV {
 		revs[k] = rv
 	}
-	for _, k := range slots {
+	for _, cw := range writes {
+		k, next := cw.Slot, cw.Spec
 		id := lockingv1alpha1.SlotResource(w.resource, k)
 		cur := w.counters[id]
 		if (cur == nil && ps.counterRV[k] != "") || (cur != nil && cur.ResourceVersion != ps.counterRV[k]) {
 			return // Conflict: the next pass decides again
 		}
-		next := writes[k]
 		if cur != nil && next.Fence < cur.Spec.Fence {
 			panic(fmt.Sprintf("the plan lowers the fence of %s from %d to %d", id, cur.Spec.Fence, next.Fence))
 		}
@@ -318,7 +294,7 @@ func (w *semWorld) apply(ps semPass) {
 			}
 		}
 	}
-	if w.fault[FaultControllerCrash] && len(slots) > 0 && w.rng.IntN(5) == 0 {
+	if w.fault[FaultControllerCrash] && len(writes) > 0 && w.rng.IntN(5) == 0 {
 		w.rep.Faults[string(FaultControllerCrash)]++
 		return // the restarted controller converges on the counters
 	}
