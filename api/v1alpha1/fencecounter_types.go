@@ -78,10 +78,11 @@ type FenceHolder struct {
 }
 
 // FenceCounter records, for one resource ID in its namespace, the highest
-// fencing token ever issued and the grant that holds it. It is created and
-// maintained by the controller (name: see ...CounterName in the controllers);
-// nobody can lower it, and admission refuses to delete it while any LockGrant
-// for its resource exists.
+// fencing token ever issued and the grant that holds it with its lease end:
+// it is the holder of record. It is created and maintained by the controller
+// (named FenceCounterName of the resource); nobody can lower it, and
+// admission refuses to delete it while its namespace exists, since a new
+// counter would issue fences again from the start.
 //
 // +kubebuilder:object:root=true
 // +kubebuilder:resource:shortName=fc,categories=lockwarden
