@@ -74,9 +74,10 @@ permit.
 COMMAND is always killed before the controller can expire the lease. The
 moment ownership becomes doubtful (renewals did not get through in time) or
 is lost, COMMAND and every process it started are sent SIGTERM, then
-SIGKILL after --grace, and kubectl lockwarden exits with code 123. SIGTERM is sent --grace before the local deadline
-(TTL minus a safety margin after the last confirmed renew was sent), so
-SIGKILL lands at that deadline at the latest, while the lease still runs.
+SIGKILL after --grace, and kubectl lockwarden exits with code 123. SIGTERM
+is sent --grace before the local deadline (TTL minus a safety margin after
+the last confirmed renew was sent), so SIGKILL lands at that deadline at
+the latest, while the lease still runs.
 The grace therefore comes out of the lease: it can be at most
 TTL - margin - 2 x TTL/3 (the margin is a tenth of the TTL, at least 1 s,
 at most half of it), e.g. 2.3s for --ttl 10s, 7s for --ttl 30s, 14s for
@@ -304,9 +305,9 @@ type command interface {
 	// Stop ends the command and everything it started because the lock
 	// is lost or in doubt: SIGTERM at once, SIGKILL after the grace.
 	Stop()
-	// Wait waits until the command has exited and nothing it started
-	// runs any more, and returns the command's exit code (128+S when
-	// signal S killed it). Called once.
+	// Wait waits until the command has exited (on Linux, until nothing
+	// it started runs any more either), and returns the command's exit
+	// code (128+S when signal S killed it). Called once.
 	Wait() int
 }
 

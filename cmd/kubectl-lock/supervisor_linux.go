@@ -4,6 +4,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"os/signal"
@@ -49,8 +50,9 @@ const killRetry = 50 * time.Millisecond
 //     at once, since how long the lease still runs died with the plugin.
 //
 // It passes SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGUSR1 and SIGUSR2 on to
-// the command (to its process group unless G is set), and exits with the
-// command's exit code once no process is left below it.
+// the command (to its process group unless G is set; one it was started
+// with ignored stays ignored), and exits with the command's exit code once
+// no process is left below it.
 func supervise(args []string) int {
 	// The command's parent-death signal fires when the thread that started
 	// it ends: keep this goroutine on its thread for good.
@@ -62,7 +64,7 @@ func supervise(args []string) int {
 		return code
 	}
 	fs := flag.NewFlagSet(superviseArg, flag.ContinueOnError)
-	fs.SetOutput(os.Stderr)
+	fs.SetOutput(io.Discard) // errors go to the plugin, on the status pipe
 	grace := fs.Duration("grace", 0, "SIGKILL this long after SIGTERM")
 	pgid := fs.Int("pgid", 0, "process group for the command (default: its own)")
 	if err := fs.Parse(args); err != nil || fs.NArg() == 0 {
@@ -130,8 +132,8 @@ func (s *supervisor) run(control *os.File, forwarded <-chan os.Signal) int {
 		}
 		if grace > 0 && !terminated {
 			terminated = true
-			s.signalAll(unix.SIGTERM)
-			s.signalAll(unix.SIGCONT) // a stopped process gets its SIGTERM too
+			_, _ = s.signalAll(unix.SIGTERM)
+			_, _ = s.signalAll(unix.SIGCONT) // a stopped process gets its SIGTERM too
 		}
 		killAt = at
 		kill.Reset(grace)

@@ -165,7 +165,7 @@ func TestSupervisorStopsEveryDescendantWhenTheLockIsLost(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			tr := newTree(t)
-			grace := time.Second
+			grace := 2 * time.Second
 			c := startTree(t, tr, tc.script, grace)
 			lost := time.Now()
 			c.Stop()
@@ -260,7 +260,7 @@ func TestSupervisorStopsWhatTheCommandLeft(t *testing.T) {
 	tr.cleanup(t)
 	c, _, err := startCommand([]string{"sh", "-c", `setsid sh -c 'trap "echo left >> \"$DIR/term\"" TERM; touch "$DIR/up"; while :; do sleep 0.1; done' &
 while [ ! -e "$DIR/up" ]; do sleep 0.05; done; exit 3`},
-		tr.env(), genericiooptions.IOStreams{Out: os.Stderr, ErrOut: os.Stderr}, false, time.Second)
+		tr.env(), genericiooptions.IOStreams{Out: os.Stderr, ErrOut: os.Stderr}, false, 2*time.Second)
 	if err != nil {
 		t.Fatal(err)
 	}
