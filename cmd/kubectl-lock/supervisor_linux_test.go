@@ -39,7 +39,7 @@ const pluginEnv = "LOCKWARDEN_TEST_PLAY_PLUGIN"
 // prints "running" once the command runs.
 func playPlugin(argv []string) int {
 	grace, _ := time.ParseDuration(os.Getenv("GRACE"))
-	c, code, err := startCommand(argv, os.Environ(), genericiooptions.IOStreams{Out: os.Stderr, ErrOut: os.Stderr}, false, grace)
+	c, code, err := startCommand(argv, os.Environ(), genericiooptions.IOStreams{In: os.Stdin, Out: os.Stderr, ErrOut: os.Stderr}, isTerminal(os.Stdin), grace)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return code
