@@ -29,6 +29,14 @@ import (
 // grant can still write: a stale holder gains nothing from it, and nor does
 // an administrator who would rather skip raising the issuer epoch.
 
+// OverrideVerb and OverrideResource are the RBAC verb and resource (in the
+// group locking.lockwarden.io, the object's namespace) an administrator
+// needs to override a wedged guarded object.
+const (
+	OverrideVerb     = "override"
+	OverrideResource = "guardedobjects"
+)
+
 // IntentOverride is the intent an accepted override records: the object's
 // fence stays, and an administrator's delete may follow (see Override).
 const IntentOverride = "override"
