@@ -267,11 +267,11 @@ func validName(s string) bool {
 //     record of intent IntentOverride instead admits the delete of an
 //     administrator (ReasonNotOwner for anyone else) while the object is
 //     still wedged (ReasonOverrideRefused once it is not; see Override).
-//  2b. An update that asserts an Override: ReasonNotOwner unless the
+//  3. A create or update that asserts an Override: ReasonNotOwner unless the
 //     caller is authorized, ReasonOverrideRefused unless the object is
 //     Wedged and the override gives a reason; accepted as it is otherwise,
 //     the record kept with intent IntentOverride.
-//  3. Create, update: ReasonNoFence when the request claims nothing, or only
+//  4. Other creates and updates: ReasonNoFence when the request claims nothing, or only
 //     what the stored object already carried (an inherited claim is not an
 //     assertion); ParseClaim's refusals; ReasonNoFence when a proof is
 //     required and missing; ReasonFenceNotIssued when the fence is not
