@@ -116,9 +116,17 @@ func (f Facts) session(g *lockingv1alpha1.LockGrant) (time.Time, error) {
 // "" when it may go on: its epoch was revoked or superseded, or its policy
 // no longer allows it.
 func (f Facts) revocation(g *lockingv1alpha1.LockGrant) (reason, msg string) {
-	if g.Status.FenceToken > 0 {
-		if err := fencing.CheckFenceEpoch(g.Status.FenceToken, f.Epoch, f.Revoked); err != nil {
+	if fence := g.Status.FenceToken; fence > 0 {
+		if err := fencing.CheckFenceEpoch(fence, f.Epoch, f.Revoked); err != nil {
 			return ReasonRevokedEpoch, detail(err)
+		}
+		// A fence of a later epoch than the issuer's, or of sequence 0,
+		// was never issued in its epoch: an earlier version carried a
+		// full sequence into the epoch bits. Revoking the epoch it was
+		// issued in would miss it, so it ends now.
+		if fencing.EpochOf(fence) > f.Epoch || fencing.CheckIssued(fence, nil) != nil {
+			return ReasonRevokedEpoch, fmt.Sprintf("fence %s was not issued in its epoch bits' epoch %d (the issuer is at epoch %d)",
+				fencing.FormatFence(fence), fencing.EpochOf(fence), f.Epoch)
 		}
 	}
 	if name := g.Spec.Policy; name != "" {

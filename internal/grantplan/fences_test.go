@@ -125,3 +125,22 @@ func TestPermitsSkipASlotWithoutAFence(t *testing.T) {
 }
 
 func testKey() ed25519.PrivateKey { return ed25519.NewKeyFromSeed(make([]byte, ed25519.SeedSize)) }
+
+// A grant an earlier version made Held with a fence carried into the
+// epoch bits (4<<40|0 while the issuer was at epoch 3) is revoked, at
+// epoch 3 and once the issuer is at 4: revoking epoch 3 must not miss it.
+func TestDecideRevokesAFenceCarriedIntoTheEpoch(t *testing.T) {
+	carried := fenceIn(4, 0)
+	for _, epoch := range []int64{3, 4} {
+		a := held(grant("a", 0, 60), carried, 60)
+		p := Decide(Facts{Now: sec(1), Resource: res, Counter: counter(carried, &a), Grants: []lockingv1alpha1.LockGrant{a}, Epoch: epoch, Revoked: []int64{0, 1, 2, 3}[:epoch]})
+		if st := statusOf(p, "a"); st == nil || st.Phase != lockingv1alpha1.PhaseRevoked {
+			t.Fatalf("at epoch %d the carried fence's grant is %+v; want Revoked", epoch, st)
+		}
+	}
+	// A fence the issuer's epoch did issue stays.
+	a := held(grant("a", 0, 60), fenceIn(3, 1), 60)
+	if p := Decide(Facts{Now: sec(1), Resource: res, Counter: counter(fenceIn(3, 1), &a), Grants: []lockingv1alpha1.LockGrant{a}, Epoch: 3}); statusOf(p, "a") != nil && statusOf(p, "a").Phase != lockingv1alpha1.PhaseHeld {
+		t.Fatalf("a fence of the issuer's epoch: %+v", statusOf(p, "a"))
+	}
+}
