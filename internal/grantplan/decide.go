@@ -125,7 +125,7 @@ func (f Facts) revocation(g *lockingv1alpha1.LockGrant) (reason, msg string) {
 		// full sequence into the epoch bits. Revoking the epoch it was
 		// issued in would miss it, so it ends now.
 		if fencing.EpochOf(fence) > f.Epoch || fencing.CheckIssued(fence, nil) != nil {
-			return ReasonRevokedEpoch, fmt.Sprintf("fence %s was not issued in its epoch bits' epoch %d (the issuer is at epoch %d)",
+			return ReasonRevokedEpoch, fmt.Sprintf("fence %s names issuer epoch %d but was never issued in it (the issuer is at epoch %d)",
 				fencing.FormatFence(fence), fencing.EpochOf(fence), f.Epoch)
 		}
 	}
