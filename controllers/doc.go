@@ -73,6 +73,7 @@ func Setup(ctx context.Context, mgr ctrl.Manager, o Options) error {
 		Clock:                  o.Clock,
 		Recorder:               mgr.GetEventRecorder("lockwarden"),
 		Keyring:                o.Keyring,
+		FreshKeyring:           &issuerkeys.Keyring{Reader: mgr.GetAPIReader(), Namespace: o.Keyring.Namespace},
 		FinishedGrantRetention: o.FinishedGrantRetention,
 		NeedLeaderElection:     needLeader(o.GrantsOnEveryReplica),
 	}).SetupWithManager(ctx, mgr); err != nil {

@@ -58,6 +58,11 @@ type Reconciler struct {
 	Recorder events.EventRecorder
 	// Keyring gives the issuer epoch and the Active signing key.
 	Keyring Keyring
+	// FreshKeyring reads the same directly from the API server. It is read
+	// only when a counter records a fence of a later epoch than Keyring
+	// says (another replica may have issued in an epoch this one's cache
+	// has not seen yet), before anyone is held back for it; nil: never.
+	FreshKeyring Keyring
 	// FinishedGrantRetention is how long a grant is kept after it ended
 	// (Released, Expired, TimedOut) before the controller deletes it; 0
 	// keeps finished grants forever. The FenceCounter is never deleted, so
@@ -276,6 +281,11 @@ func (r *Reconciler) gather(ctx context.Context, req reconcile.Request, reader c
 	if err != nil {
 		return f, err
 	}
+	if r.FreshKeyring != nil && counterAhead(f, params.Epoch) {
+		if params, err = r.FreshKeyring.Params(ctx); err != nil {
+			return f, err
+		}
+	}
 	f.Params, f.Epoch, f.Revoked = params, params.Epoch, params.Revoked
 	if f.Policies, err = r.policies(ctx, f.Grants); err != nil {
 		return f, err
@@ -343,6 +353,20 @@ func (r *Reconciler) gatherSlots(ctx context.Context, reader client.Reader, f *g
 		}
 	}
 	return nil
+}
+
+// counterAhead reports whether a counter of f records a fence of a later
+// issuer epoch than epoch.
+func counterAhead(f grantplan.Facts, epoch int64) bool {
+	if f.Counter != nil && fencing.EpochOf(f.Counter.Spec.Fence) > epoch {
+		return true
+	}
+	for _, c := range f.SlotCounters {
+		if fencing.EpochOf(c.Spec.Fence) > epoch {
+			return true
+		}
+	}
+	return false
 }
 
 // policies reads the GuardPolicies the grants name, from the cache.
@@ -467,7 +491,7 @@ func (r *Reconciler) writeStatuses(ctx context.Context, p grantplan.Plan) error 
 			}
 			return fmt.Errorf("writing status of grant %s: %w", g.Name, err)
 		}
-		r.emit(g, p.Events)
+		r.emit(ctx, g, p.Events)
 	}
 	return nil
 }
@@ -492,7 +516,9 @@ func (r *Reconciler) deleteFinished(ctx context.Context, p grantplan.Plan) error
 // not written is decided again, and announced then. Granted, Renewed and
 // Released are the grant path's every step: each would cost an API write
 // per acquisition, and the grant's status and conditions already say them.
-func (r *Reconciler) emit(g *lockingv1alpha1.LockGrant, events []grantplan.Event) {
+// An Event the operator must act on at the issuer (a grant held back until
+// the epoch is raised) is sent regarding the FenceIssuer too.
+func (r *Reconciler) emit(ctx context.Context, g *lockingv1alpha1.LockGrant, events []grantplan.Event) {
 	for _, e := range events {
 		if e.Grant.UID != g.UID {
 			continue
@@ -502,6 +528,15 @@ func (r *Reconciler) emit(g *lockingv1alpha1.LockGrant, events []grantplan.Event
 			continue
 		}
 		r.Recorder.Eventf(e.Grant, nil, corev1.EventTypeWarning, e.Reason, e.Reason, "%s", e.Note)
+		if !e.Issuer {
+			continue
+		}
+		iss := &lockingv1alpha1.FenceIssuer{}
+		if err := r.Client.Get(ctx, types.NamespacedName{Name: lockingv1alpha1.DefaultFenceIssuerName}, iss); err != nil {
+			logf.FromContext(ctx).Error(err, "Reading the FenceIssuer for an Event")
+			continue
+		}
+		r.Recorder.Eventf(iss, e.Grant, corev1.EventTypeWarning, e.Reason, e.Reason, "LockGrant %s/%s: %s", e.Grant.Namespace, e.Grant.Name, e.Note)
 	}
 }
 
