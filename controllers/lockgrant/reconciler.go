@@ -2,6 +2,7 @@ package lockgrant
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"maps"
 	"slices"
@@ -202,10 +203,16 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reco
 			return err
 		}
 		params = f.Params
-		p = grantplan.Decide(f)
+		if f, p, err = r.decide(ctx, f); err != nil {
+			return err
+		}
 		revisions, err = r.writeCounters(ctx, req.Namespace, f, p)
 		return err
 	})
+	if errors.Is(err, errCacheBehind) {
+		logf.FromContext(ctx).V(1).Info("Grants cache behind the API server; deciding again once it caught up")
+		return reconcile.Result{RequeueAfter: cacheCatchUp}, nil
+	}
 	if err != nil {
 		return reconcile.Result{}, err
 	}
@@ -284,6 +291,89 @@ func (r *Reconciler) gather(ctx context.Context, req reconcile.Request, reader c
 		return f, err
 	}
 	return f, nil
+}
+
+// errCacheBehind: the grants the pass would grant kept differing from
+// their cached copies; the pass waits for the cache to catch up.
+var errCacheBehind = errors.New("the grants cache is behind the API server")
+
+const (
+	// maxConfirmRounds bounds how often one pass decides again on grants
+	// read directly because their cached copies were out of date.
+	maxConfirmRounds = 4
+	// cacheCatchUp is how long a pass whose cache was far behind waits
+	// before it is decided again.
+	cacheCatchUp = 100 * time.Millisecond
+)
+
+// decide plans the pass on f. Before a counter's swap names a new holder,
+// that grant is read directly (newHolders): a cached copy that is out of
+// date (the grant was released, withdrawn, deleted, or changed since the
+// cache last saw it: a replica resumed after a freeze, a watch that
+// lagged) is replaced by the fresh one, and the pass is decided again. So
+// no swap names a grant that had ended before this pass read it: the read
+// a grant rests on is as fresh as the counter's, whatever the cache's lag.
+// It returns the facts as finally decided on, with the plan.
+func (r *Reconciler) decide(ctx context.Context, f grantplan.Facts) (grantplan.Facts, grantplan.Plan, error) {
+	confirmed := map[types.UID]bool{}
+	for range maxConfirmRounds {
+		p := grantplan.Decide(f)
+		var toRead []lockingv1alpha1.LockGrant
+		for _, uid := range newHolders(f, p) {
+			if i := slices.IndexFunc(f.Grants, func(g lockingv1alpha1.LockGrant) bool { return g.UID == uid }); i >= 0 && !confirmed[uid] {
+				toRead = append(toRead, f.Grants[i])
+			}
+		}
+		if len(toRead) == 0 {
+			return f, p, nil
+		}
+		fresh := make([]*lockingv1alpha1.LockGrant, len(toRead))
+		var reads errgroup.Group
+		for i := range toRead {
+			reads.Go(func() error {
+				g := &lockingv1alpha1.LockGrant{}
+				switch err := r.APIReader.Get(ctx, client.ObjectKeyFromObject(&toRead[i]), g); {
+				case apierrors.IsNotFound(err):
+					return nil
+				case err != nil:
+					return fmt.Errorf("reading grant %s before granting it: %w", toRead[i].Name, err)
+				}
+				fresh[i] = g
+				return nil
+			})
+		}
+		if err := reads.Wait(); err != nil {
+			return f, grantplan.Plan{}, err
+		}
+		stale := false
+		for i := range toRead {
+			cached := &toRead[i]
+			if g := fresh[i]; g != nil && g.UID == cached.UID && g.ResourceVersion == cached.ResourceVersion {
+				confirmed[cached.UID] = true
+				continue
+			}
+			stale = true
+			staleGrants.Inc()
+			f.Grants = grantplan.WithHolder(f.Grants, &lockingv1alpha1.FenceHolder{Name: cached.Name, UID: string(cached.UID)}, fresh[i])
+		}
+		if !stale {
+			return f, p, nil
+		}
+	}
+	return f, grantplan.Plan{}, errCacheBehind
+}
+
+// newHolders lists the grants p's counter writes name as a new holder:
+// those the pass grants.
+func newHolders(f grantplan.Facts, p grantplan.Plan) []types.UID {
+	var uids []types.UID
+	for _, w := range grantplan.CounterWrites(f, p) {
+		cur := counterOf(f, w.Slot)
+		if h := w.Spec.Holder; h != nil && (cur == nil || cur.Spec.Holder == nil || cur.Spec.Holder.UID != h.UID) {
+			uids = append(uids, types.UID(h.UID))
+		}
+	}
+	return uids
 }
 
 // gatherSlots reads the counters of slots 1 and above of a resource with
@@ -512,4 +602,11 @@ var transitions = prometheus.NewCounterVec(prometheus.CounterOpts{
 	Help: "LockGrant transitions (Granted, Renewed, RELEASED, EXPIRED, TIMED_OUT, REVOKED_EPOCH, PolicyDenied, FENCE_REGRESSION, ...), by reason: the reason code of the catalog when there is one.",
 }, []string{"reason"})
 
-func init() { metrics.Registry.MustRegister(transitions) }
+// staleGrants counts grants a pass was about to grant whose cached copy was
+// out of date.
+var staleGrants = prometheus.NewCounter(prometheus.CounterOpts{
+	Name: "lockwarden_grant_cache_stale_total",
+	Help: "Grants a pass was about to grant whose cached copy was out of date (released, withdrawn, deleted or changed since the cache saw it); the pass decided again on a direct read.",
+})
+
+func init() { metrics.Registry.MustRegister(transitions, staleGrants) }
