@@ -20,11 +20,13 @@ import (
 	"github.com/open-policy-agent/cert-controller/pkg/rotator"
 	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
 	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/utils/clock"
 	ctrl "sigs.k8s.io/controller-runtime"
@@ -49,7 +51,8 @@ import (
 // The manager's Secrets (webhook certificate, signing keys) live in its own
 // namespace: a Role there, not a ClusterRole. config/ and the Helm chart
 // bind it in the namespace they install into.
-// +kubebuilder:rbac:groups="",namespace=lockwarden-system,resources=secrets,verbs=get;list;watch;update;patch
+// The manager creates the webhook certificate Secret when it is missing.
+// +kubebuilder:rbac:groups="",namespace=lockwarden-system,resources=secrets,verbs=get;list;watch;create;update;patch
 // +kubebuilder:rbac:groups=admissionregistration.k8s.io,resources=validatingwebhookconfigurations;mutatingwebhookconfigurations,verbs=get;list;watch;update;patch
 // +kubebuilder:rbac:groups=coordination.k8s.io,resources=leases,verbs=get;list;watch;create;update;patch;delete
 // Secure metrics: the manager asks the API server who a scraper is and
@@ -119,14 +122,16 @@ func main() {
 		return
 	}
 	ctrl.SetLogger(zap.New(zap.UseFlagOptions(&zapOpts)))
+	metrics.Registry.MustRegister(version.BuildInfo())
 
-	if err := run(o); err != nil {
+	if err := run(ctrl.SetupSignalHandler(), ctrl.GetConfigOrDie(), o); err != nil {
 		ctrl.Log.Error(err, "Manager stopped")
 		os.Exit(1)
 	}
 }
 
-func run(o options) error {
+// run runs the manager against the API server cfg names until ctx ends.
+func run(ctx context.Context, cfg *rest.Config, o options) error {
 	scheme := runtime.NewScheme()
 	utilruntime.Must(clientgoscheme.AddToScheme(scheme))
 	utilruntime.Must(lockingv1alpha1.AddToScheme(scheme))
@@ -142,7 +147,6 @@ func run(o options) error {
 		defer os.RemoveAll(dir)
 		o.certDir = dir
 	}
-	cfg := ctrl.GetConfigOrDie()
 	tlsOpts := []func(*tls.Config){func(c *tls.Config) { c.MinVersion = tls.VersionTLS12 }}
 	if !o.enableHTTP2 {
 		tlsOpts = append(tlsOpts, func(c *tls.Config) { c.NextProtos = []string{"http/1.1"} })
@@ -154,7 +158,6 @@ func run(o options) error {
 		metricsOpts.FilterProvider = filters.WithAuthenticationAndAuthorization
 		metricsOpts.CertDir = o.metricsCertDir
 	}
-	metrics.Registry.MustRegister(version.BuildInfo())
 	mgr, err := ctrl.NewManager(cfg, ctrl.Options{
 		Scheme: scheme,
 		// Secrets and ConfigMaps are read only in the manager's namespace.
@@ -186,17 +189,28 @@ func run(o options) error {
 		return fmt.Errorf("creating manager: %w", err)
 	}
 
+	ctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
 	certsReady := make(chan struct{})
 	if o.certSecret != "" {
 		key, err := addCertRotator(mgr, o, certsReady)
 		if err != nil {
 			return err
 		}
+		cs, err := kubernetes.NewForConfig(mgr.GetConfig())
+		if err != nil {
+			return err
+		}
+		// The rotator cannot start without its Secret: create it first
+		// if it is missing, and again whenever it is deleted.
+		keeper := &certSecret{clientset: cs, key: key, recorder: mgr.GetEventRecorder("lockwarden")}
+		if _, err := keeper.ensure(ctx, metav1.ObjectMeta{}); err != nil {
+			return err
+		}
+		if err := mgr.Add(keeper); err != nil {
+			return err
+		}
 		if syncCerts {
-			cs, err := kubernetes.NewForConfig(mgr.GetConfig())
-			if err != nil {
-				return err
-			}
 			if err := mgr.Add(&certSync{clientset: cs, secret: key, dir: o.certDir}); err != nil {
 				return err
 			}
@@ -206,8 +220,6 @@ func run(o options) error {
 	}
 
 	clk := clock.RealClock{}
-	ctx, cancel := context.WithCancelCause(ctrl.SetupSignalHandler())
-	defer cancel(nil)
 	keyring := &issuer.Keyring{Reader: mgr.GetClient(), Namespace: o.namespace}
 	if err := controllers.Setup(ctx, mgr, controllers.Options{
 		Clock: clk, Keyring: keyring, Namespace: o.namespace,
