@@ -66,7 +66,7 @@ func TestManagerCreatesAMissingCertificateSecret(t *testing.T) {
 		mutatingConfig: "lockwarden-mutating-webhook-configuration", validatingConfig: "lockwarden-validating-webhook-configuration",
 		retention: time.Hour, leaseDuration: 15 * time.Second, renewDeadline: 10 * time.Second, retryPeriod: 2 * time.Second,
 		grantsOnEveryReplica: true, replicaID: "cert-test", takeoverDelay: 400 * time.Millisecond,
-		replicaLeaseDuration: 2 * time.Second, replicaLeaseRenew: 500 * time.Millisecond,
+		replicaLeaseDuration: 2 * time.Second, replicaLeaseRenew: 500 * time.Millisecond, maxClockSkew: 500 * time.Millisecond,
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	stopped := &running{done: make(chan struct{})}

@@ -26,8 +26,8 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
 	"k8s.io/client-go/kubernetes"
-	"k8s.io/client-go/rest"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
+	"k8s.io/client-go/rest"
 	"k8s.io/utils/clock"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
@@ -42,6 +42,7 @@ import (
 	lockingv1alpha1 "github.com/lockwarden/lockwarden/api/v1alpha1"
 	"github.com/lockwarden/lockwarden/controllers"
 	"github.com/lockwarden/lockwarden/controllers/lockgrant"
+	"github.com/lockwarden/lockwarden/internal/clockskew"
 	"github.com/lockwarden/lockwarden/internal/issuer"
 	"github.com/lockwarden/lockwarden/internal/observe"
 	"github.com/lockwarden/lockwarden/internal/version"
@@ -84,6 +85,7 @@ type options struct {
 	takeoverDelay           time.Duration
 	replicaLeaseDuration    time.Duration
 	replicaLeaseRenew       time.Duration
+	maxClockSkew            time.Duration
 }
 
 func main() {
@@ -113,6 +115,7 @@ func main() {
 	flag.DurationVar(&o.takeoverDelay, "takeover-delay", 400*time.Millisecond, "With --grants-on-every-replica: how long a replica leaves a resource to the replica preferred for it (by hashing the resource over the replicas whose Lease is live) before acting itself, when the resource's state has not moved. The longest extra wait of a grant or expiry while a replica is frozen or cut off, until its Lease lapses. 0: every replica acts on every event at once (twice the work with two replicas). See docs/ha.md.")
 	flag.DurationVar(&o.replicaLeaseDuration, "replica-lease-duration", 2*time.Second, "How long a replica's own Lease lasts after each renewal (whole seconds): after a replica stops renewing it (frozen, killed, partitioned), the others act at once on its resources.")
 	flag.DurationVar(&o.replicaLeaseRenew, "replica-lease-renew-interval", 500*time.Millisecond, "How often a replica renews its own Lease; must be shorter than --replica-lease-duration.")
+	flag.DurationVar(&o.maxClockSkew, "max-clock-skew", 2*clockskew.DocumentedBound, "How far this replica's clock may be from the API server's before the replica reports not ready (/readyz check clock-skew), judged from the API server's Date headers with the measurement's uncertainty subtracted. The default is twice the 250ms lease judgments assume between replicas, so that a replica fails only when the assumption is surely broken even if the API server's own clock is 250ms off; past 250ms the replica logs it. The offset is the metric lockwarden_clock_skew_seconds. 0: never fail readiness for it.")
 	flag.StringVar(&o.namespace, "namespace", defaultNamespace(), "The manager's namespace, where the signing keys Secret and the trust bundle ConfigMap live (default: $POD_NAMESPACE, else lockwarden-system).")
 	zapOpts := zap.Options{}
 	zapOpts.BindFlags(flag.CommandLine)
@@ -251,6 +254,19 @@ func run(ctx context.Context, cfg *rest.Config, o options) error {
 		}
 		close(webhooksUp)
 	}()
+	// Leases are judged by this replica's clock: measure it against the
+	// API server's, and leave the Service when it is surely far off.
+	probe, err := clockskew.APIServerProbe(cfg)
+	if err != nil {
+		return err
+	}
+	skew := &clockskew.Monitor{Probe: probe, Clock: clock.RealClock{}, Max: o.maxClockSkew}
+	if err := mgr.Add(skew); err != nil {
+		return err
+	}
+	if err := mgr.AddReadyzCheck("clock-skew", skew.Ready); err != nil {
+		return err
+	}
 	if err := mgr.AddHealthzCheck("healthz", healthz.Ping); err != nil {
 		return err
 	}
@@ -264,7 +280,7 @@ func run(ctx context.Context, cfg *rest.Config, o options) error {
 	}); err != nil {
 		return err
 	}
-	ctrl.Log.Info("Starting manager", "version", version.Get().Version, "revision", version.Get().Revision, "webhookPort", o.webhookPort, "leaderElection", o.leaderElect, "grantsOnEveryReplica", o.grantsOnEveryReplica, "replicaID", o.replicaID, "takeoverDelay", o.takeoverDelay)
+	ctrl.Log.Info("Starting manager", "version", version.Get().Version, "revision", version.Get().Revision, "webhookPort", o.webhookPort, "leaderElection", o.leaderElect, "grantsOnEveryReplica", o.grantsOnEveryReplica, "replicaID", o.replicaID, "takeoverDelay", o.takeoverDelay, "maxClockSkew", o.maxClockSkew)
 	if err := mgr.Start(ctx); err != nil {
 		return err
 	}
