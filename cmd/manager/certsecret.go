@@ -30,10 +30,17 @@ import (
 //
 // A Secret deleted while the manager runs is created again with the labels
 // and annotations it had (an installer's ownership marks, such as Helm's),
-// without its data.
+// without its data, unless the webhook configuration is gone too: then the
+// installation is being removed (helm uninstall and kubectl delete remove
+// the webhook configurations before the Secret), and a Secret created again
+// would outlive it.
 type certSecret struct {
 	clientset kubernetes.Interface
 	key       types.NamespacedName
+	// webhookConfig is the ValidatingWebhookConfiguration the Secret's CA
+	// is injected into. A Secret deleted after it (an uninstall deletes
+	// the webhook configurations before the Secret) is not created again.
+	webhookConfig string
 	// recorder, if set, records an Event on each Secret created.
 	recorder events.EventRecorder
 }
@@ -94,6 +101,13 @@ func (s *certSecret) Start(ctx context.Context) error {
 	lw := toolscache.NewListWatchFromClient(s.clientset.CoreV1().RESTClient(), "secrets", s.key.Namespace,
 		fields.OneTermEqualSelector("metadata.name", s.key.Name))
 	recreate := func(meta metav1.ObjectMeta) {
+		if s.webhookConfig != "" {
+			_, err := s.clientset.AdmissionregistrationV1().ValidatingWebhookConfigurations().Get(ctx, s.webhookConfig, metav1.GetOptions{})
+			if apierrors.IsNotFound(err) {
+				logger.Info("The webhook certificate Secret and the webhook configuration are gone (an uninstall); not creating the Secret again", "webhookConfiguration", s.webhookConfig)
+				return
+			}
+		}
 		if _, err := s.ensure(ctx, meta); err != nil && ctx.Err() == nil {
 			logger.Error(err, "Keeping the webhook certificate Secret")
 		}

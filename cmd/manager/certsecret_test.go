@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	corev1 "k8s.io/api/core/v1"
 	eventsv1 "k8s.io/api/events/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -31,7 +32,8 @@ import (
 // creates the Secret, says so in an Event, issues a CA and certificate
 // into it and becomes ready. The two rotations docs/runbook.md gives work:
 // without its serving certificate the Secret gets a new one from the same
-// CA; deleted while the manager runs, it is created again with a new CA.
+// CA; deleted while the manager runs, it is created again with a new CA;
+// deleted after the webhook configuration (an uninstall), it stays gone.
 func TestManagerCreatesAMissingCertificateSecret(t *testing.T) {
 	const ns, name = "lockwarden-system", "webhook-server-cert"
 	root, err := filepath.Abs("../..")
@@ -56,6 +58,13 @@ func TestManagerCreatesAMissingCertificateSecret(t *testing.T) {
 		t.Fatal(err)
 	}
 	if err := c.Create(t.Context(), &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}); err != nil {
+		t.Fatal(err)
+	}
+
+	// The webhook configuration the rotator injects its CA into (with no
+	// webhooks: nothing calls this manager).
+	validating := &admissionregistrationv1.ValidatingWebhookConfiguration{ObjectMeta: metav1.ObjectMeta{Name: "lockwarden-validating-webhook-configuration"}}
+	if err := c.Create(t.Context(), validating); err != nil {
 		t.Fatal(err)
 	}
 
@@ -128,7 +137,34 @@ func TestManagerCreatesAMissingCertificateSecret(t *testing.T) {
 	if err := c.Delete(t.Context(), s); err != nil {
 		t.Fatal(err)
 	}
-	waitIssued(t, c, ns, name, first.Data["ca.crt"], stopped)
+	second := waitIssued(t, c, ns, name, first.Data["ca.crt"], stopped)
+
+	// An uninstall deletes the webhook configuration, then the Secret:
+	// the Secret is not created again behind it.
+	if err := c.Delete(t.Context(), validating); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Delete(t.Context(), second); err != nil {
+		t.Fatal(err)
+	}
+	stays(t, "the Secret deleted after the webhook configuration stays deleted", 3*time.Second, func() bool {
+		return apierrors.IsNotFound(c.Get(t.Context(), client.ObjectKeyFromObject(second), &corev1.Secret{}))
+	})
+}
+
+// stays checks that cond holds throughout d.
+func stays(t *testing.T, what string, d time.Duration, cond func() bool) {
+	t.Helper()
+	for end := time.Now().Add(d); time.Now().Before(end); {
+		if !cond() {
+			t.Fatalf("%s: it changed", what)
+		}
+		select {
+		case <-t.Context().Done():
+			return
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
 }
 
 // running is the outcome of run: done is closed when it returned err.

@@ -206,7 +206,7 @@ func run(ctx context.Context, cfg *rest.Config, o options) error {
 		}
 		// The rotator cannot start without its Secret: create it first
 		// if it is missing, and again whenever it is deleted.
-		keeper := &certSecret{clientset: cs, key: key, recorder: mgr.GetEventRecorder("lockwarden")}
+		keeper := &certSecret{clientset: cs, key: key, webhookConfig: o.validatingConfig, recorder: mgr.GetEventRecorder("lockwarden")}
 		if _, err := keeper.ensure(ctx, metav1.ObjectMeta{}); err != nil {
 			return err
 		}
