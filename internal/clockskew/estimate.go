@@ -32,9 +32,9 @@ func (b Bound) Offset() time.Duration { return b.Low + (b.High-b.Low)/2 }
 // from the offset.
 func (b Bound) Uncertainty() time.Duration { return (b.High - b.Low) / 2 }
 
-// Beyond reports whether the offset is surely more than max from zero,
+// Beyond reports whether the offset is surely more than bound from zero,
 // ahead or behind.
-func (b Bound) Beyond(max time.Duration) bool { return b.Low > max || b.High < -max }
+func (b Bound) Beyond(bound time.Duration) bool { return b.Low > bound || b.High < -bound }
 
 func (b Bound) intersect(o Bound) (Bound, bool) {
 	r := Bound{Low: max(b.Low, o.Low), High: min(b.High, o.High)}
