@@ -197,15 +197,13 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reco
 	var params issuer.Params
 	var revisions map[int32]string
 	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
-		f, err := r.gather(ctx, req, r.APIReader)
+		f, plan, err := r.decide(ctx, req)
+		p = plan
 		if err != nil || f.Resource == "" {
 			p = grantplan.Plan{}
 			return err
 		}
 		params = f.Params
-		if f, p, err = r.decide(ctx, f); err != nil {
-			return err
-		}
 		revisions, err = r.writeCounters(ctx, req.Namespace, f, p)
 		return err
 	})
@@ -306,21 +304,33 @@ const (
 	cacheCatchUp = 100 * time.Millisecond
 )
 
-// decide plans the pass on f. Before a counter's swap names a new holder,
-// that grant is read directly (newHolders): a cached copy that is out of
-// date (the grant was released, withdrawn, deleted, or changed since the
-// cache last saw it: a replica resumed after a freeze, a watch that
-// lagged) is replaced by the fresh one, and the pass is decided again. So
-// no swap names a grant that had ended before this pass read it: the read
-// a grant rests on is as fresh as the counter's, whatever the cache's lag.
-// It returns the facts as finally decided on, with the plan.
-func (r *Reconciler) decide(ctx context.Context, f grantplan.Facts) (grantplan.Facts, grantplan.Plan, error) {
-	confirmed := map[types.UID]bool{}
+// decide gathers and plans the pass. Before a counter's swap names a new
+// holder, that grant is read directly (newHolders), after the counter: if
+// it is still the version the pass listed, the pass rests on its current
+// state. A cached copy that is out of date (the grant was released,
+// withdrawn, deleted, or changed since the cache last saw it: a replica
+// resumed after a freeze, a watch that lagged) is replaced by the fresh
+// one, and the pass is gathered and decided again: the counters are read
+// again too, so that, as in any pass, no counter is older than a grant
+// read with it. So no swap names a grant that had ended before this pass
+// read it: the read a grant rests on is as fresh as the counter's,
+// whatever the cache's lag.
+func (r *Reconciler) decide(ctx context.Context, req reconcile.Request) (grantplan.Facts, grantplan.Plan, error) {
+	fresher := map[types.UID]*lockingv1alpha1.LockGrant{}
+	confirmed := map[types.UID]string{}
 	for range maxConfirmRounds {
+		f, err := r.gather(ctx, req, r.APIReader)
+		if err != nil || f.Resource == "" {
+			return f, grantplan.Plan{}, err
+		}
+		for uid, g := range fresher {
+			f.Grants = grantplan.WithHolder(f.Grants, &lockingv1alpha1.FenceHolder{UID: string(uid)}, g)
+		}
 		p := grantplan.Decide(f)
 		var toRead []lockingv1alpha1.LockGrant
 		for _, uid := range newHolders(f, p) {
-			if i := slices.IndexFunc(f.Grants, func(g lockingv1alpha1.LockGrant) bool { return g.UID == uid }); i >= 0 && !confirmed[uid] {
+			i := slices.IndexFunc(f.Grants, func(g lockingv1alpha1.LockGrant) bool { return g.UID == uid })
+			if i >= 0 && confirmed[uid] != f.Grants[i].ResourceVersion {
 				toRead = append(toRead, f.Grants[i])
 			}
 		}
@@ -347,20 +357,24 @@ func (r *Reconciler) decide(ctx context.Context, f grantplan.Facts) (grantplan.F
 		}
 		stale := false
 		for i := range toRead {
-			cached := &toRead[i]
-			if g := fresh[i]; g != nil && g.UID == cached.UID && g.ResourceVersion == cached.ResourceVersion {
-				confirmed[cached.UID] = true
+			listed := &toRead[i]
+			g := fresh[i]
+			if g != nil && g.UID == listed.UID && g.ResourceVersion == listed.ResourceVersion {
+				confirmed[listed.UID] = listed.ResourceVersion
 				continue
 			}
 			stale = true
 			staleGrants.Inc()
-			f.Grants = grantplan.WithHolder(f.Grants, &lockingv1alpha1.FenceHolder{Name: cached.Name, UID: string(cached.UID)}, fresh[i])
+			if g != nil && g.UID != listed.UID {
+				g = nil // another grant took the name: this one is gone
+			}
+			fresher[listed.UID] = g
 		}
 		if !stale {
 			return f, p, nil
 		}
 	}
-	return f, grantplan.Plan{}, errCacheBehind
+	return grantplan.Facts{}, grantplan.Plan{}, errCacheBehind
 }
 
 // newHolders lists the grants p's counter writes name as a new holder:

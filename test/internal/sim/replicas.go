@@ -177,19 +177,7 @@ func (rp *replica) grantsView(now time.Duration) map[types.UID]*lockingv1alpha1.
 // session Lease by its own clock too, so their observation times carry
 // the same skew.
 func (r *registry) gather(resource string, now, skew time.Duration, view map[types.UID]*lockingv1alpha1.LockGrant) pass {
-	ps := pass{resource: resource, read: map[types.UID]*lockingv1alpha1.LockGrant{}, ended: map[types.UID]bool{}}
-	cached := r.grants
-	if view != nil {
-		cached = view
-	}
-	var grants []lockingv1alpha1.LockGrant
-	for _, g := range cached {
-		if g.Spec.Resource == resource {
-			grants = append(grants, *g.DeepCopy())
-		}
-	}
-	byUID := func(a, b lockingv1alpha1.LockGrant) int { return compareUID(a.UID, b.UID) }
-	slices.SortFunc(grants, byUID)
+	ps := pass{resource: resource, ended: map[types.UID]bool{}}
 	for uid, g := range view {
 		if cur := r.grants[uid]; g.Spec.Resource == resource && (cur == nil || cur.Spec.Release || cur.Status.Phase.Final()) {
 			ps.ended[uid] = true
@@ -200,33 +188,22 @@ func (r *registry) gather(resource string, now, skew time.Duration, view map[typ
 			ps.ended[uid] = true
 		}
 	}
-	var counter *lockingv1alpha1.FenceCounter
-	if c := r.counters[resource]; c != nil {
-		counter = c.DeepCopy()
-		ps.counterRV = c.ResourceVersion
-	}
 	ps.params = issuer.Params{Epoch: r.epoch, Revoked: slices.Clone(r.revoked), KeyID: r.keyID, Key: r.key}
-	sessions := r.sessionFacts(now)
-	for _, ss := range sessions {
-		ss.ObservedAt = ss.ObservedAt.Add(skew)
-	}
-	f := grantplan.Facts{
-		Now: r.wall(now + skew), Resource: resource, Counter: counter, Grants: grants,
-		Epoch: r.epoch, Revoked: ps.params.Revoked, Params: ps.params, Sessions: sessions,
-	}
-	if h := counter; h != nil && h.Spec.Holder != nil && grantplan.HolderReadNeeded(f.Grants, h.Spec.Holder, f.Now) {
-		f.Grants = grantplan.WithHolder(f.Grants, h.Spec.Holder, r.grants[types.UID(h.Spec.Holder.UID)])
-		slices.SortFunc(f.Grants, byUID)
-	}
-	ps.plan = grantplan.Plan{RequeueAfter: replicaCacheCatchUp}
+	// fresher are the grants read directly because their cached copies
+	// were out of date, which replace them from then on; confirmed are
+	// those read directly and found as listed.
+	fresher := map[types.UID]*lockingv1alpha1.LockGrant{}
 	confirmed := map[types.UID]bool{}
+	var f grantplan.Facts
+	ps.plan = grantplan.Plan{RequeueAfter: replicaCacheCatchUp}
 	for range maxConfirmRounds {
+		f, ps.counterRV = r.passFacts(resource, now, skew, view, fresher)
 		p := grantplan.Decide(f)
-		stale := false
 		if r.trustCache {
 			ps.plan = p
 			break
 		}
+		stale := false
 		for _, uid := range newHolders(f, p) {
 			if confirmed[uid] {
 				continue
@@ -239,18 +216,67 @@ func (r *registry) gather(resource string, now, skew time.Duration, view map[typ
 			}
 			stale = true
 			r.staleReads++
-			f.Grants = grantplan.WithHolder(f.Grants, &lockingv1alpha1.FenceHolder{Name: string(uid), UID: string(uid)}, cur)
-			slices.SortFunc(f.Grants, byUID)
+			if cur != nil {
+				cur = cur.DeepCopy()
+			}
+			fresher[uid] = cur
 		}
 		if !stale {
 			ps.plan = p
 			break
 		}
 	}
+	ps.read = map[types.UID]*lockingv1alpha1.LockGrant{}
 	for i := range f.Grants {
 		ps.read[f.Grants[i].UID] = f.Grants[i].DeepCopy()
 	}
 	return ps
+}
+
+// passFacts reads what one decision of a pass rests on, in the controller's
+// order: the grants from the cache (view, or as they are when view is
+// nil), with the copies in fresher in place of the cached ones, then the
+// counter directly, then the holder's grant directly where the cache may
+// mislead (grantplan.HolderReadNeeded). It returns them with the counter's
+// resourceVersion as read.
+func (r *registry) passFacts(resource string, now, skew time.Duration, view, fresher map[types.UID]*lockingv1alpha1.LockGrant) (grantplan.Facts, string) {
+	cached := r.grants
+	if view != nil {
+		cached = view
+	}
+	var grants []lockingv1alpha1.LockGrant
+	for uid, g := range cached {
+		if _, replaced := fresher[uid]; g.Spec.Resource == resource && !replaced {
+			grants = append(grants, *g.DeepCopy())
+		}
+	}
+	for _, g := range fresher {
+		if g != nil {
+			grants = append(grants, *g.DeepCopy())
+		}
+	}
+	byUID := func(a, b lockingv1alpha1.LockGrant) int { return compareUID(a.UID, b.UID) }
+	slices.SortFunc(grants, byUID)
+	var counter *lockingv1alpha1.FenceCounter
+	rv := ""
+	if c := r.counters[resource]; c != nil {
+		counter, rv = c.DeepCopy(), c.ResourceVersion
+	}
+	sessions := r.sessionFacts(now)
+	for _, ss := range sessions {
+		ss.ObservedAt = ss.ObservedAt.Add(skew)
+	}
+	revoked := slices.Clone(r.revoked)
+	f := grantplan.Facts{
+		Now: r.wall(now + skew), Resource: resource, Counter: counter, Grants: grants,
+		Epoch: r.epoch, Revoked: revoked, Params: issuer.Params{Epoch: r.epoch, Revoked: revoked, KeyID: r.keyID, Key: r.key},
+		Sessions: sessions,
+	}
+	if h := counter; h != nil && h.Spec.Holder != nil && grantplan.HolderReadNeeded(f.Grants, h.Spec.Holder, f.Now) {
+		f.Grants = grantplan.WithHolder(f.Grants, h.Spec.Holder, r.grants[types.UID(h.Spec.Holder.UID)])
+		slices.SortFunc(f.Grants, byUID)
+	}
+	return f, rv
 }
 
 // Confirming a new holder, as the controller does (controllers/lockgrant).
