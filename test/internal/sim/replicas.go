@@ -172,8 +172,9 @@ func (rp *replica) grantsView(now time.Duration) map[types.UID]*lockingv1alpha1.
 // controller's pass does: the holder's grant is read directly where the
 // cache may mislead (grantplan.HolderReadNeeded), and every grant a
 // counter write would name as a new holder is read directly before it is
-// granted; a cached copy that differs is replaced and the pass decided
-// again (controllers/lockgrant: decide). The replica observed each
+// granted; a cached copy that differs is replaced and the pass gathered
+// (the counter read again) and decided again (controllers/lockgrant:
+// decide). The replica observed each
 // session Lease by its own clock too, so their observation times carry
 // the same skew.
 func (r *registry) gather(resource string, now, skew time.Duration, view map[types.UID]*lockingv1alpha1.LockGrant) pass {
