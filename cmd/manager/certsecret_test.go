@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
+	"math"
 	"net"
 	"net/http"
 	"os"
@@ -23,6 +25,7 @@ import (
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
+	"sigs.k8s.io/controller-runtime/pkg/metrics"
 
 	lockingv1alpha1 "github.com/lockwarden/lockwarden/api/v1alpha1"
 )
@@ -30,7 +33,8 @@ import (
 // The manager started while its webhook certificate Secret is missing (it
 // was deleted while the replicas ran, then they were rolled out): it
 // creates the Secret, says so in an Event, issues a CA and certificate
-// into it and becomes ready. The two rotations docs/runbook.md gives work:
+// into it and becomes ready (its clock measured against the API
+// server's). The two rotations docs/runbook.md gives work:
 // without its serving certificate the Secret gets a new one from the same
 // CA; deleted while the manager runs, it is created again with a new CA;
 // deleted after the webhook configuration (an uninstall), it stays gone.
@@ -114,6 +118,19 @@ func TestManagerCreatesAMissingCertificateSecret(t *testing.T) {
 		return resp.StatusCode == http.StatusOK, nil
 	})
 
+	// The replica measured its clock against the API server's (the same
+	// machine's: no skew beyond the measurement's uncertainty).
+	waitUntil(t, "the replica measured its clock against the API server's", stopped, func(context.Context) (bool, error) {
+		offset, uncertainty := gauge("lockwarden_clock_skew_seconds"), gauge("lockwarden_clock_skew_uncertainty_seconds")
+		if offset == nil || uncertainty == nil || *uncertainty == 0 {
+			return false, nil
+		}
+		if d := math.Abs(*offset) - *uncertainty; d > 0.05 {
+			return false, fmt.Errorf("offset %.3fs ±%.3fs from the API server on the same machine", *offset, *uncertainty)
+		}
+		return true, nil
+	})
+
 	// The runbook's rotation of the serving certificate alone: without
 	// tls.crt and tls.key, the rotator issues a new certificate from the
 	// same CA, which the webhook configurations already trust.
@@ -165,6 +182,22 @@ func stays(t *testing.T, what string, d time.Duration, cond func() bool) {
 		case <-time.After(50 * time.Millisecond):
 		}
 	}
+}
+
+// gauge reads a gauge from the manager's metrics registry; nil when it is
+// not there.
+func gauge(name string) *float64 {
+	families, err := metrics.Registry.Gather()
+	if err != nil {
+		return nil
+	}
+	for _, f := range families {
+		if f.GetName() == name && len(f.GetMetric()) == 1 {
+			v := f.GetMetric()[0].GetGauge().GetValue()
+			return &v
+		}
+	}
+	return nil
 }
 
 // running is the outcome of run: done is closed when it returned err.
