@@ -2,6 +2,7 @@ package lockgrant
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"maps"
 	"slices"
@@ -201,16 +202,20 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reco
 	var params issuer.Params
 	var revisions map[int32]string
 	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
-		f, err := r.gather(ctx, req, r.APIReader)
+		f, plan, err := r.decide(ctx, req)
+		p = plan
 		if err != nil || f.Resource == "" {
 			p = grantplan.Plan{}
 			return err
 		}
 		params = f.Params
-		p = grantplan.Decide(f)
 		revisions, err = r.writeCounters(ctx, req.Namespace, f, p)
 		return err
 	})
+	if errors.Is(err, errCacheBehind) {
+		logf.FromContext(ctx).V(1).Info("Grants cache behind the API server; deciding again once it caught up")
+		return reconcile.Result{RequeueAfter: cacheCatchUp}, nil
+	}
 	if err != nil {
 		return reconcile.Result{}, err
 	}
@@ -294,6 +299,105 @@ func (r *Reconciler) gather(ctx context.Context, req reconcile.Request, reader c
 		return f, err
 	}
 	return f, nil
+}
+
+// errCacheBehind: the grants the pass would grant kept differing from
+// their cached copies; the pass waits for the cache to catch up.
+var errCacheBehind = errors.New("the grants cache is behind the API server")
+
+const (
+	// maxConfirmRounds bounds how often one pass decides again on grants
+	// read directly because their cached copies were out of date.
+	maxConfirmRounds = 4
+	// cacheCatchUp is how long a pass whose cache was far behind waits
+	// before it is decided again.
+	cacheCatchUp = 100 * time.Millisecond
+)
+
+// decide gathers and plans the pass. Before a counter's swap names a new
+// holder, that grant is read directly (newHolders), after the counter: if
+// it is still the version the pass listed, the pass rests on its current
+// state. A cached copy that is out of date (the grant was released,
+// withdrawn, deleted, or changed since the cache last saw it: a replica
+// resumed after a freeze, a watch that lagged) is replaced by the fresh
+// one, and the pass is gathered and decided again: the counters are read
+// again too, so that, as in any pass, no counter is older than a grant
+// read with it. So no swap names a grant that had ended before this pass
+// read it: the read a grant rests on is as fresh as the counter's,
+// whatever the cache's lag.
+func (r *Reconciler) decide(ctx context.Context, req reconcile.Request) (grantplan.Facts, grantplan.Plan, error) {
+	fresher := map[types.UID]*lockingv1alpha1.LockGrant{}
+	confirmed := map[types.UID]string{}
+	for range maxConfirmRounds {
+		f, err := r.gather(ctx, req, r.APIReader)
+		if err != nil || f.Resource == "" {
+			return f, grantplan.Plan{}, err
+		}
+		for uid, g := range fresher {
+			f.Grants = grantplan.WithHolder(f.Grants, &lockingv1alpha1.FenceHolder{UID: string(uid)}, g)
+		}
+		p := grantplan.Decide(f)
+		var toRead []lockingv1alpha1.LockGrant
+		for _, uid := range newHolders(f, p) {
+			i := slices.IndexFunc(f.Grants, func(g lockingv1alpha1.LockGrant) bool { return g.UID == uid })
+			if i >= 0 && confirmed[uid] != f.Grants[i].ResourceVersion {
+				toRead = append(toRead, f.Grants[i])
+			}
+		}
+		if len(toRead) == 0 {
+			return f, p, nil
+		}
+		fresh := make([]*lockingv1alpha1.LockGrant, len(toRead))
+		var reads errgroup.Group
+		for i := range toRead {
+			reads.Go(func() error {
+				g := &lockingv1alpha1.LockGrant{}
+				switch err := r.APIReader.Get(ctx, client.ObjectKeyFromObject(&toRead[i]), g); {
+				case apierrors.IsNotFound(err):
+					return nil
+				case err != nil:
+					return fmt.Errorf("reading grant %s before granting it: %w", toRead[i].Name, err)
+				}
+				fresh[i] = g
+				return nil
+			})
+		}
+		if err := reads.Wait(); err != nil {
+			return f, grantplan.Plan{}, err
+		}
+		stale := false
+		for i := range toRead {
+			listed := &toRead[i]
+			g := fresh[i]
+			if g != nil && g.UID == listed.UID && g.ResourceVersion == listed.ResourceVersion {
+				confirmed[listed.UID] = listed.ResourceVersion
+				continue
+			}
+			stale = true
+			staleGrants.Inc()
+			if g != nil && g.UID != listed.UID {
+				g = nil // another grant took the name: this one is gone
+			}
+			fresher[listed.UID] = g
+		}
+		if !stale {
+			return f, p, nil
+		}
+	}
+	return grantplan.Facts{}, grantplan.Plan{}, errCacheBehind
+}
+
+// newHolders lists the grants p's counter writes name as a new holder:
+// those the pass grants.
+func newHolders(f grantplan.Facts, p grantplan.Plan) []types.UID {
+	var uids []types.UID
+	for _, w := range grantplan.CounterWrites(f, p) {
+		cur := counterOf(f, w.Slot)
+		if h := w.Spec.Holder; h != nil && (cur == nil || cur.Spec.Holder == nil || cur.Spec.Holder.UID != h.UID) {
+			uids = append(uids, types.UID(h.UID))
+		}
+	}
+	return uids
 }
 
 // gatherSlots reads the counters of slots 1 and above of a resource with
@@ -547,4 +651,11 @@ var transitions = prometheus.NewCounterVec(prometheus.CounterOpts{
 	Help: "LockGrant transitions (Granted, Renewed, RELEASED, EXPIRED, TIMED_OUT, REVOKED_EPOCH, PolicyDenied, FENCE_REGRESSION, ...), by reason: the reason code of the catalog when there is one.",
 }, []string{"reason"})
 
-func init() { metrics.Registry.MustRegister(transitions) }
+// staleGrants counts grants a pass was about to grant whose cached copy was
+// out of date.
+var staleGrants = prometheus.NewCounter(prometheus.CounterOpts{
+	Name: "lockwarden_grant_cache_stale_total",
+	Help: "Grants a pass was about to grant whose cached copy was out of date (released, withdrawn, deleted or changed since the cache saw it); the pass decided again on a direct read.",
+})
+
+func init() { metrics.Registry.MustRegister(transitions, staleGrants) }
