@@ -4,8 +4,6 @@ import (
 	"testing"
 	"time"
 
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-
 	lockingv1alpha1 "github.com/lockwarden/lockwarden/api/v1alpha1"
 	"github.com/lockwarden/lockwarden/pkg/fencing"
 )
@@ -241,11 +239,11 @@ func TestLockDelayOnEveryWayASlotIsFreed(t *testing.T) {
 			// Read before either status write landed: h converges on
 			// slot 1 and slot 2 is freed, though the other decider's
 			// status write naming slot 2 may have landed since.
-			z, _, h, w, v := base()
-			h = delaying(withPermits(grant("h", 0.3, 60), 3))
-			exp := metav1.NewMicroTime(sec(60))
+			z, _, _, w, v := base()
+			h := delaying(withPermits(grant("h", 0.3, 60), 3)) // Pending
+			lease := lockingv1alpha1.FormatInstant(sec(60))
 			h1, h2 := namedBy(1, 3, &h), namedBy(2, 6, &h)
-			h1.Spec.Holder.ExpiresAt, h2.Spec.Holder.ExpiresAt = lockingv1alpha1.FormatInstant(exp.Time), lockingv1alpha1.FormatInstant(exp.Time)
+			h1.Spec.Holder.ExpiresAt, h2.Spec.Holder.ExpiresAt = lease, lease
 			return setup{facts([]lockingv1alpha1.LockGrant{z, h, w, v}, namedBy(0, 7, &z), h1, h2), 2, true}
 		},
 		"released": func() setup {
