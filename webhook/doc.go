@@ -75,8 +75,8 @@ func Setup(mgr ctrl.Manager, clk clock.PassiveClock, bundle func(context.Context
 	srv.Register(ValidateGuardPolicyPath, guardpolicy.NewValidator(mgr.GetScheme()))
 	srv.Register(ValidateFenceIssuerPath, fenceissuer.NewValidator(mgr.GetScheme()))
 
-	checker := &guard.Checker{Reader: reader, Clock: clk, Bundle: bundle}
 	recorder := mgr.GetEventRecorder("lockwarden-guard")
+	checker := &guard.Checker{Reader: reader, Clock: clk, Bundle: bundle, Authorizer: mgr.GetClient(), Recorder: recorder}
 	label := &admission.Webhook{Handler: &guard.LabelHandler{Checker: checker, Policies: mgr.GetClient()}}
 	srv.Register(GuardMutatePath, label)
 	srv.Register(GuardDeletePath, label)
