@@ -220,12 +220,10 @@ type slot struct {
 	fence   int64
 	// live: the holder's grant goes on holding after this pass.
 	live bool
-	// end is how the holder ended, when it did and its grant is listed: a
-	// release ends it without lock-delay.
-	end lockingv1alpha1.LockGrantPhase
-	// stray: the counter names a grant that holds another slot (two
-	// deciders raced to grant one waiter two slots); it is freed.
-	stray bool
+	// released: the grant the counter names is listed and ends released
+	// by its owner (in this pass or before), so the slot is freed without
+	// lock-delay. Any other end frees it with the holder's lock-delay.
+	released bool
 	// next is the counter's new spec, if it changes.
 	next *lockingv1alpha1.FenceCounterSpec
 	// delayUntil is the end of the slot's lock-delay, zero without one.
@@ -285,12 +283,8 @@ func Decide(f Facts) Plan {
 
 	for i := range grants {
 		own, isHolder := ownSlot(&grants[i], named[string(grants[i].UID)], slots)
-		for _, k := range named[string(grants[i].UID)] {
-			if !isHolder || k != own {
-				slots[k].stray = true
-			}
-		}
 		if quiet(&grants[i], f) {
+			noteRelease(slots, named[string(grants[i].UID)], &grants[i])
 			continue // a finished grant with nothing left to do: no copy
 		}
 		g := grants[i].DeepCopy()
@@ -300,9 +294,6 @@ func Decide(f Facts) Plan {
 		case st.Phase.Final():
 			// Nothing ever changes a final grant; it is deleted once its
 			// retention has passed.
-			if isHolder {
-				slots[own].end = st.Phase
-			}
 			if f.Retention > 0 && st.EndedAt != nil {
 				gone := st.EndedAt.Add(f.Retention)
 				if fencing.Expired(gone, f.Now) {
@@ -341,7 +332,6 @@ func Decide(f Facts) Plan {
 				deadlines = append(deadlines, st.ExpiresAt.Time, lapses)
 			}
 			if !sl.live {
-				sl.end = st.Phase
 				endedHolders = append(endedHolders, g.UID)
 			} else if leaseMoved(sl.holder, leaseBefore, st.ExpiresAt) {
 				// A renew (or a counter written before it carried the
@@ -386,14 +376,20 @@ func Decide(f Facts) Plan {
 		if !equalStatus(old, st) {
 			p.Statuses = append(p.Statuses, g)
 		}
+		noteRelease(slots, named[string(g.UID)], g)
 	}
 
-	// Lock-delay, per slot: a holder whose lease ended without a release
-	// (expired, session lapsed, revoked, its grant deleted) keeps its slot
-	// from being granted for its delay, counted from when this pass saw it
-	// end, so that its in-flight effects on resources that cannot check a
-	// fence can drain. The counter keeps the instant, so the delay
-	// survives the grant's deletion and a restart.
+	// Lock-delay, per slot: a holder that leaves its slot without a
+	// release keeps the slot from being granted for its delay, counted
+	// from when this pass saw it leave, so that its in-flight effects on
+	// resources that cannot check a fence can drain. Whatever frees the
+	// slot: its lease expired, its session lapsed, it was revoked or
+	// superseded, its grant was deleted, or the counter names it beside
+	// another slot it holds (two deciders raced to grant it two, and the
+	// pass that frees one cannot know whether the other decider's status
+	// write, naming this slot, landed after its read and was seen by the
+	// holder). The counter keeps the instant, so the delay survives the
+	// grant's deletion and a restart.
 	for _, sl := range slots {
 		if sl.counter != nil && sl.counter.Spec.LockDelayUntil != "" {
 			t, err := time.Parse(time.RFC3339Nano, sl.counter.Spec.LockDelayUntil)
@@ -404,7 +400,7 @@ func Decide(f Facts) Plan {
 			}
 			sl.delayUntil = t
 		}
-		if h := sl.holder; !sl.live && h != nil && !sl.stray && h.LockDelaySeconds > 0 && sl.end != lockingv1alpha1.PhaseReleased {
+		if h := sl.holder; !sl.live && h != nil && h.LockDelaySeconds > 0 && !sl.released {
 			if until := f.Now.Add(time.Duration(h.LockDelaySeconds) * time.Second); until.After(sl.delayUntil) {
 				sl.delayUntil = until
 			}
@@ -587,6 +583,18 @@ func ownSlot(g *lockingv1alpha1.LockGrant, named []int32, slots map[int32]*slot)
 		return k, slices.Contains(named, k) && slots[k] != nil
 	}
 	return named[0], true
+}
+
+// noteRelease records, on each slot whose counter names g (named), whether
+// g ends released by its owner as this pass leaves it: only then is a slot
+// it leaves freed without its lock-delay. A release ends every slot the
+// grant is named by; a request withdrawn because its session lapsed was not
+// released by its owner.
+func noteRelease(slots map[int32]*slot, named []int32, g *lockingv1alpha1.LockGrant) {
+	released := g.Spec.Release && g.Status.Phase == lockingv1alpha1.PhaseReleased
+	for _, k := range named {
+		slots[k].released = released
+	}
 }
 
 // freeSlot returns the lowest-numbered slot below limit that may be granted

@@ -26,6 +26,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/util/validation/field"
 	"k8s.io/utils/clock"
+	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
 
 	lockingv1alpha1 "github.com/lockwarden/lockwarden/api/v1alpha1"
@@ -269,7 +270,13 @@ func (v *Validator) ValidateDelete(ctx context.Context, g *lockingv1alpha1.LockG
 	if !forced {
 		return nil, nil
 	}
-	logf.FromContext(ctx).Info("Forced release", "grant", klog.KObj(g), "by", req.UserInfo.Username, "owner", g.Spec.Owner, "fence", g.Status.FenceToken)
+	log := logf.FromContext(ctx)
+	if ptr.Deref(req.DryRun, false) {
+		// Nothing is released: the requester sees the warning, and the
+		// log of forced releases keeps only those that happened.
+		log = log.V(1).WithValues("dryRun", true)
+	}
+	log.Info("Forced release", "grant", klog.KObj(g), "by", req.UserInfo.Username, "owner", g.Spec.Owner, "fence", g.Status.FenceToken)
 	return admission.Warnings{fmt.Sprintf("forced release of %s's grant (fence %d)", g.Spec.Owner, g.Status.FenceToken)}, nil
 }
 

@@ -73,7 +73,24 @@ type semWorld struct {
 	delayUntil map[string]time.Duration
 	createdAt  map[types.UID]time.Duration
 	issuedAt   map[types.UID]time.Duration
+
+	// forget breaks the controller's lock-delay on slots (tests only).
+	forget forgetting
 }
+
+// forgetting is a way a broken controller forgets a slot's lock-delay.
+type forgetting int
+
+const (
+	// forgetNone: the controller as it is.
+	forgetNone forgetting = iota
+	// forgetAll stores every slot counter without its lock-delay.
+	forgetAll
+	// forgetDoubled frees a slot without its lock-delay when the grant it
+	// names is named by another slot's counter too: a waiter two racing
+	// deciders granted two slots.
+	forgetDoubled
+)
 
 func newSemWorld(seed uint64, faults []Fault) *semWorld {
 	k := make([]byte, ed25519.SeedSize)
@@ -272,6 +289,7 @@ func (w *semWorld) apply(ps semPass) {
 		}
 		if cur != nil {
 			w.noteSlotEnd(id, cur.Spec.Holder, next.Holder, statuses, ps.at)
+			next = w.forgetLockDelay(id, cur.Spec.Holder, next)
 		}
 		issues := next.Holder != nil && (cur == nil || cur.Spec.Holder == nil || cur.Spec.Holder.UID != next.Holder.UID || cur.Spec.Fence != next.Fence)
 		if cur == nil {
@@ -353,7 +371,40 @@ func (w *semWorld) noteSlotEnd(id string, before, after *lockingv1alpha1.FenceHo
 	if g.Status.Phase == lockingv1alpha1.PhaseReleased {
 		return
 	}
+	w.rep.Faults["lock-delay-ended-unreleased"]++
+	if w.namedElsewhere(id, uid) {
+		w.rep.Faults["semaphore-double-grant-freed"]++
+	}
 	w.delayUntil[id] = max(w.delayUntil[id], decided+time.Duration(g.Spec.LockDelaySeconds)*time.Second)
+}
+
+// namedElsewhere reports whether a counter other than slot id's names grant
+// uid as its holder.
+func (w *semWorld) namedElsewhere(id string, uid types.UID) bool {
+	for other, c := range w.counters {
+		if other != id && c.Spec.Holder != nil && types.UID(c.Spec.Holder.UID) == uid {
+			return true
+		}
+	}
+	return false
+}
+
+// forgetLockDelay returns the counter spec a broken controller (w.forget)
+// would store for slot id instead of next, which moves the slot from holder
+// before.
+func (w *semWorld) forgetLockDelay(id string, before *lockingv1alpha1.FenceHolder, next *lockingv1alpha1.FenceCounterSpec) *lockingv1alpha1.FenceCounterSpec {
+	switch {
+	case w.forget == forgetAll:
+	case w.forget == forgetDoubled && before != nil && next.Holder == nil && w.namedElsewhere(id, types.UID(before.UID)):
+	default:
+		return next
+	}
+	next = next.DeepCopy()
+	next.LockDelayUntil = ""
+	if next.Holder != nil {
+		next.Holder.LockDelaySeconds = 0
+	}
+	return next
 }
 
 // live reports whether grant uid holds by the oracle's history at t.

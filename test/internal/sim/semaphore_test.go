@@ -39,3 +39,47 @@ func TestMixedScheduleHasSemaphoreRounds(t *testing.T) {
 		t.Fatalf("%s", r)
 	}
 }
+
+// regressionDoubledSlot is a mixed round the release gate once failed: a
+// second decider, acting on an older read, granted a waiter that asked for
+// a lock-delay a second slot; the next pass freed that slot and, without
+// the waiter's lock-delay, granted it to the next waiter 0.8 s too early.
+const regressionDoubledSlot = 2498358110938382994
+
+// A slot freed from a waiter two racing deciders granted two slots waits
+// out the waiter's lock-delay.
+func TestSemaphoreDoublyGrantedSlotKeepsItsLockDelay(t *testing.T) {
+	r := Round(regressionDoubledSlot, nil)
+	t.Log(r.Summary(), r.Faults)
+	if r.Forbidden() != 0 {
+		t.Fatalf("%s", r)
+	}
+	for _, f := range []string{string(FaultSemaphore), "semaphore-stale-decider", "semaphore-double-grant", "semaphore-double-grant-freed"} {
+		if r.Faults[f] == 0 {
+			t.Fatalf("the round no longer plays %s (faults: %v)", f, r.Faults)
+		}
+	}
+}
+
+// Lock-delay on slots is judged, and not vacuously: a controller that
+// forgets it on every slot, or only on a slot freed from a waiter granted
+// two, grants during it, and the oracle says so.
+func TestOracleCatchesAControllerThatForgetsLockDelayOnSlots(t *testing.T) {
+	play := func(forget forgetting, faults []Fault, rounds int) *Report {
+		total := newReport()
+		for i := range rounds {
+			total.Add(round(RoundSeed(23, i), faults, forget))
+		}
+		return total
+	}
+	faults := []Fault{FaultSemaphore, FaultLockDelay, FaultPause}
+	if r := play(forgetNone, faults, 10); r.Forbidden() != 0 || r.Faults["lock-delay-ended-unreleased"] == 0 {
+		t.Fatalf("with lock-delays on slots: %s\nfaults: %v", r, r.Faults)
+	}
+	if r := play(forgetAll, faults, 10); r.LockDelayBroken == 0 {
+		t.Fatalf("a controller that forgets lock-delays on slots went unnoticed: %s", r.Summary())
+	}
+	if r := round(regressionDoubledSlot, nil, forgetDoubled); r.LockDelayBroken == 0 {
+		t.Fatalf("a controller that frees a doubly granted slot without its lock-delay went unnoticed: %s", r.Summary())
+	}
+}
