@@ -236,12 +236,18 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reco
 // lease is over, or the counter predates the lease it now carries.
 // reader is that direct reader (the cache, for ownership's check only).
 func (r *Reconciler) gather(ctx context.Context, req reconcile.Request, reader client.Reader) (grantplan.Facts, error) {
-	f := grantplan.Facts{Now: r.Clock.Now(), Retention: r.FinishedGrantRetention}
+	f := grantplan.Facts{Retention: r.FinishedGrantRetention}
 	var list lockingv1alpha1.LockGrantList
 	if err := r.Client.List(ctx, &list, client.InNamespace(req.Namespace), client.MatchingFields{CounterNameField: req.Name}); err != nil {
 		return f, fmt.Errorf("listing grants: %w", err)
 	}
 	f.Grants = list.Items
+	// The clock is read after the grants: every create and renew the pass
+	// acts on was then sent before Now, so a lease the pass starts or
+	// extends from Now lasts at least its TTL from the send time the
+	// holder counts its deadline from (pkg/lock/holder), however long
+	// this process pauses between reading the clock and the grants.
+	f.Now = r.Clock.Now()
 
 	counter := &lockingv1alpha1.FenceCounter{}
 	switch err := reader.Get(ctx, req.NamespacedName, counter); {
