@@ -165,11 +165,13 @@ func (c *Client) Release(ctx context.Context, key types.NamespacedName, uid type
 		return fmt.Errorf("%w: Release needs the grant's UID", ErrInvalidOption)
 	}
 	s := c.settings(nil)
-	return c.release(ctx, s.clk, target{key: key, uid: uid, timeout: requestTimeout})
+	return c.release(ctx, s.clk, target{key: key, uid: uid, timeout: requestTimeout}, false)
 }
 
-func (c *Client) release(ctx context.Context, clk clock.WithTicker, t target) error {
-	ambiguous := false
+// release is Release of t. ambiguous: an earlier attempt's outcome is
+// unknown, so an ALREADY_ENDED or EXPIRED answer may be that attempt's
+// success.
+func (c *Client) release(ctx context.Context, clk clock.WithTicker, t target, ambiguous bool) error {
 	b := retryBackoff()
 	for {
 		_, err := c.patchSpec(ctx, t, "release", true)

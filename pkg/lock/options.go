@@ -20,6 +20,11 @@ const (
 	DefaultTTL = 30 * time.Second
 	// requestTimeout bounds each API request the library sends.
 	requestTimeout = 10 * time.Second
+	// withdrawTimeout bounds how long the library keeps trying, on a
+	// context of its own, to end a request or grant its caller gave up on
+	// (a cancelled Acquire, TryAcquire's busy answer, a Release whose
+	// outcome was unknown when its context ended).
+	withdrawTimeout = 10 * time.Second
 	// tryWaitSeconds is the wait limit TryAcquire puts on its request, in
 	// seconds: a backstop that ends the request in the registry even if the
 	// withdrawal is lost.

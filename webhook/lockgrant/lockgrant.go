@@ -121,7 +121,10 @@ func NewValidator(s *runtime.Scheme, clk clock.PassiveClock, r client.Reader, au
 }
 
 // ValidateCreate checks that the owner is the requester and that the
-// request starts fresh.
+// request starts fresh: no renewals. A request may be created already
+// released (spec.release): it is withdrawn at birth, never granted, and
+// spends its request ID, which is how a client that lost track of a create
+// makes sure it never takes effect (pkg/lock).
 func (v *Validator) ValidateCreate(ctx context.Context, g *lockingv1alpha1.LockGrant) (admission.Warnings, error) {
 	user, err := requester(ctx)
 	if err != nil {
@@ -134,9 +137,6 @@ func (v *Validator) ValidateCreate(ctx context.Context, g *lockingv1alpha1.LockG
 	spec := field.NewPath("spec")
 	if g.Spec.Renewals != 0 {
 		errs = append(errs, denial.FieldInvalid(spec.Child("renewals"), g.Spec.Renewals, fencing.ReasonInvalidSpec, "a new LockGrant must have renewals 0"))
-	}
-	if g.Spec.Release {
-		errs = append(errs, denial.FieldInvalid(spec.Child("release"), g.Spec.Release, fencing.ReasonInvalidSpec, "a new LockGrant cannot be released"))
 	}
 	if g.Spec.RequestID != "" {
 		if want := lockingv1alpha1.GrantNameForRequest(g.Spec.RequestID); g.Name != want {
