@@ -63,6 +63,11 @@ type Reconciler struct {
 	// keeps finished grants forever. The FenceCounter is never deleted, so
 	// fences keep increasing after their grants are gone.
 	FinishedGrantRetention time.Duration
+	// RequestIDWindow is how long a request ID stays spent after its grant
+	// ended once the grant is deleted: the request ID is recorded in the
+	// namespace's RequestIDLedger before the grant goes (ledger.go). 0
+	// records nothing.
+	RequestIDWindow time.Duration
 	// NeedLeaderElection, when false, runs this controller on every manager
 	// replica at once, not only on the elected leader: the counter's
 	// compare-and-swap and the resourceVersion preconditions on every
@@ -482,7 +487,11 @@ func (r *Reconciler) writeStatuses(ctx context.Context, p grantplan.Plan) error 
 // UID and resourceVersion precondition so that only the decided-on version
 // goes.
 func (r *Reconciler) deleteFinished(ctx context.Context, p grantplan.Plan) error {
-	for _, g := range p.Deletes {
+	deletes, err := r.recordSpent(ctx, p.Deletes)
+	if err != nil {
+		return err
+	}
+	for _, g := range deletes {
 		uid, rv := g.UID, g.ResourceVersion
 		err := r.Client.Delete(ctx, g, client.Preconditions{UID: &uid, ResourceVersion: &rv})
 		if err != nil && !apierrors.IsNotFound(err) {

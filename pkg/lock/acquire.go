@@ -76,7 +76,8 @@ func (c *Client) acquire(ctx context.Context, resource string, try bool, opts []
 	if !lockingv1alpha1.ValidResourceID(resource) {
 		return nil, fmt.Errorf("%w: resource ID %q does not match %s", ErrInvalidOption, resource, lockingv1alpha1.ResourcePattern)
 	}
-	if s.requestID == "" {
+	generated := s.requestID == ""
+	if generated {
 		s.requestID = newRequestID()
 	}
 	if s.driver == "" && !s.detached {
@@ -103,6 +104,14 @@ func (c *Client) acquire(ctx context.Context, resource string, try bool, opts []
 	}
 	if len(s.annotations) > 0 {
 		g.Annotations = maps.Clone(s.annotations)
+	}
+	if generated {
+		// Nobody else knows a random ID: the registry need not remember
+		// it once the grant is gone.
+		if g.Annotations == nil {
+			g.Annotations = map[string]string{}
+		}
+		g.Annotations[lockingv1alpha1.GeneratedRequestIDAnnotation] = "true"
 	}
 	if s.driver != "" {
 		if g.Annotations == nil {
@@ -224,6 +233,10 @@ func (h *Handle) create(ctx context.Context, g *lockingv1alpha1.LockGrant, s *se
 			}
 			// This request made the grant, so it was granted after sentAt.
 			h.m.Created(sentAt)
+			if ended, ok := obj.Annotations[lockingv1alpha1.ReusedRequestIDAnnotation]; ok {
+				h.log.Info("The request ID was spent by an earlier grant whose window passed; this acquisition runs as a new attempt",
+					"grant", h.key, "requestID", g.Spec.RequestID, "earlierGrantEnded", ended)
+			}
 			return nil
 		case apierrors.IsAlreadyExists(err):
 			cur, gerr := h.c.get(ctx, h.key)
@@ -334,10 +347,15 @@ func (h *Handle) withdrawOnce(ctx context.Context, twin *lockingv1alpha1.LockGra
 		return true, nil
 	case retryable(err):
 		return false, err
-	case !apierrors.IsAlreadyExists(err):
-		// Refused (a registry that does not take a request withdrawn at
-		// creation): the lost create may still land, so look for it.
+	case apierrors.IsAlreadyExists(err):
+	case fencing.ReasonOf(denial.Wrap(err)) != fencing.ReasonInvalidSpec:
+		// Refused for what the lost create carries too (the owner, the
+		// policy, a spent request ID): that one cannot land either.
+		return true, nil
 	}
+	// The name is taken, or the registry does not take a request that is
+	// withdrawn at creation (an earlier version): look for the lost
+	// create's grant, which may still land.
 	cur, err := h.c.get(ctx, h.key)
 	switch {
 	case err != nil:

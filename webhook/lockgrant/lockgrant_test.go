@@ -57,7 +57,7 @@ func wantField(t *testing.T, st *metav1.Status, field string, code fencing.Reaso
 // string fields the schema would refuse (the schema's own message has no
 // code), with INVALID_SPEC naming the user's field.
 func TestDefaulterRefusesMalformedFields(t *testing.T) {
-	wh := lockgrant.NewDefaulter(scheme(t), clocktesting.NewFakePassiveClock(time.Unix(0, 0)))
+	wh := lockgrant.NewDefaulter(scheme(t), clocktesting.NewFakePassiveClock(time.Unix(0, 0)), nil)
 	grant := func(spec string) []byte {
 		return []byte(`{"apiVersion":"locking.lockwarden.io/v1alpha1","kind":"LockGrant","metadata":{"namespace":"ns","generateName":"g-"},"spec":` + spec + `}`)
 	}
