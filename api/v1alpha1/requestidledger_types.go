@@ -67,8 +67,8 @@ type RequestIDLedger struct {
 	metav1.ObjectMeta `json:"metadata,omitempty"`
 
 	// spec holds the spent request IDs.
-	// +required
-	Spec RequestIDLedgerSpec `json:"spec"`
+	// +optional
+	Spec RequestIDLedgerSpec `json:"spec,omitzero"`
 }
 
 // RequestIDLedgerList is a list of RequestIDLedgers.
