@@ -23,10 +23,12 @@ import (
 	"github.com/lockwarden/lockwarden/internal/testenv"
 )
 
-// The manager's --finished-grant-retention and --request-id-window.
+// The manager's --finished-grant-retention and --request-id-window: short
+// enough for a test to see a finished grant deleted and its request ID's
+// window pass, long enough for every test to read the grants it ends.
 const (
-	retention       = 5 * time.Second
-	requestIDWindow = 10 * time.Second
+	retention       = 20 * time.Second
+	requestIDWindow = 40 * time.Second
 )
 
 var (
