@@ -112,3 +112,22 @@ func TestCancelledAcquireLeavesNoGrant(t *testing.T) {
 		t.Fatal("C did not get the lock within 10 s of A's release: a cancelled request holds it or waits ahead of C")
 	}
 }
+
+// A Release whose context ends before any answer leaves the lock held no
+// longer than the library needs to finish it: the handle goes on releasing
+// on a context of its own, and a later Release returns that answer.
+func TestReleaseWithoutAnAnswerIsFinished(t *testing.T) {
+	ns := namespace(t)
+	locks := newTestClient(t, as(t, "unanswered-a"), lock.WithNamespace(ns))
+	h, err := locks.Acquire(t.Context(), "n10/unanswered", lock.WithTTL(15*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(t.Context())
+	cancel() // the caller gave up before the request could be answered
+	if err := h.Release(ctx); err == nil || lock.Refusal(err) != nil {
+		t.Fatalf("Release with a cancelled context: %v, want an error with no definite answer", err)
+	}
+	waitPhase(t, h.Grant(), lockingv1alpha1.PhaseReleased)
+	release(t, h, "")
+}
