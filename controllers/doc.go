@@ -34,6 +34,8 @@ type Options struct {
 	Namespace string
 	// FinishedGrantRetention: see lockgrant.Reconciler.
 	FinishedGrantRetention time.Duration
+	// RequestIDWindow: see lockgrant.Reconciler.
+	RequestIDWindow time.Duration
 	// WebhookConfiguration is the ValidatingWebhookConfiguration of the
 	// static guarded-write webhook, which policy webhooks copy.
 	WebhookConfiguration string
@@ -76,6 +78,7 @@ func Setup(ctx context.Context, mgr ctrl.Manager, o Options) error {
 		Keyring:                o.Keyring,
 		FreshKeyring:           &issuerkeys.Keyring{Reader: mgr.GetAPIReader(), Namespace: o.Keyring.Namespace},
 		FinishedGrantRetention: o.FinishedGrantRetention,
+		RequestIDWindow:        o.RequestIDWindow,
 		NeedLeaderElection:     needLeader(o.GrantsOnEveryReplica),
 	}).SetupWithManager(ctx, mgr); err != nil {
 		return fmt.Errorf("setting up the LockGrant controller: %w", err)

@@ -9,10 +9,11 @@
 // INVALID_SPEC or INVALID_POLICY.
 //
 //   - lockgrant: refuses a field of the wrong JSON type, defaults the owner
-//     to the requester, stamps the request time, checks the request
-//     against its session Lease and GuardPolicy, lets only the owner renew
-//     or release, and requires the force-release verb to delete someone
-//     else's live grant.
+//     to the requester, stamps the request time, refuses a request ID the
+//     namespace's RequestIDLedger holds as spent (and marks one reused
+//     after its window), checks the request against its session Lease and
+//     GuardPolicy, lets only the owner renew or release, and requires the
+//     force-release verb to delete someone else's live grant.
 //   - fencecounter: refuses a counter not named after its resource, any
 //     lowering of a fence (FENCE_REGRESSION), and deleting a counter while
 //     its namespace exists (COUNTER_PROTECTED).
@@ -69,7 +70,7 @@ func Setup(mgr ctrl.Manager, clk clock.PassiveClock, bundle func(context.Context
 	}
 	reader := mgr.GetAPIReader()
 	srv := mgr.GetWebhookServer()
-	srv.Register(MutateLockGrantPath, lockgrant.NewDefaulter(mgr.GetScheme(), clk))
+	srv.Register(MutateLockGrantPath, lockgrant.NewDefaulter(mgr.GetScheme(), clk, reader))
 	srv.Register(ValidateLockGrantPath, lockgrant.NewValidator(mgr.GetScheme(), clk, mgr.GetClient(), mgr.GetClient(), reader))
 	srv.Register(ValidateFenceCounterPath, fencecounter.NewValidator(mgr.GetScheme(), reader))
 	srv.Register(ValidateGuardPolicyPath, guardpolicy.NewValidator(mgr.GetScheme()))

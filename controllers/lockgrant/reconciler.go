@@ -69,6 +69,11 @@ type Reconciler struct {
 	// keeps finished grants forever. The FenceCounter is never deleted, so
 	// fences keep increasing after their grants are gone.
 	FinishedGrantRetention time.Duration
+	// RequestIDWindow is how long a request ID stays spent after its grant
+	// ended once the grant is deleted: the request ID is recorded in the
+	// namespace's RequestIDLedger before the grant goes (ledger.go). 0
+	// records nothing.
+	RequestIDWindow time.Duration
 	// NeedLeaderElection, when false, runs this controller on every manager
 	// replica at once, not only on the elected leader: the counter's
 	// compare-and-swap and the resourceVersion preconditions on every
@@ -246,12 +251,18 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reco
 // lease is over, or the counter predates the lease it now carries.
 // reader is that direct reader (the cache, for ownership's check only).
 func (r *Reconciler) gather(ctx context.Context, req reconcile.Request, reader client.Reader) (grantplan.Facts, error) {
-	f := grantplan.Facts{Now: r.Clock.Now(), Retention: r.FinishedGrantRetention}
+	f := grantplan.Facts{Retention: r.FinishedGrantRetention}
 	var list lockingv1alpha1.LockGrantList
 	if err := r.Client.List(ctx, &list, client.InNamespace(req.Namespace), client.MatchingFields{CounterNameField: req.Name}); err != nil {
 		return f, fmt.Errorf("listing grants: %w", err)
 	}
 	f.Grants = list.Items
+	// The clock is read after the grants: every create and renew the pass
+	// acts on was then sent before Now, so a lease the pass starts or
+	// extends from Now lasts at least its TTL from the send time the
+	// holder counts its deadline from (pkg/lock/holder), however long
+	// this process pauses between reading the clock and the grants.
+	f.Now = r.Clock.Now()
 
 	counter := &lockingv1alpha1.FenceCounter{}
 	switch err := reader.Get(ctx, req.NamespacedName, counter); {
@@ -604,7 +615,11 @@ func (r *Reconciler) writeStatuses(ctx context.Context, p grantplan.Plan) error 
 // UID and resourceVersion precondition so that only the decided-on version
 // goes.
 func (r *Reconciler) deleteFinished(ctx context.Context, p grantplan.Plan) error {
-	for _, g := range p.Deletes {
+	deletes, err := r.recordSpent(ctx, p.Deletes)
+	if err != nil {
+		return err
+	}
+	for _, g := range deletes {
 		uid, rv := g.UID, g.ResourceVersion
 		err := r.Client.Delete(ctx, g, client.Preconditions{UID: &uid, ResourceVersion: &rv})
 		if err != nil && !apierrors.IsNotFound(err) {
