@@ -534,7 +534,7 @@ func (w *semWorld) work(owner string, uid types.UID, writes int) {
 	if writes == 0 || g.Status.Phase != lockingv1alpha1.PhaseHeld {
 		if g.Spec.Release || g.Status.Phase.Final() || w.rng.IntN(4) == 0 {
 			// Abandoned: its lease runs out.
-		} else if err := fencing.CheckRelease(*facts.Grant(g), owner, w.wall(w.s.now)); err == nil {
+		} else if err := fencing.CheckReleaseRequest(*facts.Grant(g), owner); err == nil {
 			g.Spec.Release = true
 			w.rv++
 			g.ResourceVersion = strconv.FormatInt(w.rv, 10)
@@ -554,7 +554,7 @@ func (w *semWorld) work(owner string, uid types.UID, writes int) {
 	}
 	w.s.after(delay, func() { w.write(owner, uid, target, fence) })
 	if w.rng.IntN(3) == 0 {
-		if err := fencing.CheckRenew(*facts.Grant(g), owner, w.wall(w.s.now)); err == nil {
+		if err := fencing.CheckRenewRequest(*facts.Grant(g), owner); err == nil {
 			g.Spec.Renewals++
 			w.rv++
 			g.ResourceVersion = strconv.FormatInt(w.rv, 10)
