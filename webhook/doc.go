@@ -18,6 +18,10 @@
 //     its namespace exists (COUNTER_PROTECTED).
 //   - fenceissuer: refuses to delete the FenceIssuer (COUNTER_PROTECTED).
 //   - guardpolicy: refuses a GuardPolicy that could not be installed.
+//   - gatedpod: holds back every Pod created with a lock annotation (and
+//     no other) behind a scheduling gate until the manager has its grant,
+//     after checking the annotations and that the Pod's ServiceAccount may
+//     acquire (docs/gated-workloads.md).
 //   - guard: the guarded-write webhooks, the enforcement point for
 //     Kubernetes objects labeled locking.lockwarden.io/guarded=true or
 //     covered by a GuardPolicy: a mutating webhook checks and consumes the
@@ -39,6 +43,7 @@ import (
 	"github.com/lockwarden/lockwarden/pkg/fencing"
 	"github.com/lockwarden/lockwarden/webhook/fencecounter"
 	"github.com/lockwarden/lockwarden/webhook/fenceissuer"
+	"github.com/lockwarden/lockwarden/webhook/gatedpod"
 	"github.com/lockwarden/lockwarden/webhook/guard"
 	"github.com/lockwarden/lockwarden/webhook/guardpolicy"
 	"github.com/lockwarden/lockwarden/webhook/lockgrant"
@@ -54,10 +59,13 @@ const (
 	GuardSubresourcePath     = "/validate-guarded-subresource"
 	ValidateGuardPolicyPath  = "/validate-locking-lockwarden-io-v1alpha1-guardpolicy"
 	ValidateFenceIssuerPath  = "/validate-locking-lockwarden-io-v1alpha1-fenceissuer"
+	MutateGatedPodPath       = "/mutate-gated-pod"
 )
 
 // +kubebuilder:rbac:groups=authorization.k8s.io,resources=subjectaccessreviews,verbs=create
 // +kubebuilder:rbac:groups="",resources=namespaces,verbs=get;list;watch
+// +kubebuilder:rbac:groups="",resources=pods,verbs=get
+// +kubebuilder:rbac:groups=authentication.k8s.io,resources=selfsubjectreviews,verbs=create
 
 // Setup registers every webhook with the manager's webhook server. clk is
 // the clock admission judges leases by; it must be the controller's clock.
@@ -70,10 +78,19 @@ func Setup(mgr ctrl.Manager, clk clock.PassiveClock, bundle func(context.Context
 	reader := mgr.GetAPIReader()
 	srv := mgr.GetWebhookServer()
 	srv.Register(MutateLockGrantPath, lockgrant.NewDefaulter(mgr.GetScheme(), clk))
-	srv.Register(ValidateLockGrantPath, lockgrant.NewValidator(mgr.GetScheme(), clk, mgr.GetClient(), mgr.GetClient(), reader))
+	self, err := lockgrant.SelfIdentity(mgr.GetConfig())
+	if err != nil {
+		return err
+	}
+	srv.Register(ValidateLockGrantPath, lockgrant.NewValidator(mgr.GetScheme(), clk, mgr.GetClient(), mgr.GetClient(), reader,
+		lockgrant.WithPodGrants(reader, self)))
 	srv.Register(ValidateFenceCounterPath, fencecounter.NewValidator(mgr.GetScheme(), reader))
 	srv.Register(ValidateGuardPolicyPath, guardpolicy.NewValidator(mgr.GetScheme()))
 	srv.Register(ValidateFenceIssuerPath, fenceissuer.NewValidator(mgr.GetScheme()))
+
+	srv.Register(MutateGatedPodPath, &admission.Webhook{Handler: &gatedpod.Handler{
+		Decoder: admission.NewDecoder(mgr.GetScheme()), Authorizer: mgr.GetClient(), Clock: clk,
+	}})
 
 	checker := &guard.Checker{Reader: reader, Clock: clk, Bundle: bundle}
 	recorder := mgr.GetEventRecorder("lockwarden-guard")
