@@ -306,7 +306,7 @@ func WaitingNote(g *lockingv1alpha1.LockGrant, grants []lockingv1alpha1.LockGran
 			}
 		}
 	}
-	held := "free"
+	held := "no holder"
 	if len(holders) > 0 {
 		held = "held by " + strings.Join(holders, ", ")
 	}

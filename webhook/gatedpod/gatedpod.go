@@ -24,6 +24,7 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/util/validation/field"
 	"k8s.io/utils/clock"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
@@ -79,6 +80,9 @@ func (h *Handler) Handle(ctx context.Context, req admission.Request) admission.R
 		MayAcquire: func() (bool, error) { return h.mayAcquire(ctx, req.Namespace, owner) },
 	})
 	switch {
+	case fencing.ReasonOf(err) == fencing.ReasonInvalidSpec:
+		return denial.InvalidResponse(corev1.SchemeGroupVersion.WithKind("Pod").GroupKind(), name,
+			field.ErrorList{denial.Field(field.NewPath("spec", "nodeName"), pod.Spec.NodeName, err)})
 	case fencing.ReasonOf(err) != "":
 		return denial.Response(err, corev1.SchemeGroupVersion.WithResource("pods").GroupResource(), name)
 	case err != nil:
