@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"slices"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -35,6 +36,9 @@ import (
 // PodField indexes LockGrants by the name of the Pod they were requested
 // for (their controller reference to a Pod).
 const PodField = "metadata.ownerReferences.pod"
+
+// LockField indexes gated Pods by namespace and lock ("NAMESPACE/LOCK").
+const LockField = "metadata.annotations.lock"
 
 // NodeLeaseNamespace holds the nodes' heartbeat Leases.
 const NodeLeaseNamespace = corev1.NamespaceNodeLease
@@ -81,6 +85,14 @@ func (r *Reconciler) SetupWithManager(ctx context.Context, mgr ctrl.Manager) err
 	})
 	if err != nil {
 		return fmt.Errorf("creating the gated Pod cache: %w", err)
+	}
+	if err := pods.IndexField(ctx, &corev1.Pod{}, LockField, func(o client.Object) []string {
+		if l, ok := o.GetAnnotations()[lockingv1alpha1.LockAnnotation]; ok {
+			return []string{o.GetNamespace() + "/" + l}
+		}
+		return nil
+	}); err != nil {
+		return fmt.Errorf("indexing gated Pods by lock: %w", err)
 	}
 	if err := mgr.Add(pods); err != nil {
 		return err
@@ -174,9 +186,13 @@ func (r *Reconciler) gather(ctx context.Context, req reconcile.Request) (podgate
 			f.Grants = append(f.Grants, g)
 		}
 	}
-	var errs error
-	f.Request, errs = requestOf(pod)
-	f.RequestErr = errs
+	var err error
+	f.Request, f.RequestErr = requestOf(pod)
+	if !hasGrantOf(f.Grants, pod) && podgate.Gated(pod) && f.RequestErr == nil {
+		if f.Ahead, err = r.ahead(ctx, pod); err != nil {
+			return f, err
+		}
+	}
 	if podgate.NodeReadNeeded(f) {
 		hb, err := r.heartbeat(ctx, pod.Spec.NodeName, f.Now)
 		if err != nil {
@@ -185,6 +201,39 @@ func (r *Reconciler) gather(ctx context.Context, req reconcile.Request) (podgate
 		f.Node = hb
 	}
 	return f, nil
+}
+
+// ahead returns the gated Pods of pod's lock admitted before it that have
+// no grant in the cache yet. A Pod is in the cache only after every Pod
+// created before it is, so none of those is missed.
+func (r *Reconciler) ahead(ctx context.Context, pod *corev1.Pod) ([]*corev1.Pod, error) {
+	var list corev1.PodList
+	if err := r.Pods.List(ctx, &list, client.InNamespace(pod.Namespace), client.UnsafeDisableDeepCopy,
+		client.MatchingFields{LockField: pod.Namespace + "/" + pod.Annotations[lockingv1alpha1.LockAnnotation]}); err != nil {
+		return nil, fmt.Errorf("listing the Pods of lock %s: %w", pod.Annotations[lockingv1alpha1.LockAnnotation], err)
+	}
+	var out []*corev1.Pod
+	for i := range list.Items {
+		a := &list.Items[i]
+		if a.UID == pod.UID || !podgate.Gated(a) || !podgate.AdmittedBefore(a, pod) {
+			continue
+		}
+		g := &lockingv1alpha1.LockGrant{}
+		name := lockingv1alpha1.GrantNameForRequest(lockingv1alpha1.PodRequestID(string(a.UID)))
+		switch err := r.Client.Get(ctx, types.NamespacedName{Namespace: a.Namespace, Name: name}, g); {
+		case apierrors.IsNotFound(err):
+			out = append(out, a.DeepCopy())
+		case err != nil:
+			return nil, fmt.Errorf("reading the grant of Pod %s: %w", a.Name, err)
+		}
+	}
+	slices.SortFunc(out, func(a, b *corev1.Pod) int {
+		if podgate.AdmittedBefore(a, b) {
+			return -1
+		}
+		return 1
+	})
+	return out, nil
 }
 
 // requestOf parses the Pod's lock request.
@@ -218,17 +267,11 @@ func (r *Reconciler) apply(ctx context.Context, f podgate.Facts, p podgate.Plan)
 		}
 		log.V(1).Info("Released the grant of a Pod", "grant", klog.KObj(g), "phase", g.Status.Phase)
 	}
-	if g := p.Request; g != nil {
-		switch err := r.Client.Create(ctx, g); {
-		case apierrors.IsAlreadyExists(err):
-			return again, nil
-		case denial.Reason(err) != "":
-			r.event(f.Pod, nil, corev1.EventTypeWarning, podgate.ReasonRequestRefused, "Request", "the lock's grant was refused: %v", err)
-			return reconcile.Result{}, fmt.Errorf("requesting the Pod's grant: %w", err)
-		case err != nil:
-			return reconcile.Result{}, fmt.Errorf("requesting the Pod's grant: %w", err)
+	for i, g := range p.Requests {
+		own := i == len(p.Requests)-1
+		if err := r.request(ctx, f, g, own); err != nil {
+			return reconcile.Result{}, err
 		}
-		r.event(f.Pod, g, corev1.EventTypeNormal, podgate.ReasonWaiting, "Request", "%s", r.waitingNote(ctx, g))
 	}
 	if p.Start != nil {
 		switch err := r.start(ctx, f.Pod, p.Start); {
@@ -261,6 +304,39 @@ func (r *Reconciler) apply(ctx context.Context, f podgate.Facts, p podgate.Plan)
 		r.event(f.Pod, related, e.Type, e.Reason, e.Reason, "%s", e.Note)
 	}
 	return reconcile.Result{RequeueAfter: p.RequeueAfter}, nil
+}
+
+// request creates grant g, for the Pod or for one ahead of it (own
+// false), and announces it on its Pod. A grant that exists already needs
+// nothing more. A refusal of the Pod's own grant is said in an Event and
+// retried with backoff; one of a Pod ahead is left to that Pod's own pass.
+func (r *Reconciler) request(ctx context.Context, f podgate.Facts, g *lockingv1alpha1.LockGrant, own bool) error {
+	err := r.Client.Create(ctx, g)
+	switch {
+	case err == nil:
+	case apierrors.IsAlreadyExists(err):
+		return nil
+	case !own:
+		logf.FromContext(ctx).V(1).Info("Requesting the grant of a Pod ahead failed", "grant", klog.KObj(g), "error", err.Error())
+		return nil
+	case denial.Reason(err) != "" || apierrors.IsInvalid(err):
+		r.event(f.Pod, nil, corev1.EventTypeWarning, podgate.ReasonRequestRefused, "Request", "the lock's grant was refused: %v", err)
+		return fmt.Errorf("requesting the Pod's grant: %w", err)
+	default:
+		return fmt.Errorf("requesting the Pod's grant: %w", err)
+	}
+	pod := f.Pod
+	if !own {
+		ref := podgate.PodOf(g)
+		pod = nil
+		for _, a := range f.Ahead {
+			if string(a.UID) == ref.UID {
+				pod = a
+			}
+		}
+	}
+	r.event(pod, g, corev1.EventTypeNormal, podgate.ReasonWaiting, "Request", "%s", r.waitingNote(ctx, g))
+	return nil
 }
 
 // release releases (or withdraws) grant g as its steward; a grant that has

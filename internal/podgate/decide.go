@@ -48,10 +48,16 @@ type Facts struct {
 	Grants []*lockingv1alpha1.LockGrant
 	// Node is the heartbeat of the Pod's node, when NodeReadNeeded.
 	Node Heartbeat
+	// Ahead are the gated Pods of the same lock in the namespace that were
+	// admitted before the Pod and have no grant yet, gathered only when
+	// the Pod's grant is to be requested: their grants are requested
+	// first, so that grants reach the queue in the order their Pods were
+	// admitted.
+	Ahead []*corev1.Pod
 }
 
 // Plan is what the manager does for one Pod, in this order: release the
-// grants in Release, create Request, remove the gate with Start, renew
+// grants in Release, create Requests, remove the gate with Start, renew
 // Renew, end the Pod with End. Events are sent once the write they
 // announce succeeded.
 type Plan struct {
@@ -59,8 +65,9 @@ type Plan struct {
 	// steward: grants of Pods that are gone, and the Pod's own grant once it
 	// finished or is deleted before it started.
 	Release []*lockingv1alpha1.LockGrant
-	// Request is the grant to request for the Pod.
-	Request *lockingv1alpha1.LockGrant
+	// Requests are the grants to request, in this order: those of the
+	// Pods ahead of the Pod that have none yet, then the Pod's own.
+	Requests []*lockingv1alpha1.LockGrant
 	// Start, when set, is the one write that lets the Pod start: the
 	// annotations to set, and the scheduling gate to remove, with a
 	// precondition on the Pod's resourceVersion.
@@ -153,7 +160,12 @@ func Decide(f Facts) Plan {
 			p.Events = append(p.Events, Event{Type: corev1.EventTypeWarning, Reason: ReasonInvalidRequest,
 				Note: fmt.Sprintf("the Pod waits and requests no lock: %v", f.RequestErr)})
 		default:
-			p.Request = GrantFor(pod, f.Request)
+			for _, a := range f.Ahead {
+				if r, errs := ParseRequest(a.Annotations); len(errs) == 0 && waitsForRequest(a) && r.Resource == f.Request.Resource {
+					p.Requests = append(p.Requests, GrantFor(a, r))
+				}
+			}
+			p.Requests = append(p.Requests, GrantFor(pod, f.Request))
 		}
 	case mine.Status.Phase.Final():
 		if finished || deleting {
@@ -193,6 +205,23 @@ func Decide(f Facts) Plan {
 		renew(&p, f, mine)
 	}
 	return p
+}
+
+// waitsForRequest reports whether a Pod still waits for its grant to be
+// requested: gated, not finished, not being deleted.
+func waitsForRequest(p *corev1.Pod) bool {
+	return Gated(p) && p.DeletionTimestamp == nil && p.Status.Phase != corev1.PodSucceeded && p.Status.Phase != corev1.PodFailed
+}
+
+// AdmittedBefore reports whether Pod a was admitted before Pod b: by their
+// admission stamps (RequestedAtAnnotation), then UIDs.
+func AdmittedBefore(a, b *corev1.Pod) bool {
+	ta, erra := time.Parse(time.RFC3339Nano, a.Annotations[lockingv1alpha1.RequestedAtAnnotation])
+	tb, errb := time.Parse(time.RFC3339Nano, b.Annotations[lockingv1alpha1.RequestedAtAnnotation])
+	if erra != nil || errb != nil || ta.Equal(tb) {
+		return a.UID < b.UID
+	}
+	return ta.Before(tb)
 }
 
 // renew plans the renewal of a running Pod's Held grant: a third of its

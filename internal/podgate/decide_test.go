@@ -2,6 +2,7 @@ package podgate
 
 import (
 	"errors"
+	"slices"
 	"testing"
 	"time"
 
@@ -71,7 +72,7 @@ type want struct {
 }
 
 func describe(p Plan) want {
-	w := want{request: p.Request != nil, start: p.Start != nil, renew: p.Renew != nil, requeue: p.RequeueAfter}
+	w := want{request: len(p.Requests) > 0, start: p.Start != nil, renew: p.Renew != nil, requeue: p.RequeueAfter}
 	for _, g := range p.Release {
 		w.release = append(w.release, g.Name)
 	}
@@ -227,3 +228,25 @@ func TestNodeReadNeeded(t *testing.T) {
 		}
 	}
 }
+
+// A Pod's grant is requested after those of the gated Pods of its lock
+// admitted before it that have none yet (and still wait for one), so that
+// grants reach the queue in the order their Pods were admitted.
+func TestDecideRequestsThePodsAheadFirst(t *testing.T) {
+	p := gatedPod("3")
+	first, second := gatedPod("1"), gatedPod("2")
+	first.Name, second.Name = "settle-a", "settle-b"
+	gone := withPod(gatedPod("9"), deleting)
+	other := withPod(gatedPod("8"), func(q *corev1.Pod) { q.Annotations[lockingv1alpha1.LockAnnotation] = "other" })
+	plan := Decide(Facts{Now: at(0), Pod: p, Request: Request{Resource: "invoice-batch/2026-07-19", LeaseSeconds: 30},
+		Ahead: []*corev1.Pod{first, gone, second, other}})
+	var got []string
+	for _, g := range plan.Requests {
+		got = append(got, podOfName(g))
+	}
+	if want := []string{"settle-a", "settle-b", "settle-0"}; !slices.Equal(got, want) {
+		t.Fatalf("requests for %v, want %v", got, want)
+	}
+}
+
+func podOfName(g *lockingv1alpha1.LockGrant) string { return PodOf(g).Name }

@@ -138,6 +138,14 @@ func waitPod(t *testing.T, p *corev1.Pod, what string, ok func(*corev1.Pod) bool
 		return ok(cur), nil
 	})
 	if err != nil {
+		var grants lockingv1alpha1.LockGrantList
+		_ = admin.List(context.Background(), &grants, client.InNamespace(p.Namespace))
+		for _, g := range grants.Items {
+			t.Logf("grant %s of Pod %v: %s fence %d queue %v %v", g.Name, podgate.PodOf(&g), g.Status.Phase, g.Status.FenceToken, ptr.Deref(g.Status.QueuePosition, -1), g.Status.Conditions)
+		}
+		for _, e := range podEvents(t, p) {
+			t.Logf("event %s: %s", e.Reason, e.Note)
+		}
 		t.Fatalf("Pod %s never %s (last %s): %v", p.Name, what, describe(cur), err)
 	}
 	return cur
