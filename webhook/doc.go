@@ -10,8 +10,10 @@
 //
 //   - lockgrant: refuses a field of the wrong JSON type, defaults the owner
 //     to the requester, stamps the request time, checks the request
-//     against its session Lease and GuardPolicy, lets only the owner renew
-//     or release, and requires the force-release verb to delete someone
+//     against its session Lease and GuardPolicy, accepts a grant for
+//     another identity only from the manager for the gated Pod it names,
+//     lets only the owner (or that grant's steward, the manager) renew or
+//     release, and requires the force-release verb to delete someone
 //     else's live grant.
 //   - fencecounter: refuses a counter not named after its resource, any
 //     lowering of a fence (FENCE_REGRESSION), and deleting a counter while
