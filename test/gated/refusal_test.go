@@ -60,6 +60,30 @@ func TestBadLockRequestsAreRefusedWithACode(t *testing.T) {
 	}
 }
 
+// A Pod that names a lock in a namespace the webhook does not serve
+// (kube-system, the manager's) is refused at creation by the API server
+// itself; other Pods there are not touched.
+func TestUnservedNamespacesRefuseGatedPods(t *testing.T) {
+	for _, ns := range []string{"kube-system", "lockwarden-system"} {
+		p := podSpec(ns, "", nil)
+		p.GenerateName = "settle-"
+		var err error
+		waitFor(t, "the policy refuses Pods that name a lock in "+ns, func() bool {
+			err = admin.Create(t.Context(), p.DeepCopy())
+			if err == nil {
+				return false
+			}
+			return apierrors.IsInvalid(err) && strings.Contains(err.Error(), "INVALID_SPEC")
+		})
+		plain := podSpec(ns, "", nil)
+		plain.GenerateName = "plain-"
+		delete(plain.Annotations, lockingv1alpha1.LockAnnotation)
+		if err := admin.Create(t.Context(), plain); err != nil {
+			t.Fatalf("a Pod that names no lock in %s: %v", ns, err)
+		}
+	}
+}
+
 // A Pod acquires as its own ServiceAccount only, and only when that
 // ServiceAccount may acquire; nobody but the manager creates a grant for
 // someone else, and the manager only for the gated Pod it names.
