@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"sort"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -106,11 +107,21 @@ func podSpec(ns, name string, annotations map[string]string) *corev1.Pod {
 
 // createPod creates p as admin, one millisecond after the previous Pod by
 // the shared clock, so that Pods are admitted in the order they are
-// created.
+// created. Like the controllers that create Pods, it tries again when the
+// API server could not reach the webhook in time (a loaded test machine).
 func createPod(t *testing.T, p *corev1.Pod) *corev1.Pod {
 	t.Helper()
 	clk.Step(time.Millisecond)
-	must(t, admin.Create(t.Context(), p))
+	err := wait.PollUntilContextTimeout(t.Context(), 100*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
+		switch err := admin.Create(ctx, p); {
+		case apierrors.IsInternalError(err) && strings.Contains(err.Error(), "failed calling webhook"):
+			return false, nil
+		case err != nil:
+			return false, err
+		}
+		return true, nil
+	})
+	must(t, err)
 	return p
 }
 
