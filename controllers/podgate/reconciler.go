@@ -297,11 +297,7 @@ func (r *Reconciler) apply(ctx context.Context, f podgate.Facts, p podgate.Plan)
 		r.event(f.Pod, nil, corev1.EventTypeWarning, p.End.Reason, "Delete", "%s: deleting the Pod", p.End.Message)
 	}
 	for _, e := range p.Events {
-		var related *lockingv1alpha1.LockGrant
-		if e.Grant != nil {
-			related = e.Grant
-		}
-		r.event(f.Pod, related, e.Type, e.Reason, e.Reason, "%s", e.Note)
+		r.event(f.Pod, e.Grant, e.Type, e.Reason, e.Reason, "%s", e.Note)
 	}
 	return reconcile.Result{RequeueAfter: p.RequeueAfter}, nil
 }

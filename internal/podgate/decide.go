@@ -199,8 +199,10 @@ func Decide(f Facts) Plan {
 		// The gate is gone, but not by the write that put this grant's
 		// fence on the Pod.
 		p.Release = append(p.Release, mine)
-		p.End = &End{Reason: ReasonGateRemoved, Message: fmt.Sprintf("the scheduling gate %s was removed before lock %s was granted",
-			lockingv1alpha1.PodSchedulingGate, mine.Spec.Resource)}
+		if !deleting {
+			p.End = &End{Reason: ReasonGateRemoved, Message: fmt.Sprintf("the scheduling gate %s was removed before lock %s was granted",
+				lockingv1alpha1.PodSchedulingGate, mine.Spec.Resource)}
+		}
 	default:
 		renew(&p, f, mine)
 	}
