@@ -121,6 +121,10 @@ const (
 	// ReasonNodeLost: the node's heartbeat lapsed; the grant is no longer
 	// renewed and ends at its lease's end.
 	ReasonNodeLost = "NodeHeartbeatLost"
+	// ReasonNotReady: a started container of the Pod is not ready (its
+	// readiness probe fails: it is stuck, frozen or overloaded); the grant
+	// is not renewed while it stays so, and ends at its lease's end.
+	ReasonNotReady = "ContainerNotReady"
 )
 
 // Decide plans what the manager does next for one Pod name. It does no
@@ -229,7 +233,7 @@ func AdmittedBefore(a, b *corev1.Pod) bool {
 // renew plans the renewal of a running Pod's Held grant: a third of its
 // lease after it was granted or last renewed, unless a renewal is still
 // unanswered, and only while the Pod's node is alive (or the Pod is not on
-// a node yet).
+// a node yet) and none of its started containers is not ready.
 func renew(p *Plan, f Facts, g *lockingv1alpha1.LockGrant) {
 	if g.Status.ExpiresAt == nil || !f.Now.Before(g.Status.ExpiresAt.Time) {
 		return // over: the grant controller ends it next
@@ -249,8 +253,29 @@ func renew(p *Plan, f Facts, g *lockingv1alpha1.LockGrant) {
 		p.RequeueAfter = end.Sub(f.Now)
 		return
 	}
+	if c := NotReady(f.Pod); c != "" {
+		p.Events = append(p.Events, Event{Type: corev1.EventTypeWarning, Reason: ReasonNotReady, Grant: g,
+			Note: fmt.Sprintf("container %s is not ready: grant %s is not renewed while it stays so, and ends at %s; the Pod is then deleted",
+				c, g.Name, end.UTC().Format(time.RFC3339))})
+		p.RequeueAfter = end.Sub(f.Now)
+		return
+	}
 	p.Renew = g
 	p.RequeueAfter = end.Sub(f.Now)
+}
+
+// NotReady names a container of pod that has started and runs but is not
+// ready: its readiness probe fails. A container that is still starting
+// (pulling its image, or before its startup probe passed) is not judged,
+// and one without a readiness probe is ready as soon as it runs. "" when
+// there is none.
+func NotReady(pod *corev1.Pod) string {
+	for _, cs := range pod.Status.ContainerStatuses {
+		if cs.State.Running != nil && cs.Started != nil && *cs.Started && !cs.Ready {
+			return cs.Name
+		}
+	}
+	return ""
 }
 
 // renewAt is when a Held grant is next renewed: when two thirds of its

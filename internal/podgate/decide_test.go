@@ -9,6 +9,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/utils/ptr"
 
 	lockingv1alpha1 "github.com/lockwarden/lockwarden/api/v1alpha1"
 )
@@ -123,6 +124,14 @@ func TestDecide(t *testing.T) {
 			want{renew: true, requeue: 20 * time.Second}},
 		{"a Pod on a lost node is not renewed", Facts{Now: at(10), Pod: running, Grants: []*lockingv1alpha1.LockGrant{held}, Node: HeartbeatLapsed},
 			want{events: []string{ReasonNodeLost}, requeue: 20 * time.Second}},
+		{"a Pod whose started container is not ready is not renewed", Facts{Now: at(10), Pod: withPod(running, func(q *corev1.Pod) {
+			q.Status.ContainerStatuses = []corev1.ContainerStatus{{Name: "settle", Started: ptr.To(true), State: corev1.ContainerState{Running: &corev1.ContainerStateRunning{}}}}
+		}), Grants: []*lockingv1alpha1.LockGrant{held}, Node: HeartbeatLive},
+			want{events: []string{ReasonNotReady}, requeue: 20 * time.Second}},
+		{"a Pod whose container is still starting is renewed", Facts{Now: at(10), Pod: withPod(running, func(q *corev1.Pod) {
+			q.Status.ContainerStatuses = []corev1.ContainerStatus{{Name: "settle", Started: ptr.To(false), State: corev1.ContainerState{Running: &corev1.ContainerStateRunning{}}}}
+		}), Grants: []*lockingv1alpha1.LockGrant{held}, Node: HeartbeatLive},
+			want{renew: true, requeue: 20 * time.Second}},
 		{"a renewal is not sent twice", Facts{Now: at(10), Pod: running, Grants: []*lockingv1alpha1.LockGrant{inFlight}, Node: HeartbeatLive},
 			want{requeue: 20 * time.Second}},
 		{"a lease over by the clock is left to the grant controller", Facts{Now: at(30), Pod: running, Grants: []*lockingv1alpha1.LockGrant{held}, Node: HeartbeatLive},

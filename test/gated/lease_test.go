@@ -7,6 +7,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	lockingv1alpha1 "github.com/lockwarden/lockwarden/api/v1alpha1"
@@ -135,4 +136,35 @@ func TestGateRemovedByHandEndsThePod(t *testing.T) {
 	must(t, admin.Update(t.Context(), cur))
 	waitPod(t, p, "deleted", func(p *corev1.Pod) bool { return p == nil || p.DeletionTimestamp != nil })
 	waitGrant(t, p, "withdrawn", phase(lockingv1alpha1.PhaseReleased))
+}
+
+// A started container whose readiness probe fails (stuck, frozen) stops
+// the renewals: the grant ends at its lease's end, the Pod is deleted, and
+// the next Pod starts.
+func TestStuckContainerLosesItsLease(t *testing.T) {
+	ns := space(t)
+	tl := clk.Now()
+	at := func(s float64) { clk.SetTime(tl.Add(time.Duration(s * float64(time.Second)))) }
+	stuck := createPod(t, podSpec(ns, "stuck", nil))
+	next := createPod(t, podSpec(ns, "next", nil))
+	waitStarted(t, stuck)
+	heartbeat(t, "node-stuck")
+	run(t, stuck, "node-stuck")
+	cur := pod(t, stuck)
+	cur.Status.ContainerStatuses = []corev1.ContainerStatus{{Name: "settle", Image: "registry.example/settle:1", ImageID: "registry.example/settle@sha256:0",
+		Started: ptr.To(true), Ready: false, State: corev1.ContainerState{Running: &corev1.ContainerStateRunning{StartedAt: metav1.Now()}}}}
+	must(t, admin.Status().Update(t.Context(), cur))
+
+	at(11)
+	heartbeat(t, "node-stuck") // the node is alive
+	touch(t, stuck)
+	waitEvent(t, stuck, podgate.ReasonNotReady)
+	g := waitGrant(t, stuck, "Held", phase(lockingv1alpha1.PhaseHeld))
+	if g.Spec.Renewals != 0 {
+		t.Fatalf("the grant of a Pod whose container is not ready was renewed: renewals %d", g.Spec.Renewals)
+	}
+	clk.SetTime(g.Status.ExpiresAt.Add(time.Second))
+	wakeGrant(t, g)
+	waitPod(t, stuck, "deleted", func(p *corev1.Pod) bool { return p == nil || p.DeletionTimestamp != nil })
+	waitStarted(t, next)
 }
