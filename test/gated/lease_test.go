@@ -63,12 +63,12 @@ func TestNodeLossEndsTheLeaseAndTheFenceRefusesLateWrites(t *testing.T) {
 	// t=11: a third of the 30 s lease has passed; the node is live.
 	at(11)
 	touch(t, lost)
-	g := waitGrant(t, lost, "renewed", func(g *lockingv1alpha1.LockGrant) bool { return g.Status.ObservedRenewals == 1 })
+	waitGrant(t, lost, "renewed", func(g *lockingv1alpha1.LockGrant) bool { return g.Status.ObservedRenewals == 1 })
 	// t=35: due again; the kubelet stopped renewing the node's Lease at
 	// t=0, which the manager first saw at t=11: live until t=52.
 	at(35)
 	touch(t, lost)
-	g = waitGrant(t, lost, "renewed twice", func(g *lockingv1alpha1.LockGrant) bool { return g.Status.ObservedRenewals == 2 })
+	g := waitGrant(t, lost, "renewed twice", func(g *lockingv1alpha1.LockGrant) bool { return g.Status.ObservedRenewals == 2 })
 	end := g.Status.ExpiresAt.Time
 	// t=55: due again, and the heartbeat has lapsed: no renewal.
 	at(55)

@@ -49,13 +49,13 @@ type gatedPods struct {
 	broken podBreak
 }
 
-// podBreak is a way to break the manager, to show the oracle notices.
+// podBreak is a way to break the manager, to show the oracle notices; 0
+// breaks nothing.
 type podBreak int
 
 const (
-	podsUnbroken podBreak = iota
 	// podStartsUngranted starts a Pod as soon as its grant is requested.
-	podStartsUngranted
+	podStartsUngranted podBreak = iota + 1
 	// podRenewsBlind renews whatever the node's heartbeat says.
 	podRenewsBlind
 	// podNeverReleases releases no grant and withdraws no request.
