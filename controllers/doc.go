@@ -16,6 +16,7 @@ import (
 	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
+	"sigs.k8s.io/controller-runtime/pkg/manager"
 
 	"github.com/lockwarden/lockwarden/controllers/guardpolicy"
 	"github.com/lockwarden/lockwarden/controllers/issuer"
@@ -75,6 +76,7 @@ func Setup(ctx context.Context, mgr ctrl.Manager, o Options) error {
 		Clock:                  o.Clock,
 		Recorder:               mgr.GetEventRecorder("lockwarden"),
 		Keyring:                o.Keyring,
+		FreshKeyring:           &issuerkeys.Keyring{Reader: mgr.GetAPIReader(), Namespace: o.Keyring.Namespace},
 		FinishedGrantRetention: o.FinishedGrantRetention,
 		NeedLeaderElection:     needLeader(o.GrantsOnEveryReplica),
 	}).SetupWithManager(ctx, mgr); err != nil {
@@ -120,8 +122,13 @@ func setupOwnership(ctx context.Context, mgr ctrl.Manager, o Options) (*lockgran
 	if _, err := members.GetInformer(ctx, &coordinationv1.Lease{}); err != nil {
 		return nil, fmt.Errorf("watching replica Leases: %w", err)
 	}
-	if err := mgr.Add(members); err != nil {
-		return nil, err
+	// A bare cache is a runnable that controller-runtime starts only on
+	// the elected leader (it does not say NeedLeaderElection), so every
+	// other replica would read an unstarted cache, act on every event at
+	// once and race the preferred replica. As one of the manager's caches
+	// it starts on every replica, and synced, before any controller.
+	if err := mgr.Add(memberCache{members}); err != nil {
+		return nil, fmt.Errorf("adding the replica Lease cache: %w", err)
 	}
 	lease := &lockgrant.ReplicaLease{
 		Client: mgr.GetClient(), Reader: mgr.GetAPIReader(), Namespace: o.Namespace, ID: ro.ID,
@@ -144,6 +151,20 @@ func setupOwnership(ctx context.Context, mgr ctrl.Manager, o Options) (*lockgran
 		Takeover: &membership.Takeover{Delay: ro.TakeoverDelay, MaxWait: ro.TakeoverDelay + ro.LeaseDuration},
 	}, nil
 }
+
+// memberCache puts the replica Lease cache in the manager's group of
+// caches (controller-runtime starts a runnable with GetCache with the
+// manager's own cache: on every replica, leader or not, and waits for it to
+// sync before it starts controllers).
+type memberCache struct{ cache.Cache }
+
+// GetCache returns the cache itself.
+func (c memberCache) GetCache() cache.Cache { return c.Cache }
+
+var _ interface {
+	manager.Runnable
+	GetCache() cache.Cache
+} = memberCache{}
 
 // needLeader is nil (the leader only) unless every replica runs it.
 func needLeader(everyReplica bool) *bool {

@@ -94,8 +94,8 @@ func Setup(mgr ctrl.Manager, clk clock.PassiveClock, bundle func(context.Context
 		Decoder: admission.NewDecoder(mgr.GetScheme()), Authorizer: mgr.GetClient(), Clock: clk,
 	}})
 
-	checker := &guard.Checker{Reader: reader, Clock: clk, Bundle: bundle}
 	recorder := mgr.GetEventRecorder("lockwarden-guard")
+	checker := &guard.Checker{Reader: reader, Clock: clk, Bundle: bundle, Authorizer: mgr.GetClient(), Recorder: recorder}
 	label := &admission.Webhook{Handler: &guard.LabelHandler{Checker: checker, Policies: mgr.GetClient()}}
 	srv.Register(GuardMutatePath, label)
 	srv.Register(GuardDeletePath, label)

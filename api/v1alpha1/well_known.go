@@ -58,6 +58,18 @@ const (
 	AcceptedProofAnnotation   = "locking.lockwarden.io/accepted-proof"
 	AcceptedWriteIDAnnotation = "locking.lockwarden.io/accepted-write-id"
 
+	// OverrideAnnotation is an administrator's override of a guarded
+	// object wedged in the last issuer epoch (its recorded fence is of
+	// epoch 8388607, above every fence the registry has issued): an update
+	// that sets it to a reason is accepted whatever else it changes (it may
+	// remove the guard label), and a delete by an administrator may follow
+	// with that update's resourceVersion as precondition. The caller needs
+	// the verb "override" on guardedobjects.locking.lockwarden.io in the
+	// object's namespace. Admission consumes it like a claim; the record
+	// keeps its fence, with accepted-intent "override". Any other object
+	// refuses it (OVERRIDE_REFUSED): see docs/runbook.md.
+	OverrideAnnotation = "locking.lockwarden.io/override"
+
 	// ShadowDenialAnnotation is set on an object by a GuardPolicy in Shadow
 	// mode when Enforce would have denied the write: "REASON: detail". It
 	// is removed by the next write Enforce would admit.

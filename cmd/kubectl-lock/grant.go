@@ -9,6 +9,7 @@ import (
 
 	"github.com/spf13/cobra"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
@@ -305,6 +306,14 @@ func (p *progress) update(g *lockingv1alpha1.LockGrant) {
 		}
 	}
 	line := fmt.Sprintf("waiting for %s: position %d in the queue", p.resource, pos)
+	if why := heldBack(g); why != "" {
+		// Next in line, but the issuer's epoch has no fence for the
+		// resource: only an operator can change that.
+		if line += "; " + why; line != p.last {
+			p.print(line)
+		}
+		return
+	}
 	var st *resourceStatus
 	if listed {
 		st = statusOf(p.ns, p.resource, list.Items, nil)
@@ -338,6 +347,21 @@ func (p *progress) update(g *lockingv1alpha1.LockGrant) {
 		return
 	}
 	p.print(line)
+}
+
+// heldBack is the message of a waiting grant that the issuer's epoch has
+// no fence for (Ready reason SequenceExhausted or EpochBehind), "" for any
+// other.
+func heldBack(g *lockingv1alpha1.LockGrant) string {
+	c := meta.FindStatusCondition(g.Status.Conditions, lockingv1alpha1.ConditionReady)
+	if c == nil {
+		return ""
+	}
+	switch fencing.Reason(fencing.CodeOf(c.Reason)) {
+	case fencing.ReasonSequenceExhausted, fencing.ReasonEpochBehind:
+		return fencing.CodeOf(c.Reason) + ": " + c.Message
+	}
+	return ""
 }
 
 // print shows line as the progress line.
