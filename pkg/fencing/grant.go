@@ -30,6 +30,10 @@ type Grant struct {
 	Resource string
 	// Owner is the workload identity that holds it.
 	Owner string
+	// Steward is the identity that drives the grant on its owner's behalf
+	// (renews and releases it), or "" when only the owner does: the
+	// manager, for the grant of a lock-gated Pod (CheckGrantCreate).
+	Steward string
 	// State is the grant's state.
 	State State
 	// Fence is the fencing token issued to the grant; 0 before it is Held.
@@ -51,17 +55,24 @@ type Counter struct {
 // end instant itself is expired: a lease of 5 s granted at t=0 is over at t=5.
 func Expired(expiresAt, now time.Time) bool { return !now.Before(expiresAt) }
 
-// CheckRenewRequest reports whether caller may ask to renew grant g, as
-// admission judges it without a clock: the owner may renew a Held grant. It
-// returns nil, or an *Error with ReasonNotOwner (another identity),
-// ReasonNotHeld (still queued), ReasonExpired (the registry ended it
-// expired: a renew never re-acquires), ReasonAlreadyEnded (released or
-// timed out) or ReasonRevoked. Whether the lease is still running when the
-// renew arrives is the registry's decision, by its own clock against the
-// lease it recorded (CheckRenew): a renew it finds late ends the grant
-// Expired, and that is its answer.
+// drives reports whether caller may renew or release grant g: its owner, or
+// its steward when it has one.
+func (g Grant) drives(caller string) bool {
+	return caller == g.Owner || (g.Steward != "" && caller == g.Steward)
+}
+
+// CheckRenewRequest reports whether caller (the owner, or the grant's
+// steward) may ask to renew grant g, as admission judges it without a
+// clock: a Held grant may be renewed. It returns nil, or an *Error with
+// ReasonNotOwner (another identity), ReasonNotHeld (still queued),
+// ReasonExpired (the registry ended it expired: a renew never
+// re-acquires), ReasonAlreadyEnded (released or timed out) or
+// ReasonRevoked. Whether the lease is still running when the renew arrives
+// is the registry's decision, by its own clock against the lease it
+// recorded (CheckRenew): a renew it finds late ends the grant Expired, and
+// that is its answer.
 func CheckRenewRequest(g Grant, caller string) error {
-	if caller != g.Owner {
+	if !g.drives(caller) {
 		return refuse(ReasonNotOwner, "%q cannot renew a grant owned by %q", caller, g.Owner)
 	}
 	switch g.State {
@@ -90,15 +101,16 @@ func CheckRenew(g Grant, caller string, now time.Time) error {
 	return nil
 }
 
-// CheckReleaseRequest reports whether caller may ask to release grant g, as
-// admission judges it without a clock: the owner may release a Held grant
-// or withdraw a Pending request. It returns nil, or an *Error with
-// ReasonNotOwner, ReasonExpired (the registry ended it expired),
-// ReasonAlreadyEnded or ReasonRevoked. A release the registry finds past
-// the lease end ends the grant Expired, not Released (CheckRelease): the
-// holder learns that what it did after the lease end was not protected.
+// CheckReleaseRequest reports whether caller (the owner, or the grant's
+// steward) may ask to release grant g, as admission judges it without a
+// clock: a Held grant may be released, a Pending request withdrawn. It
+// returns nil, or an *Error with ReasonNotOwner, ReasonExpired (the
+// registry ended it expired), ReasonAlreadyEnded or ReasonRevoked. A
+// release the registry finds past the lease end ends the grant Expired,
+// not Released (CheckRelease): the holder learns that what it did after
+// the lease end was not protected.
 func CheckReleaseRequest(g Grant, caller string) error {
-	if caller != g.Owner {
+	if !g.drives(caller) {
 		return refuse(ReasonNotOwner, "%q cannot release a grant owned by %q", caller, g.Owner)
 	}
 	switch g.State {

@@ -46,6 +46,9 @@ const (
 	owner         = "alice"
 	other         = "bob"
 	administrator = "carol"
+	// steward renews and releases the grants on their owner's behalf
+	// (the manager, for a lock-gated Pod's grant).
+	steward = "dave"
 )
 
 func TestMain(m *testing.M) {
@@ -181,9 +184,19 @@ var changes = []change{
 	{"reused mark", func(g *lockingv1alpha1.LockGrant) {
 		metav1.SetMetaDataAnnotation(&g.ObjectMeta, lockingv1alpha1.ReusedRequestIDAnnotation, "Released 2020-01-01T00:00:00Z")
 	}},
-	{"generated mark", func(g *lockingv1alpha1.LockGrant) { delete(g.Annotations, lockingv1alpha1.GeneratedRequestIDAnnotation) }},
-	{"request-ID label", func(g *lockingv1alpha1.LockGrant) { metav1.SetMetaDataLabel(&g.ObjectMeta, lockingv1alpha1.RequestIDLabel, "other") }},
-	{"renew and label", func(g *lockingv1alpha1.LockGrant) { g.Spec.Renewals++; metav1.SetMetaDataLabel(&g.ObjectMeta, "team", "payments") }},
+	{"steward", func(g *lockingv1alpha1.LockGrant) {
+		metav1.SetMetaDataAnnotation(&g.ObjectMeta, lockingv1alpha1.StewardAnnotation, other)
+	}},
+	{"generated mark", func(g *lockingv1alpha1.LockGrant) {
+		delete(g.Annotations, lockingv1alpha1.GeneratedRequestIDAnnotation)
+	}},
+	{"request-ID label", func(g *lockingv1alpha1.LockGrant) {
+		metav1.SetMetaDataLabel(&g.ObjectMeta, lockingv1alpha1.RequestIDLabel, "other")
+	}},
+	{"renew and label", func(g *lockingv1alpha1.LockGrant) {
+		g.Spec.Renewals++
+		metav1.SetMetaDataLabel(&g.ObjectMeta, "team", "payments")
+	}},
 }
 
 // newGrant creates, as the administrator of the cluster, a grant owned by
@@ -195,7 +208,7 @@ func newGrant(t *testing.T, ns string, s state) *lockingv1alpha1.LockGrant {
 			Labels: map[string]string{lockingv1alpha1.RequestIDLabel: "req-" + s.name},
 			Annotations: map[string]string{
 				lockingv1alpha1.RequestedAtAnnotation: "2026-07-19T00:00:00.123456Z", lockingv1alpha1.OwnerGroupsAnnotation: "system:authenticated",
-				lockingv1alpha1.GeneratedRequestIDAnnotation: "true",
+				lockingv1alpha1.GeneratedRequestIDAnnotation: "true", lockingv1alpha1.StewardAnnotation: steward,
 			}},
 		Spec: lockingv1alpha1.LockGrantSpec{Resource: "invoices", Owner: owner, LeaseDurationSeconds: 30, RequestID: "req-" + s.name, Release: s.release},
 	}
@@ -248,20 +261,20 @@ func verdict(t *testing.T, err error) fencing.Reason {
 // same reason code, or none. The cases are every state a grant can be in
 // (its phase, and whether its owner asked to release), every kind of
 // change (renew, release, metadata, the immutable stamps), by its owner,
-// by another identity and by one with the administer verb. Sent as dry
+// by its steward, by another identity and by one with the administer verb. Sent as dry
 // runs, so each grant serves every case.
 func TestPolicyAgreesWithFencing(t *testing.T) {
 	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{GenerateName: "vap-"}}
 	if err := admin.Create(t.Context(), ns); err != nil {
 		t.Fatal(err)
 	}
-	clients := map[string]client.Client{owner: as(t, owner), other: as(t, other), administrator: as(t, administrator)}
+	clients := map[string]client.Client{owner: as(t, owner), other: as(t, other), administrator: as(t, administrator), steward: as(t, steward)}
 	waitForPolicy(t, ns.Name, clients[other])
 	allowed, refused := 0, map[fencing.Reason]int{}
 	for _, s := range states {
 		g := newGrant(t, ns.Name, s)
 		for _, ch := range changes {
-			for _, caller := range []string{owner, other, administrator} {
+			for _, caller := range []string{owner, other, administrator, steward} {
 				t.Run(s.name+"/"+ch.name+"/"+caller, func(t *testing.T) {
 					next := g.DeepCopy()
 					ch.apply(next)
