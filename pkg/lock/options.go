@@ -299,22 +299,25 @@ func WithDetachedGrant() Option {
 //   - The registry's verdict on a late release: a release the controller
 //     finds past the lease end ends the grant Expired (Release returns
 //     fencing.ErrExpired), while a delete that arrives before the
-//     controller ended the grant is simply accepted. Use Check or Err to
-//     know whether the lease held until the release.
+//     controller ended the grant is simply accepted and Release returns
+//     nil. A holder that must know calls Check just before it releases.
 //   - The lock-delay: the registry cannot tell its owner's delete from a
 //     forced release, so a deleted holder counts as one that left without
 //     a release and its lock-delay would hold the resource back at every
 //     release. WithReleaseByDelete with WithLockDelay is refused
-//     (ErrInvalidOption).
+//     (ErrInvalidOption), and Client.Release with it refuses a grant that
+//     has a lock-delay and keeps it.
 //   - The request ID's spent window (docs/request-ids.md): the registry
 //     records a request ID as spent when it ends and deletes a grant, not
 //     when the grant's owner deletes it. WithReleaseByDelete with
-//     WithRequestID is refused (ErrInvalidOption); with the generated
-//     request ID, which nobody else knows, nothing is lost.
+//     WithRequestID is refused (ErrInvalidOption), as is Client.Release of
+//     a grant made with one; with the generated request ID, which nobody
+//     else knows, nothing is lost.
 //
 // Release returns once the resource's FenceCounter no longer names the
 // grant (when the caller may watch FenceCounters), so that admission
 // refuses writes under it from then on, as after a release. Default: off.
+// See docs/grant-path.md, "Release by delete".
 func WithReleaseByDelete() Option {
 	return func(s *settings) { s.releaseByDelete = true }
 }
