@@ -181,16 +181,20 @@ func TestRenewAfterExpiry(t *testing.T) {
 				}
 				return
 			}
-			// Nothing has ended A yet: its status still says Held.
+			// The controller's pass at t=3.5 and the renew race: a renew
+			// that lands first, while the status still says Held, is
+			// accepted by the API server and answered Expired in the
+			// status; one that lands after is refused EXPIRED by
+			// admission. Either way the lease is not extended.
 			tl.at(3.5)
-			if err := renew(t, a, g); err != nil {
-				t.Fatalf("renew at t=3.5: %v, want it accepted and answered in the status", err)
+			if err := renew(t, a, g); err != nil && reason(err) != "EXPIRED" {
+				t.Fatalf("renew at t=3.5: %v, want it accepted or refused EXPIRED", err)
 			}
-			g = waitFor(t, g, "the late renew answered", func(g *lockingv1alpha1.LockGrant) bool { return g.Status.ObservedRenewals == 1 })
+			g = waitFor(t, g, "ended", func(g *lockingv1alpha1.LockGrant) bool { return g.Status.Phase.Final() })
 			if g.Status.Phase != lockingv1alpha1.PhaseExpired || !g.Status.ExpiresAt.Time.Equal(tl.t(2)) {
 				t.Fatalf("after the late renew: phase %s until %v, want Expired at t=2", g.Status.Phase, g.Status.ExpiresAt)
 			}
-			if c := metaCond(g, lockingv1alpha1.ConditionRenewed); c == nil || c.Status != metav1.ConditionFalse || c.Reason != "Expired" {
+			if c := metaCond(g, lockingv1alpha1.ConditionRenewed); g.Status.ObservedRenewals == 1 && (c == nil || c.Status != metav1.ConditionFalse || c.Reason != "Expired") {
 				t.Fatalf("Renewed condition = %+v, want False, Expired", c)
 			}
 			if c := metaCond(g, lockingv1alpha1.ConditionReady); c == nil || c.Reason != "Expired" {
@@ -208,8 +212,9 @@ func TestRenewAfterExpiry(t *testing.T) {
 }
 
 // A release that arrives after the lease end, while the grant still shows
-// Held, is accepted by the API server and answered in the status: the
-// grant ends Expired, not Released, so its owner learns that what it did
+// Held, is accepted by the API server and answered in the status (and one
+// that arrives after the controller ended the grant is refused EXPIRED):
+// the grant ends Expired, not Released, so its owner learns that what it did
 // after the lease end was not protected (pkg/lock's Release returns
 // fencing.ErrExpired from that status).
 func TestLateReleaseAnsweredInStatus(t *testing.T) {
@@ -218,12 +223,15 @@ func TestLateReleaseAnsweredInStatus(t *testing.T) {
 	tl.at(0)
 	g := mustAcquire(t, a, ns, 2)
 	tl.at(2.5)
-	if err := release(t, a, g); err != nil {
-		t.Fatalf("late release: %v, want it accepted and answered in the status", err)
+	// The controller's pass at t=2.5 may end the grant first: then
+	// admission refuses the release EXPIRED.
+	err := release(t, a, g)
+	if err != nil && reason(err) != "EXPIRED" {
+		t.Fatalf("late release: %v, want it accepted and answered in the status, or refused EXPIRED", err)
 	}
 	g = waitFor(t, g, "ended", func(g *lockingv1alpha1.LockGrant) bool { return g.Status.Phase.Final() })
-	if g.Status.Phase != lockingv1alpha1.PhaseExpired || !g.Spec.Release {
-		t.Fatalf("after the late release: phase %s, release %v; want Expired, true", g.Status.Phase, g.Spec.Release)
+	if g.Status.Phase != lockingv1alpha1.PhaseExpired || g.Spec.Release != (err == nil) {
+		t.Fatalf("after the late release (%v): phase %s, release %v; want Expired", err, g.Status.Phase, g.Spec.Release)
 	}
 	if c := metaCond(g, lockingv1alpha1.ConditionReady); c == nil || c.Reason != "Expired" {
 		t.Fatalf("Ready condition = %+v, want Expired", c)
