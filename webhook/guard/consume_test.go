@@ -115,3 +115,25 @@ func merge(ms ...map[string]string) map[string]string {
 	}
 	return out
 }
+
+// BenchmarkConsume measures the response to an accepted write of a
+// ConfigMap with 4 KiB of data and a claim.
+func BenchmarkConsume(b *testing.B) {
+	raw, err := json.Marshal(map[string]any{"apiVersion": "v1", "kind": "ConfigMap", "data": map[string]any{"k": strings.Repeat("x", 4096)},
+		"metadata": map[string]any{"name": "cm", "namespace": "billing", "annotations": map[string]string{
+			lockingv1alpha1.GrantAnnotation: "billing/g1", lockingv1alpha1.FenceAnnotation: "7", "example.com/owner": "team-a"}}})
+	if err != nil {
+		b.Fatal(err)
+	}
+	w, err := decode(request(admissionv1.Update, runtime.RawExtension{}, runtime.RawExtension{Raw: raw}))
+	if err != nil {
+		b.Fatal(err)
+	}
+	rec := fencing.Accepted{Grant: "billing/g1", Fence: 7}
+	b.ReportAllocs()
+	for b.Loop() {
+		if r := consume(w.new, rec); !r.Allowed {
+			b.Fatal(r.Result)
+		}
+	}
+}

@@ -264,9 +264,12 @@ func annotationPatch(ann, set map[string]string, drop []string) []jsonpatch.Json
 	return ops
 }
 
-// annotationPath is the JSON pointer (RFC 6901) of annotation key.
+// pointerEscape escapes a JSON pointer's reference token (RFC 6901).
+var pointerEscape = strings.NewReplacer("~", "~0", "/", "~1")
+
+// annotationPath is the JSON pointer of annotation key.
 func annotationPath(key string) string {
-	return "/metadata/annotations/" + strings.NewReplacer("~", "~0", "/", "~1").Replace(key)
+	return "/metadata/annotations/" + pointerEscape.Replace(key)
 }
 
 // labelGuarding is how an object guarded by label is guarded: by the
