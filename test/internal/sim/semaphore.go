@@ -717,6 +717,16 @@ func (w *semWorld) wait(owner string, uid types.UID) {
 	}
 }
 
+// lapsed reports whether holder g's lease has run out by the status it
+// was granted with: a holder here renews and releases only before that,
+// as a holder that follows its own deadline does. Admission judges its
+// renew and release by the grant's state alone (it has no clock); a
+// renew or release that arrives late all the same is the controller's to
+// end Expired, which the main world plays.
+func (w *semWorld) lapsed(g *lockingv1alpha1.LockGrant) bool {
+	return g.Status.ExpiresAt != nil && fencing.Expired(g.Status.ExpiresAt.Time, w.wall(w.s.now))
+}
+
 // work sends writes under the grant to its slot's store (and sometimes to
 // another slot's, or late), renews, then releases or abandons the grant.
 func (w *semWorld) work(owner string, uid types.UID, writes int) {
@@ -724,6 +734,8 @@ func (w *semWorld) work(owner string, uid types.UID, writes int) {
 	if writes == 0 || g.Status.Phase != lockingv1alpha1.PhaseHeld {
 		if g.Spec.Release || g.Status.Phase.Final() || w.rng.IntN(4) == 0 {
 			// Abandoned: its lease runs out.
+		} else if g.Status.Phase == lockingv1alpha1.PhaseHeld && w.lapsed(g) {
+			// Its lease ran out by its own clock: it does not release.
 		} else if err := fencing.CheckReleaseRequest(*facts.Grant(g), owner); err == nil {
 			g.Spec.Release = true
 			w.rv++
@@ -744,7 +756,7 @@ func (w *semWorld) work(owner string, uid types.UID, writes int) {
 	}
 	w.s.after(delay, func() { w.write(owner, uid, target, fence) })
 	if w.rng.IntN(3) == 0 {
-		if err := fencing.CheckRenewRequest(*facts.Grant(g), owner); err == nil {
+		if err := fencing.CheckRenewRequest(*facts.Grant(g), owner); err == nil && !w.lapsed(g) {
 			g.Spec.Renewals++
 			w.rv++
 			g.ResourceVersion = strconv.FormatInt(w.rv, 10)
