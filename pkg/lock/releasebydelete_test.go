@@ -29,13 +29,15 @@ func TestReleaseByDelete(t *testing.T) {
 	if _, err := a.AwaitRecord(t.Context()); err != nil {
 		t.Fatal(err)
 	}
-	acquired := make(chan *lock.Handle, 1)
+	type acquisition struct {
+		h   *lock.Handle
+		err error
+	}
+	acquired := make(chan acquisition, 1)
+	locksB := newTestClient(t, cb, lock.WithNamespace(ns))
 	go func() {
-		b, err := newTestClient(t, cb, lock.WithNamespace(ns)).Acquire(t.Context(), res, lock.WithTTL(30*time.Second))
-		if err != nil {
-			t.Error(err)
-		}
-		acquired <- b
+		b, err := locksB.Acquire(t.Context(), res, lock.WithTTL(30*time.Second))
+		acquired <- acquisition{b, err}
 	}()
 	eventually(t, "B waits in line", func() bool {
 		var list lockingv1alpha1.LockGrantList
@@ -60,10 +62,11 @@ func TestReleaseByDelete(t *testing.T) {
 	if err := ca.Create(t.Context(), cm); lock.Refusal(err) == nil {
 		t.Fatalf("a write under A's deleted grant: %v, want a refusal", err)
 	}
-	b := <-acquired
-	if b == nil {
-		return
+	got := <-acquired
+	if got.err != nil {
+		t.Fatal(got.err)
 	}
+	b := got.h
 	if b.Fence() != 2 {
 		t.Fatalf("B's fence = %d, want 2", b.Fence())
 	}
