@@ -96,11 +96,7 @@ func (d *Defaulter) Default(ctx context.Context, g *lockingv1alpha1.LockGrant) e
 	if g.Spec.Owner == "" {
 		g.Spec.Owner = req.UserInfo.Username
 	}
-	if g.Annotations == nil {
-		g.Annotations = map[string]string{}
-	}
-	g.Annotations[lockingv1alpha1.RequestedAtAnnotation] = d.Clock.Now().UTC().Format(time.RFC3339Nano)
-	g.Annotations[lockingv1alpha1.OwnerGroupsAnnotation] = strings.Join(req.UserInfo.Groups, ",")
+	stampRequest(g, req.UserInfo, d.Clock.Now())
 	delete(g.Annotations, lockingv1alpha1.ReusedRequestIDAnnotation)
 	return d.checkRequestID(ctx, req.Namespace, g)
 }
@@ -137,6 +133,9 @@ type Validator struct {
 	// Sessions reads session Leases directly from the API server: a Lease
 	// created a moment before the request must be found.
 	Sessions client.Reader
+	// PodGrants, when set, accepts the grants the manager requests for
+	// lock-gated Pods (podgrant.go).
+	PodGrants *PodGrants
 }
 
 // ForceReleaseVerb is the RBAC verb on lockgrants that lets an identity
@@ -150,8 +149,12 @@ const AdministerVerb = fencing.AdministerVerb
 var _ admission.Validator[*lockingv1alpha1.LockGrant] = &Validator{}
 
 // NewValidator returns the validating webhook of LockGrants.
-func NewValidator(s *runtime.Scheme, clk clock.PassiveClock, r client.Reader, authz client.Client, sessions client.Reader) *admission.Webhook {
-	return admission.WithValidator(s, &Validator{Clock: clk, Reader: r, Authorizer: authz, Sessions: sessions})
+func NewValidator(s *runtime.Scheme, clk clock.PassiveClock, r client.Reader, authz client.Client, sessions client.Reader, opts ...func(*Validator)) *admission.Webhook {
+	v := &Validator{Clock: clk, Reader: r, Authorizer: authz, Sessions: sessions}
+	for _, o := range opts {
+		o(v)
+	}
+	return admission.WithValidator(s, v)
 }
 
 // ValidateCreate checks that the owner is the requester and that the
@@ -164,8 +167,8 @@ func (v *Validator) ValidateCreate(ctx context.Context, g *lockingv1alpha1.LockG
 	if err != nil {
 		return nil, err
 	}
-	if err := fencing.CheckGrantOwner(g.Spec.Owner, user); err != nil {
-		return nil, deny(g.Name, err)
+	if err := v.checkOwner(ctx, g, user); err != nil {
+		return nil, answer(g.Name, err)
 	}
 	var errs field.ErrorList
 	spec := field.NewPath("spec")
@@ -247,7 +250,7 @@ func (v *Validator) ValidateUpdate(ctx context.Context, oldG, newG *lockingv1alp
 		return nil, err
 	}
 	var errs field.ErrorList
-	for _, a := range []string{lockingv1alpha1.RequestedAtAnnotation, lockingv1alpha1.OwnerGroupsAnnotation,
+	for _, a := range []string{lockingv1alpha1.RequestedAtAnnotation, lockingv1alpha1.OwnerGroupsAnnotation, lockingv1alpha1.StewardAnnotation,
 		lockingv1alpha1.ReusedRequestIDAnnotation, lockingv1alpha1.GeneratedRequestIDAnnotation} {
 		if oldG.Annotations[a] != newG.Annotations[a] {
 			errs = append(errs, denial.FieldInvalid(field.NewPath("metadata", "annotations").Key(a), newG.Annotations[a], fencing.ReasonInvalidSpec, "immutable"))
