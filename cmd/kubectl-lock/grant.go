@@ -27,6 +27,9 @@ type acquireOptions struct {
 	lockDelay time.Duration
 	requestID string
 	permits   int32
+	// releaseByDelete: run's --release-by-delete (acquire has no release
+	// of its own: release --delete is its counterpart).
+	releaseByDelete bool
 }
 
 func (o *acquireOptions) addFlags(cmd *cobra.Command) {
@@ -45,8 +48,15 @@ func (o *acquireOptions) lockOptions() []lock.Option {
 	if o.permits != 1 {
 		opts = append(opts, lock.WithPermits(o.permits))
 	}
+	if o.releaseByDelete {
+		opts = append(opts, lock.WithReleaseByDelete())
+	}
 	return opts
 }
+
+// releaseByDeleteHelp is the help of run's --release-by-delete and
+// release's --delete.
+const releaseByDeleteHelp = "Release by deleting the grant instead of marking it released: one API write less and no webhook call on the handoff, but no Released record is left (list no longer shows the grant). Refused for a grant with a lock-delay or a request ID of its own."
 
 // setKind fills in apiVersion and kind, which typed clients leave empty.
 func setKind(o runtime.Object) {
@@ -191,6 +201,7 @@ UNKNOWN_GRANT (exit code 3), as for release.`,
 func (a *app) releaseCmd() *cobra.Command {
 	var uid string
 	var timeout time.Duration
+	var byDelete bool
 	cmd := &cobra.Command{
 		Use:   "release GRANT",
 		Short: "Release a grant, or withdraw a waiting request",
@@ -223,7 +234,11 @@ a grant is refused by name alone (UNKNOWN_GRANT) and needs its --uid.`,
 			if err != nil {
 				return classify(err)
 			}
-			if err := locks.Release(ctx, key, id); err != nil {
+			var opts []lock.Option
+			if byDelete {
+				opts = append(opts, lock.WithReleaseByDelete())
+			}
+			if err := locks.Release(ctx, key, id, opts...); err != nil {
 				return classify(err)
 			}
 			fmt.Fprintf(a.streams.Out, "grant %s released\n", key.Name)
@@ -232,6 +247,7 @@ a grant is refused by name alone (UNKNOWN_GRANT) and needs its --uid.`,
 	}
 	cmd.Flags().StringVar(&uid, "uid", "", "Release only if the grant is this acquisition (its UID, which acquire prints).")
 	cmd.Flags().DurationVar(&timeout, "timeout", 30*time.Second, "How long to wait for an answer.")
+	cmd.Flags().BoolVar(&byDelete, "delete", false, releaseByDeleteHelp)
 	return cmd
 }
 

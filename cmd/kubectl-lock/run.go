@@ -150,6 +150,7 @@ dies: see docs/run.md.`,
 		},
 	}
 	o.addFlags(cmd)
+	cmd.Flags().BoolVar(&o.releaseByDelete, "release-by-delete", false, releaseByDeleteHelp)
 	cmd.Flags().DurationVar(&grace, "grace", defaultGrace, "How long COMMAND has to exit after SIGTERM before it is killed; at most TTL - margin - 2 x TTL/3 (default 10s or that limit).")
 	return cmd
 }

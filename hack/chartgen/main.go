@@ -5,6 +5,7 @@
 //	charts/lockwarden/templates/generated/crds.yaml      config/crd/bases/*.yaml
 //	charts/lockwarden/templates/generated/rbac.yaml      config/rbac/*.yaml (roles, bindings, service account)
 //	charts/lockwarden/templates/generated/webhooks.yaml  config/webhook/manifests.yaml
+//	charts/lockwarden/templates/generated/admissionpolicies.yaml  config/policy/*.yaml (admission policies and bindings)
 //	charts/lockwarden/templates/generated/prometheusrule.yaml  config/prometheus/rules.yaml
 //
 // Names get config/default's prefix "lockwarden-" (a
@@ -51,10 +52,11 @@ func main() {
 
 func run(root, out string) error {
 	files := map[string]func(string) (string, error){
-		"crds.yaml":           crds,
-		"rbac.yaml":           rbac,
-		"webhooks.yaml":       webhooks,
-		"prometheusrule.yaml": prometheusRule,
+		"crds.yaml":              crds,
+		"rbac.yaml":              rbac,
+		"webhooks.yaml":          webhooks,
+		"admissionpolicies.yaml": admissionPolicies,
+		"prometheusrule.yaml":    prometheusRule,
 	}
 	if err := os.MkdirAll(out, 0o755); err != nil {
 		return err
@@ -227,6 +229,33 @@ func webhooks(root string) (string, error) {
 		}
 		inject := "    {{- include \"lockwarden.webhookAnnotations\" . | nindent 4 }}\n"
 		if err := emit(&w, d, inject); err != nil {
+			return "", err
+		}
+	}
+	return finish(&w), nil
+}
+
+// admissionPolicies copies the ValidatingAdmissionPolicies of config/policy
+// and their bindings, prefixed as config/default prefixes them (the
+// binding's policyName too).
+func admissionPolicies(root string) (string, error) {
+	ds, err := docs(filepath.Join(root, "config", "policy", "*.yaml"))
+	if err != nil {
+		return "", err
+	}
+	var w bytes.Buffer
+	for _, d := range ds {
+		if d["kind"] != "ValidatingAdmissionPolicy" && d["kind"] != "ValidatingAdmissionPolicyBinding" {
+			continue // kustomize's own configuration
+		}
+		meta := d["metadata"].(map[string]any)
+		meta["name"] = prefix + meta["name"].(string)
+		if spec, ok := d["spec"].(map[string]any); ok {
+			if name, ok := spec["policyName"].(string); ok {
+				spec["policyName"] = prefix + name
+			}
+		}
+		if err := emit(&w, d, ""); err != nil {
 			return "", err
 		}
 	}

@@ -12,15 +12,19 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"strings"
 	"time"
 
 	"go.uber.org/zap/zapcore"
 	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
 	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
 	"k8s.io/apimachinery/pkg/util/wait"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
@@ -34,6 +38,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 	"sigs.k8s.io/controller-runtime/pkg/webhook"
+	"sigs.k8s.io/yaml"
 
 	lockingv1alpha1 "github.com/lockwarden/lockwarden/api/v1alpha1"
 	"github.com/lockwarden/lockwarden/controllers"
@@ -105,7 +110,15 @@ func StartWith(root string, clk clock.PassiveClock, o Options) (*Env, error) {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	e.cancel = cancel
+	if err := e.installPolicies(ctx); err != nil {
+		e.Stop()
+		return nil, err
+	}
 	if err := e.startManager(ctx, clk, o); err != nil {
+		e.Stop()
+		return nil, err
+	}
+	if err := e.awaitPolicies(ctx); err != nil {
 		e.Stop()
 		return nil, err
 	}
@@ -120,6 +133,67 @@ func (e *Env) Stop() {
 	if err := e.Env.Stop(); err != nil {
 		fmt.Fprintf(os.Stderr, "stopping envtest: %v\n", err)
 	}
+}
+
+// PolicyFiles are the manifests of config/policy that the test control
+// plane installs: the admission policies the API server judges in
+// process, and their bindings.
+var PolicyFiles = []string{"lockgrant_updates.yaml"}
+
+// installPolicies creates the admission policies and bindings of
+// config/policy, as config/default installs them (without its name
+// prefix); awaitPolicies waits until the API server enforces them.
+func (e *Env) installPolicies(ctx context.Context) error {
+	for _, f := range PolicyFiles {
+		path := filepath.Join(e.Root, "config", "policy", f)
+		raw, err := os.ReadFile(path)
+		if err != nil {
+			return err
+		}
+		for _, part := range strings.Split(string(raw), "\n---") {
+			u := &unstructured.Unstructured{}
+			if err := yaml.Unmarshal([]byte(part), &u.Object); err != nil {
+				return fmt.Errorf("%s: %w", path, err)
+			}
+			if len(u.Object) == 0 {
+				continue
+			}
+			if err := e.Admin.Create(ctx, u); err != nil {
+				return fmt.Errorf("creating %s %s: %w", u.GetKind(), u.GetName(), err)
+			}
+		}
+	}
+	return nil
+}
+
+// awaitPolicies waits until the API server enforces the LockGrant update
+// policy (it loads policies in the background): the owner's dry-run renew
+// of a request it withdrew at birth is refused ALREADY_ENDED, which only
+// the policy judges (the webhook leaves the owner's own renew to it). The
+// probe request is never granted and is deleted afterwards.
+func (e *Env) awaitPolicies(ctx context.Context) error {
+	rc := rest.CopyConfig(e.Config)
+	rc.Impersonate = rest.ImpersonationConfig{UserName: "lockwarden-policy-probe", Groups: []string{"system:masters", "system:authenticated"}}
+	c, err := client.New(rc, client.Options{Scheme: e.Scheme})
+	if err != nil {
+		return err
+	}
+	probe := &lockingv1alpha1.LockGrant{
+		ObjectMeta: metav1.ObjectMeta{Namespace: metav1.NamespaceDefault, GenerateName: "lockwarden-policy-probe-"},
+		Spec:       lockingv1alpha1.LockGrantSpec{Resource: "lockwarden-policy-probe", LeaseDurationSeconds: 1, Release: true},
+	}
+	if err := c.Create(ctx, probe); err != nil {
+		return fmt.Errorf("creating the policy probe: %w", err)
+	}
+	defer func() { _ = c.Delete(context.WithoutCancel(ctx), probe) }()
+	patch := client.RawPatch(types.MergePatchType, []byte(`{"spec":{"renewals":1}}`))
+	err = wait.PollUntilContextTimeout(ctx, 20*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
+		return apierrors.IsForbidden(c.Patch(ctx, probe.DeepCopy(), patch, client.DryRunAll)), nil
+	})
+	if err != nil {
+		return fmt.Errorf("the admission policies of config/policy never took effect: %w", err)
+	}
+	return nil
 }
 
 // startManager runs the controllers and the webhooks as cmd/manager does,

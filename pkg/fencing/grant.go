@@ -61,12 +61,17 @@ func (g Grant) drives(caller string) bool {
 	return caller == g.Owner || (g.Steward != "" && caller == g.Steward)
 }
 
-// CheckRenew reports whether caller (the owner, or the grant's steward) may
-// renew grant g at now. It returns nil, or an *Error with ReasonNotOwner
-// (another identity), ReasonExpired (the lease is over: a renew never
+// CheckRenewRequest reports whether caller (the owner, or the grant's
+// steward) may ask to renew grant g, as admission judges it without a
+// clock: a Held grant may be renewed. It returns nil, or an *Error with
+// ReasonNotOwner (another identity), ReasonNotHeld (still queued),
+// ReasonExpired (the registry ended it expired: a renew never
 // re-acquires), ReasonAlreadyEnded (released or timed out) or
-// ReasonNotHeld (still queued).
-func CheckRenew(g Grant, caller string, now time.Time) error {
+// ReasonRevoked. Whether the lease is still running when the renew arrives
+// is the registry's decision, by its own clock against the lease it
+// recorded (CheckRenew): a renew it finds late ends the grant Expired, and
+// that is its answer.
+func CheckRenewRequest(g Grant, caller string) error {
 	if !g.drives(caller) {
 		return refuse(ReasonNotOwner, "%q cannot renew a grant owned by %q", caller, g.Owner)
 	}
@@ -80,23 +85,35 @@ func CheckRenew(g Grant, caller string, now time.Time) error {
 	case StateRevoked:
 		return refuse(ReasonRevoked, "the issuer revoked the grant")
 	}
+	return nil
+}
+
+// CheckRenew reports whether caller may renew grant g at now:
+// CheckRenewRequest, and the lease has not ended at now (ReasonExpired
+// otherwise).
+func CheckRenew(g Grant, caller string, now time.Time) error {
+	if err := CheckRenewRequest(g, caller); err != nil {
+		return err
+	}
 	if Expired(g.ExpiresAt, now) {
 		return refuse(ReasonExpired, "the lease expired at %s; acquire again for a new fence", g.ExpiresAt.UTC().Format(time.RFC3339Nano))
 	}
 	return nil
 }
 
-// CheckRelease reports whether caller may release grant g at now: the owner
-// (or its steward) may release a Held, unexpired grant or withdraw a Pending request. It
-// returns nil, or an *Error with ReasonNotOwner, ReasonExpired or
-// ReasonAlreadyEnded.
-func CheckRelease(g Grant, caller string, now time.Time) error {
+// CheckReleaseRequest reports whether caller (the owner, or the grant's
+// steward) may ask to release grant g, as admission judges it without a
+// clock: a Held grant may be released, a Pending request withdrawn. It
+// returns nil, or an *Error with ReasonNotOwner, ReasonExpired (the
+// registry ended it expired), ReasonAlreadyEnded or ReasonRevoked. A
+// release the registry finds past the lease end ends the grant Expired,
+// not Released (CheckRelease): the holder learns that what it did after
+// the lease end was not protected.
+func CheckReleaseRequest(g Grant, caller string) error {
 	if !g.drives(caller) {
 		return refuse(ReasonNotOwner, "%q cannot release a grant owned by %q", caller, g.Owner)
 	}
 	switch g.State {
-	case StatePending:
-		return nil
 	case StateExpired:
 		return refuse(ReasonExpired, "the grant has already expired")
 	case StateReleased, StateTimedOut:
@@ -104,7 +121,17 @@ func CheckRelease(g Grant, caller string, now time.Time) error {
 	case StateRevoked:
 		return refuse(ReasonRevoked, "the issuer revoked the grant")
 	}
-	if Expired(g.ExpiresAt, now) {
+	return nil
+}
+
+// CheckRelease reports whether caller may release grant g at now:
+// CheckReleaseRequest, and a Held grant's lease has not ended at now
+// (ReasonExpired otherwise).
+func CheckRelease(g Grant, caller string, now time.Time) error {
+	if err := CheckReleaseRequest(g, caller); err != nil {
+		return err
+	}
+	if g.State == StateHeld && Expired(g.ExpiresAt, now) {
 		return refuse(ReasonExpired, "the lease expired at %s", g.ExpiresAt.UTC().Format(time.RFC3339Nano))
 	}
 	return nil

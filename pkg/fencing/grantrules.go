@@ -1,5 +1,7 @@
 package fencing
 
+import "strings"
+
 // AdministerVerb is the RBAC verb on lockgrants that lets an identity change
 // the labels, annotations, finalizers or owner references of a grant it does
 // not own (for example clear a fence-regression report). Without it, only
@@ -80,6 +82,63 @@ func CheckGrantMetadata(caller, owner string, changed bool, administer func() (b
 	if !allowed {
 		return refuse(ReasonNotOwner,
 			"%q is not the owner of this grant; changing its labels, annotations, finalizers or owner references needs the %q verb on lockgrants", caller, AdministerVerb)
+	}
+	return nil
+}
+
+// GrantUpdate is what an update of a LockGrant (not its status) does, for
+// CheckGrantUpdate.
+type GrantUpdate struct {
+	// Caller is the requesting identity.
+	Caller string
+	// Grant is the grant before the update, as the registry reports it
+	// (its owner and state; a grant whose owner asked to release is
+	// Released).
+	Grant Grant
+	// Ended reports whether the grant's phase was final before the update.
+	Ended bool
+	// Renew reports whether the update raises the renew count; Release
+	// whether the grant asks to be released after it, ReleaseChanged
+	// whether the update is what asks.
+	Renew, Release, ReleaseChanged bool
+	// Immutable names the metadata the update changes that the registry
+	// stamped when the grant was created and that nobody may change (the
+	// request time, the owner's groups, the request-ID label and marks).
+	Immutable []string
+	// MetadataChanged reports whether the update changes the grant's
+	// labels, annotations, finalizers or owner references.
+	MetadataChanged bool
+	// Administer reports whether the caller has AdministerVerb on the
+	// grant; asked only when CheckGrantMetadata needs it.
+	Administer func() (bool, error)
+}
+
+// CheckGrantUpdate reports whether update u of a LockGrant is allowed, as
+// admission judges it, without a clock and in this order: no immutable
+// metadata changes (ReasonInvalidSpec); metadata changes by others than the
+// owner need AdministerVerb (CheckGrantMetadata); a renew must pass
+// CheckRenewRequest and a release CheckReleaseRequest. Once a grant has
+// ended its owner cannot change it any more (a late renew or a retried
+// release is refused with the reason the grant ended); others may change
+// its metadata as CheckGrantMetadata allows. Whether the lease was still
+// running is judged by the registry when it applies the renew or release.
+func CheckGrantUpdate(u GrantUpdate) error {
+	if len(u.Immutable) > 0 {
+		return refuse(ReasonInvalidSpec, "%s of a LockGrant cannot be changed", strings.Join(u.Immutable, ", "))
+	}
+	if err := CheckGrantMetadata(u.Caller, u.Grant.Owner, u.MetadataChanged, u.Administer); err != nil {
+		return err
+	}
+	specChanged := u.Renew || u.ReleaseChanged
+	switch {
+	case !specChanged && u.Caller != u.Grant.Owner:
+		return nil // metadata of someone else's grant: allowed above
+	case !specChanged && !u.Ended:
+		return nil
+	case u.Renew:
+		return CheckRenewRequest(u.Grant, u.Caller)
+	case u.Release:
+		return CheckReleaseRequest(u.Grant, u.Caller)
 	}
 	return nil
 }

@@ -73,6 +73,12 @@ func (c *Client) acquire(ctx context.Context, resource string, try bool, opts []
 	if s.err != nil {
 		return nil, s.err
 	}
+	if s.releaseByDelete && s.lockDelay > 0 {
+		return nil, fmt.Errorf("%w: release by delete with a lock-delay: a deleted grant counts as left without a release, so every release would wait out the delay", ErrInvalidOption)
+	}
+	if s.releaseByDelete && s.requestID != "" {
+		return nil, fmt.Errorf("%w: release by delete with a request ID: a request ID is recorded as spent only when the registry ends and deletes the grant", ErrInvalidOption)
+	}
 	if !lockingv1alpha1.ValidResourceID(resource) {
 		return nil, fmt.Errorf("%w: resource ID %q does not match %s", ErrInvalidOption, resource, lockingv1alpha1.ResourcePattern)
 	}
@@ -157,6 +163,7 @@ func (c *Client) acquire(ctx context.Context, resource string, try bool, opts []
 		driver:    s.driver,
 		timeout:   requestTimeoutFor(s.ttl),
 		counter:   followsCounter(s),
+		byDelete:  s.releaseByDelete,
 		opRoot:    s.operationRoot,
 		trace:     s.trace,
 		changed:   make(chan struct{}),

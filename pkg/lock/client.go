@@ -12,6 +12,7 @@ import (
 	"strings"
 	"time"
 
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/wait"
@@ -185,12 +186,149 @@ func goneFrom(key types.NamespacedName, uid types.UID, cur *lockingv1alpha1.Lock
 // A release aimed at an earlier acquisition can never end a later one.
 // Releasing a grant a Handle drives from elsewhere is allowed (it is how a
 // stuck holder is stopped); the Handle then ends with ErrLost.
-func (c *Client) Release(ctx context.Context, key types.NamespacedName, uid types.UID) error {
+//
+// With WithReleaseByDelete (among the client's defaults or in opts), it
+// deletes the grant instead, as Handle.Release then does.
+func (c *Client) Release(ctx context.Context, key types.NamespacedName, uid types.UID, opts ...Option) error {
 	if uid == "" {
 		return fmt.Errorf("%w: Release needs the grant's UID", ErrInvalidOption)
 	}
-	s := c.settings(nil)
-	return c.release(ctx, s.clk, target{key: key, uid: uid, timeout: requestTimeout}, false)
+	s := c.settings(opts)
+	if s.err != nil {
+		return s.err
+	}
+	t := target{key: key, uid: uid, timeout: requestTimeout}
+	if s.releaseByDelete {
+		return c.releaseByDelete(ctx, s.clk, t, nil, false)
+	}
+	return c.release(ctx, s.clk, t, false)
+}
+
+// releaseByDelete releases acquisition t by deleting its grant, conditional
+// on its UID and on the version of a read that showed it live (seen, when
+// set and of this acquisition, else a fresh read): a grant that ended, asked
+// to be released, or is driven by another driver is refused with its
+// reason and not deleted; one that changed since the read is read again.
+// ambiguous: an earlier attempt's outcome is unknown, so a grant found gone
+// was most likely deleted by it. After the delete it waits until the
+// resource's counter no longer names the grant (awaitCounterFreed).
+func (c *Client) releaseByDelete(ctx context.Context, clk clock.WithTicker, t target, seen *lockingv1alpha1.LockGrant, ambiguous bool) error {
+	b := retryBackoff()
+	cur := seen
+	if cur != nil && cur.UID != t.uid {
+		cur = nil
+	}
+	last := cur // the last live version read: whether it held, and where
+	for {
+		if cur == nil {
+			g, err := c.get(ctx, t.key)
+			switch {
+			case err != nil && !retryable(err):
+				return fmt.Errorf("lock: releasing grant %s: %w", t.key, err)
+			case err != nil:
+				ambiguous = true
+			case g == nil || g.UID != t.uid:
+				if ambiguous && last != nil {
+					// Most likely deleted by the earlier attempt.
+					return c.awaitCounterFreed(ctx, t, last)
+				}
+				if ambiguous {
+					return nil
+				}
+				return fmt.Errorf("lock: releasing grant %s: %w", t.key, goneFrom(t.key, t.uid, g))
+			default:
+				cur, last = g, g
+			}
+		}
+		if cur != nil {
+			if r := deleteRefusal(cur, t); r != nil {
+				return fmt.Errorf("lock: releasing grant %s: %w", t.key, r)
+			}
+			if err := deletable(cur); err != nil {
+				return fmt.Errorf("lock: releasing grant %s: %w", t.key, err)
+			}
+			uid, rv := t.uid, cur.ResourceVersion
+			g := &lockingv1alpha1.LockGrant{ObjectMeta: metav1.ObjectMeta{Namespace: t.key.Namespace, Name: t.key.Name}}
+			rctx, cancel := context.WithTimeout(ctx, t.timeout)
+			err := c.c.Delete(rctx, g, client.Preconditions{UID: &uid, ResourceVersion: &rv})
+			cancel()
+			switch {
+			case err == nil:
+				return c.awaitCounterFreed(ctx, t, cur)
+			case apierrors.IsConflict(err):
+				cur = nil // changed since the read: judge it again
+				continue
+			case isGone(err):
+				cur = nil
+				continue
+			case Refusal(err) != nil:
+				return fmt.Errorf("lock: releasing grant %s: %w", t.key, denial.Wrap(err))
+			case !retryable(err):
+				return fmt.Errorf("lock: releasing grant %s: %w", t.key, err)
+			}
+			ambiguous, cur = true, nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("lock: releasing grant %s, outcome unknown: %w", t.key, ctx.Err())
+		case <-clk.After(b.Step()):
+		}
+	}
+}
+
+// deleteRefusal is why acquisition t's grant g, as read, may not be
+// released by deleting it: it is driven by another driver, it ended, or
+// its owner asked to release it already (ALREADY_ENDED); nil when it is
+// live.
+func deleteRefusal(g *lockingv1alpha1.LockGrant, t target) *fencing.Error {
+	if t.driver != "" && g.Annotations[lockingv1alpha1.DriverAnnotation] != t.driver {
+		return driverMismatch(g)
+	}
+	switch g.Status.Phase {
+	case lockingv1alpha1.PhaseExpired:
+		return &fencing.Error{Reason: fencing.ReasonExpired, Detail: "the grant has already expired"}
+	case lockingv1alpha1.PhaseRevoked:
+		return &fencing.Error{Reason: fencing.ReasonRevoked, Detail: "the issuer revoked the grant"}
+	case lockingv1alpha1.PhaseReleased, lockingv1alpha1.PhaseTimedOut:
+		return &fencing.Error{Reason: fencing.ReasonAlreadyEnded, Detail: "the grant has already ended"}
+	}
+	if g.Spec.Release {
+		return &fencing.Error{Reason: fencing.ReasonAlreadyEnded, Detail: "the grant's release was asked for already"}
+	}
+	return nil
+}
+
+// deletable refuses (ErrInvalidOption) to release grant g by deleting it
+// when that would lose what its owner asked for when it acquired: a
+// lock-delay (a deleted holder counts as one that left without a release,
+// so the delay would hold the resource back) or a request ID of its own
+// (recorded as spent only when the registry ends and deletes the grant).
+// Such a grant is released with spec.release (Release without
+// WithReleaseByDelete).
+func deletable(g *lockingv1alpha1.LockGrant) error {
+	switch {
+	case g.Spec.LockDelaySeconds > 0:
+		return fmt.Errorf("%w: release by delete of a grant with a lock-delay (%ds): a deleted holder counts as one that left without a release", ErrInvalidOption, g.Spec.LockDelaySeconds)
+	case g.Spec.RequestID != "" && g.Annotations[lockingv1alpha1.GeneratedRequestIDAnnotation] != "true":
+		return fmt.Errorf("%w: release by delete of a grant made with request ID %q: the ID is recorded as spent only when the registry ends the grant", ErrInvalidOption, g.Spec.RequestID)
+	}
+	return nil
+}
+
+// awaitCounterFreed waits, watching, until the FenceCounter of deleted grant
+// g no longer names it: from then on admission refuses writes under it. It
+// returns nil at once when the grant was not the holder of record (a
+// waiting request), when the caller may not watch FenceCounters, and when
+// ctx ends first: a delete cannot be undone.
+func (c *Client) awaitCounterFreed(ctx context.Context, t target, g *lockingv1alpha1.LockGrant) error {
+	if g.Status.Phase != lockingv1alpha1.PhaseHeld && g.Status.Phase != "" && g.Status.Phase != lockingv1alpha1.PhasePending {
+		return nil
+	}
+	key := types.NamespacedName{Namespace: t.key.Namespace, Name: lockingv1alpha1.FenceCounterName(g.HeldFencedResource())}
+	_ = watchCounter(ctx, c.c, key, func(fc *lockingv1alpha1.FenceCounter) (bool, error) {
+		return fc == nil || fc.Spec.Holder == nil || fc.Spec.Holder.UID != string(t.uid), nil
+	})
+	return nil
 }
 
 // release is Release of t. ambiguous: an earlier attempt's outcome is

@@ -41,6 +41,8 @@ type Handle struct {
 	// counter: the handle follows its resource's FenceCounter as well as
 	// its grant (followsCounter).
 	counter bool
+	// byDelete: Release deletes the grant (WithReleaseByDelete).
+	byDelete bool
 	// sess is the session the request was made under (nil: none), set
 	// before the handle is used; stopGrace is WithStopGrace, which counts
 	// against the session once armed is closed (armStopGrace).
@@ -649,10 +651,19 @@ func (h *Handle) releaseLocked(ctx context.Context, again bool) error {
 	h.m.ReleaseSent(h.mono())
 	h.spend(ErrReleased)
 	h.publish()
+	var seen *lockingv1alpha1.LockGrant
+	if h.last != nil {
+		seen = h.last.DeepCopy()
+	}
 	h.mu.Unlock()
 	h.flushTrace()
 
-	err := h.c.release(ctx, h.clk, h.target(), again)
+	var err error
+	if h.byDelete {
+		err = h.c.releaseByDelete(ctx, h.clk, h.target(), seen, again)
+	} else {
+		err = h.c.release(ctx, h.clk, h.target(), again)
+	}
 	r := fencing.ReasonOf(err)
 	if err != nil && r == "" {
 		return err

@@ -58,9 +58,11 @@ type settings struct {
 	logger         *logr.Logger
 	driver         string
 	detached       bool
-	annotations    map[string]string
-	session        sessionSettings // session.go
-	err            error
+	// releaseByDelete: Release deletes the grant (WithReleaseByDelete).
+	releaseByDelete bool
+	annotations     map[string]string
+	session         sessionSettings // session.go
+	err             error
 }
 
 func newSettings(opts []Option) *settings {
@@ -323,6 +325,44 @@ func WithDriverToken(token string) Option {
 // still renews it while the program runs. Default: bound to a new driver token.
 func WithDetachedGrant() Option {
 	return func(s *settings) { s.driver, s.detached = "", true }
+}
+
+// WithReleaseByDelete makes Release end the acquisition by deleting its
+// grant, instead of asking the registry to release it (spec.release): for
+// callers that do not need the record of the release. The delete is
+// conditional on the grant's UID and on the version the client last saw
+// live (a grant that changed since is read again and judged first: one
+// that already ended is refused with its reason, as a release is, and one
+// another driver took over with fencing.ErrDriverMismatch). It is one API
+// write fewer on the handoff's path, calls no admission webhook, and
+// leaves nothing behind: no Released status, no grant for `kubectl
+// lockwarden list` to show, no retention.
+//
+// What it gives up:
+//   - The registry's verdict on a late release: a release the controller
+//     finds past the lease end ends the grant Expired (Release returns
+//     fencing.ErrExpired), while a delete that arrives before the
+//     controller ended the grant is simply accepted and Release returns
+//     nil. A holder that must know calls Check just before it releases.
+//   - The lock-delay: the registry cannot tell its owner's delete from a
+//     forced release, so a deleted holder counts as one that left without
+//     a release and its lock-delay would hold the resource back at every
+//     release. WithReleaseByDelete with WithLockDelay is refused
+//     (ErrInvalidOption), and Client.Release with it refuses a grant that
+//     has a lock-delay and keeps it.
+//   - The request ID's spent window (docs/request-ids.md): the registry
+//     records a request ID as spent when it ends and deletes a grant, not
+//     when the grant's owner deletes it. WithReleaseByDelete with
+//     WithRequestID is refused (ErrInvalidOption), as is Client.Release of
+//     a grant made with one; with the generated request ID, which nobody
+//     else knows, nothing is lost.
+//
+// Release returns once the resource's FenceCounter no longer names the
+// grant (when the caller may watch FenceCounters), so that admission
+// refuses writes under it from then on, as after a release. Default: off.
+// See docs/grant-path.md, "Release by delete".
+func WithReleaseByDelete() Option {
+	return func(s *settings) { s.releaseByDelete = true }
 }
 
 // WithAnnotations puts extra annotations on the grant when it is created,

@@ -154,6 +154,11 @@ func TestSameOwnerReacquires(t *testing.T) {
 
 // A renew after expiry fails, never silently re-acquires, and the
 // lapse is visible on the grant; whether or not someone else took R.
+// Admission judges a renew by the grant's state, the controller by its
+// clock against the lease the counter records: a renew that arrives
+// after the lease end while the grant still shows Held is accepted by the
+// API server and answered EXPIRED in the status (Renewed False, the grant
+// Expired), never by a new lease.
 func TestRenewAfterExpiry(t *testing.T) {
 	for _, takenMeanwhile := range []bool{false, true} {
 		name := "free"
@@ -168,19 +173,35 @@ func TestRenewAfterExpiry(t *testing.T) {
 			if takenMeanwhile {
 				tl.at(3)
 				mustAcquire(t, as(t, "c08-b"), ns, 10)
+				// The pass that granted B ended A: its renew is refused.
+				tl.at(3.5)
+				wantReason(t, "renew at t=3.5", renew(t, a, g), "EXPIRED")
+				if g = get(t, g); g.Spec.Renewals != 0 || g.Status.Phase != lockingv1alpha1.PhaseExpired {
+					t.Fatalf("after the refused renew: renewals %d, phase %s; want 0, Expired", g.Spec.Renewals, g.Status.Phase)
+				}
+				return
 			}
+			// The controller's pass at t=3.5 and the renew race: a renew
+			// that lands first, while the status still says Held, is
+			// accepted by the API server and answered Expired in the
+			// status; one that lands after is refused EXPIRED by
+			// admission. Either way the lease is not extended.
 			tl.at(3.5)
-			wantReason(t, "renew at t=3.5", renew(t, a, g), "EXPIRED")
-			wake(t, g)
-			g = waitPhase(t, g, lockingv1alpha1.PhaseExpired)
+			if err := renew(t, a, g); err != nil && reason(err) != "EXPIRED" {
+				t.Fatalf("renew at t=3.5: %v, want it accepted or refused EXPIRED", err)
+			}
+			g = waitFor(t, g, "ended", func(g *lockingv1alpha1.LockGrant) bool { return g.Status.Phase.Final() })
+			if g.Status.Phase != lockingv1alpha1.PhaseExpired || !g.Status.ExpiresAt.Time.Equal(tl.t(2)) {
+				t.Fatalf("after the late renew: phase %s until %v, want Expired at t=2", g.Status.Phase, g.Status.ExpiresAt)
+			}
+			if c := metaCond(g, lockingv1alpha1.ConditionRenewed); g.Status.ObservedRenewals == 1 && (c == nil || c.Status != metav1.ConditionFalse || c.Reason != "Expired") {
+				t.Fatalf("Renewed condition = %+v, want False, Expired", c)
+			}
 			if c := metaCond(g, lockingv1alpha1.ConditionReady); c == nil || c.Reason != "Expired" {
 				t.Fatalf("Ready condition = %+v, want the lapse (Expired) visible", c)
 			}
-			if g.Spec.Renewals != 0 {
-				t.Fatalf("the refused renew was recorded: renewals = %d", g.Spec.Renewals)
-			}
-			if takenMeanwhile {
-				return
+			if c := counterOf(t, ns); c.Spec.Holder != nil {
+				t.Fatalf("the counter still names %s after the late renew", c.Spec.Holder.Name)
 			}
 			g2 := mustAcquire(t, a, ns, 2)
 			if g2.Status.FenceToken != 2 {
@@ -188,6 +209,34 @@ func TestRenewAfterExpiry(t *testing.T) {
 			}
 		})
 	}
+}
+
+// A release that arrives after the lease end, while the grant still shows
+// Held, is accepted by the API server and answered in the status (and one
+// that arrives after the controller ended the grant is refused EXPIRED):
+// the grant ends Expired, not Released, so its owner learns that what it did
+// after the lease end was not protected (pkg/lock's Release returns
+// fencing.ErrExpired from that status).
+func TestLateReleaseAnsweredInStatus(t *testing.T) {
+	ns, tl := namespace(t), startTimeline()
+	a := as(t, "late-release")
+	tl.at(0)
+	g := mustAcquire(t, a, ns, 2)
+	tl.at(2.5)
+	// The controller's pass at t=2.5 may end the grant first: then
+	// admission refuses the release EXPIRED.
+	err := release(t, a, g)
+	if err != nil && reason(err) != "EXPIRED" {
+		t.Fatalf("late release: %v, want it accepted and answered in the status, or refused EXPIRED", err)
+	}
+	g = waitFor(t, g, "ended", func(g *lockingv1alpha1.LockGrant) bool { return g.Status.Phase.Final() })
+	if g.Status.Phase != lockingv1alpha1.PhaseExpired || g.Spec.Release != (err == nil) {
+		t.Fatalf("after the late release (%v): phase %s, release %v; want Expired", err, g.Status.Phase, g.Spec.Release)
+	}
+	if c := metaCond(g, lockingv1alpha1.ConditionReady); c == nil || c.Reason != "Expired" {
+		t.Fatalf("Ready condition = %+v, want Expired", c)
+	}
+	wantReason(t, "releasing again", release(t, a, g), "EXPIRED")
 }
 
 // A delayed release that lands after expiry fails and the successor

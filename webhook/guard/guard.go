@@ -32,11 +32,16 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"maps"
+	"slices"
+	"strings"
 
+	"gomodules.xyz/jsonpatch/v2"
 	admissionv1 "k8s.io/api/admission/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/tools/events"
 	"k8s.io/utils/clock"
+	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
 
@@ -200,48 +205,71 @@ func (c *Checker) namespaceTerminating(ctx context.Context, name string) bool {
 	return err == nil && terminating
 }
 
-// consume is the accepted create or update with its claim removed and rec
-// recorded, as a JSON patch response; it also clears a Shadow policy's
-// denial note, which an accepted write makes stale.
-func consume(req admission.Request, rec fencing.Accepted) admission.Response {
-	var obj map[string]any
-	if err := json.Unmarshal(req.Object.Raw, &obj); err != nil {
-		return admission.Errored(400, fmt.Errorf("decoding object: %w", err))
+// consumedAnnotations are the claim's annotations an accepted write
+// consumes, with a Shadow policy's denial note and an administrator's
+// override, which an accepted write makes stale.
+var consumedAnnotations = []string{
+	lockingv1alpha1.GrantAnnotation, lockingv1alpha1.FenceAnnotation, lockingv1alpha1.ProofAnnotation,
+	lockingv1alpha1.IntentAnnotation, lockingv1alpha1.WriteIDAnnotation, lockingv1alpha1.ShadowDenialAnnotation,
+	lockingv1alpha1.OverrideAnnotation,
+}
+
+// consume is the accepted create or update o with its claim removed and
+// rec recorded, as a JSON patch response of only those annotation
+// operations (RFC 6902): the object is neither re-encoded nor diffed.
+func consume(o *object, rec fencing.Accepted) admission.Response {
+	set := map[string]string{
+		lockingv1alpha1.AcceptedGrantAnnotation: rec.Grant,
+		lockingv1alpha1.AcceptedFenceAnnotation: fencing.FormatFence(rec.Fence),
 	}
-	meta, _ := obj["metadata"].(map[string]any)
-	if meta == nil {
-		meta = map[string]any{}
-		obj["metadata"] = meta
-	}
-	ann, _ := meta["annotations"].(map[string]any)
-	if ann == nil {
-		ann = map[string]any{}
-	}
-	for _, k := range []string{
-		lockingv1alpha1.GrantAnnotation, lockingv1alpha1.FenceAnnotation, lockingv1alpha1.ProofAnnotation,
-		lockingv1alpha1.IntentAnnotation, lockingv1alpha1.WriteIDAnnotation, lockingv1alpha1.ShadowDenialAnnotation,
-		lockingv1alpha1.OverrideAnnotation,
-	} {
-		delete(ann, k)
-	}
-	ann[lockingv1alpha1.AcceptedGrantAnnotation] = rec.Grant
-	ann[lockingv1alpha1.AcceptedFenceAnnotation] = fencing.FormatFence(rec.Fence)
+	var drop []string
 	optional := func(key, value string) {
 		if value != "" {
-			ann[key] = value
+			set[key] = value
 		} else {
-			delete(ann, key)
+			drop = append(drop, key)
 		}
 	}
 	optional(lockingv1alpha1.AcceptedIntentAnnotation, rec.Intent)
 	optional(lockingv1alpha1.AcceptedProofAnnotation, string(rec.Proof))
 	optional(lockingv1alpha1.AcceptedWriteIDAnnotation, rec.WriteID)
-	meta["annotations"] = ann
-	out, err := json.Marshal(obj)
-	if err != nil {
-		return admission.Errored(500, err)
+	return admission.Response{
+		Patches: annotationPatch(o.Annotations, set, append(drop, consumedAnnotations...)),
+		AdmissionResponse: admissionv1.AdmissionResponse{
+			Allowed: true, PatchType: ptr.To(admissionv1.PatchTypeJSONPatch),
+		},
 	}
-	return admission.PatchResponseFromRaw(req.Object.Raw, out)
+}
+
+// annotationPatch is the JSON patch that turns annotations ann into ann
+// with set's keys set and drop's keys removed: one operation per key that
+// changes, in a stable order, or one add of the whole map where the object
+// has none.
+func annotationPatch(ann, set map[string]string, drop []string) []jsonpatch.JsonPatchOperation {
+	if ann == nil {
+		return []jsonpatch.JsonPatchOperation{{Operation: "add", Path: "/metadata/annotations", Value: set}}
+	}
+	var ops []jsonpatch.JsonPatchOperation
+	for _, k := range slices.Sorted(maps.Keys(set)) {
+		if v, ok := ann[k]; !ok || v != set[k] {
+			ops = append(ops, jsonpatch.JsonPatchOperation{Operation: "add", Path: annotationPath(k), Value: set[k]})
+		}
+	}
+	slices.Sort(drop)
+	for _, k := range slices.Compact(drop) {
+		if _, ok := ann[k]; ok {
+			ops = append(ops, jsonpatch.JsonPatchOperation{Operation: "remove", Path: annotationPath(k)})
+		}
+	}
+	return ops
+}
+
+// pointerEscape escapes a JSON pointer's reference token (RFC 6901).
+var pointerEscape = strings.NewReplacer("~", "~0", "/", "~1")
+
+// annotationPath is the JSON pointer of annotation key.
+func annotationPath(key string) string {
+	return "/metadata/annotations/" + pointerEscape.Replace(key)
 }
 
 // labelGuarding is how an object guarded by label is guarded: by the

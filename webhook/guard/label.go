@@ -77,7 +77,7 @@ func (h *LabelHandler) Handle(ctx context.Context, req admission.Request) admiss
 	if decision != nil || req.Operation == admissionv1.Delete {
 		return respond(req, decision)
 	}
-	return consume(req, rec)
+	return consume(w.new, rec)
 }
 
 // labelValue is the guard label's value on o, if it has one.

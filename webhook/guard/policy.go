@@ -109,7 +109,7 @@ func (h *PolicyHandler) Handle(ctx context.Context, req admission.Request) admis
 	case decision != nil || req.Operation == admissionv1.Delete:
 		return respond(req, decision)
 	}
-	return consume(req, rec)
+	return consume(w.new, rec)
 }
 
 // shadow admits a write Enforce would deny, and says so in an Event, a

@@ -8,9 +8,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"maps"
 	"reflect"
-	"slices"
 	"strings"
 	"time"
 
@@ -21,7 +19,6 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	logf "sigs.k8s.io/controller-runtime/pkg/log"
 
-	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/util/validation/field"
@@ -237,54 +234,48 @@ func (v *Validator) checkPolicy(ctx context.Context, g *lockingv1alpha1.LockGran
 		policy.CheckGrant(pol, g.Spec.Owner, policy.Groups(g), g.Spec.LeaseDurationSeconds))
 }
 
-// ValidateUpdate lets the owner renew (raise spec.renewals) or release (set
-// spec.release) while fencing.CheckRenew / fencing.CheckRelease allow it.
-// Once a grant has ended, its owner cannot change it any more: a late renew
-// or a retried release is refused with the reason the grant ended. Changes
-// by other identities to spec, labels, annotations, finalizers or owner
-// references are refused with NOT_OWNER (metadata: unless they have the
-// administer verb).
+// ValidateUpdate judges an update of a grant (not its status) by
+// fencing.CheckGrantUpdate: immutable metadata stays (INVALID_SPEC, naming
+// the fields), others change metadata only with the administer verb and
+// never renew or release (NOT_OWNER), and the owner (or the grant's
+// steward) renews or releases only while the grant's state allows it; once a grant has ended, its owner
+// cannot change it any more. Whether the lease was still running is the
+// controller's judgement, by its clock against the lease the counter
+// records: a late renew or release ends the grant Expired.
+//
+// The ValidatingAdmissionPolicy of config/policy judges the same updates in
+// the API server (without a call here): the owner's own renews and
+// releases, which change no metadata, are judged there alone (this
+// webhook's matchConditions skip them). The API server calls this webhook
+// for the others, so that without the policy's binding the identity rules
+// still hold.
 func (v *Validator) ValidateUpdate(ctx context.Context, oldG, newG *lockingv1alpha1.LockGrant) (admission.Warnings, error) {
 	user, err := requester(ctx)
 	if err != nil {
 		return nil, err
 	}
-	var errs field.ErrorList
-	for _, a := range []string{lockingv1alpha1.RequestedAtAnnotation, lockingv1alpha1.OwnerGroupsAnnotation, lockingv1alpha1.StewardAnnotation,
-		lockingv1alpha1.ReusedRequestIDAnnotation, lockingv1alpha1.GeneratedRequestIDAnnotation} {
-		if oldG.Annotations[a] != newG.Annotations[a] {
-			errs = append(errs, denial.FieldInvalid(field.NewPath("metadata", "annotations").Key(a), newG.Annotations[a], fencing.ReasonInvalidSpec, "immutable"))
+	u := facts.GrantUpdate(user, oldG, newG, func() (bool, error) { return v.authorized(ctx, newG, AdministerVerb) })
+	err = fencing.CheckGrantUpdate(u)
+	if fencing.ReasonOf(err) == fencing.ReasonInvalidSpec && len(u.Immutable) > 0 {
+		errs := make(field.ErrorList, 0, len(u.Immutable))
+		for _, f := range u.Immutable {
+			path, value := immutableField(newG, f)
+			errs = append(errs, denial.FieldInvalid(path, value, fencing.ReasonInvalidSpec, "immutable"))
 		}
+		return nil, invalid(newG.Name, errs...)
 	}
-	if l := lockingv1alpha1.RequestIDLabel; oldG.Labels[l] != newG.Labels[l] {
-		errs = append(errs, denial.FieldInvalid(field.NewPath("metadata", "labels").Key(l), newG.Labels[l], fencing.ReasonInvalidSpec, "immutable"))
+	return nil, answer(newG.Name, err)
+}
+
+// immutableField is the field path and value in g of an immutable metadata
+// field named as facts.GrantUpdate names it ("metadata.annotations[KEY]",
+// "metadata.labels[KEY]").
+func immutableField(g *lockingv1alpha1.LockGrant, f string) (*field.Path, string) {
+	key := strings.TrimSuffix(f[strings.IndexByte(f, '[')+1:], "]")
+	if strings.HasPrefix(f, "metadata.labels[") {
+		return field.NewPath("metadata", "labels").Key(key), g.Labels[key]
 	}
-	if err := invalid(newG.Name, errs...); err != nil {
-		return nil, err
-	}
-	now := v.Clock.Now()
-	g := *facts.Grant(oldG)
-	renew := newG.Spec.Renewals > oldG.Spec.Renewals
-	release := newG.Spec.Release
-	specChanged := renew || newG.Spec.Release != oldG.Spec.Release
-	// A grant's metadata (a fence-regression report above all) speaks for
-	// its owner: others need the administer verb.
-	if err := fencing.CheckGrantMetadata(user, g.Owner, metadataChanged(oldG, newG), func() (bool, error) {
-		return v.authorized(ctx, newG, AdministerVerb)
-	}); err != nil {
-		return nil, answer(newG.Name, err)
-	}
-	switch {
-	case !specChanged && user != g.Owner:
-		return nil, nil // metadata of someone else's grant: authorized above.
-	case !specChanged && !oldG.Status.Phase.Final():
-		return nil, nil
-	case renew:
-		return nil, deny(newG.Name, fencing.CheckRenew(g, user, now))
-	case release:
-		return nil, deny(newG.Name, fencing.CheckRelease(g, user, now))
-	}
-	return nil, nil
+	return field.NewPath("metadata", "annotations").Key(key), g.Annotations[key]
 }
 
 // ValidateDelete lets the owner delete its grant, anyone with delete
@@ -343,15 +334,6 @@ func (v *Validator) authorized(ctx context.Context, g *lockingv1alpha1.LockGrant
 		return false, fmt.Errorf("checking the %s permission: %w", verb, err)
 	}
 	return sar.Status.Allowed, nil
-}
-
-// metadataChanged reports whether an update changes a grant's labels,
-// annotations, finalizers or owner references (a finalizer or an owner
-// reference of someone else's would keep the owner from deleting its grant,
-// or hand it to the garbage collector).
-func metadataChanged(oldG, newG *lockingv1alpha1.LockGrant) bool {
-	return !maps.Equal(oldG.Labels, newG.Labels) || !maps.Equal(oldG.Annotations, newG.Annotations) ||
-		!slices.Equal(oldG.Finalizers, newG.Finalizers) || !equality.Semantic.DeepEqual(oldG.OwnerReferences, newG.OwnerReferences)
 }
 
 func requester(ctx context.Context) (string, error) {

@@ -5,10 +5,14 @@
 // lockwarden's admission webhooks answer a refused request with a 403 whose
 // status carries the reason code twice: as details.causes[].type, for
 // programs, and at the start of the refusal text ("STALE_OWNER: fence 1 is
-// older than ..."), for people. Refusal reads the causes first and falls back
-// to the text only for a status without causes (an API server or proxy that
-// dropped them), accepting only the codes package fencing defines. It never
-// guesses: an error that is not such a refusal gives nil.
+// older than ..."), for people. Its admission policy (the renew and release
+// of a LockGrant, judged inside the API server) cannot set a cause's type:
+// its refusal text starts with the code, after the API server's prefix
+// ("ValidatingAdmissionPolicy '...' with binding '...' denied request:
+// NOT_OWNER: ..."). Refusal reads the causes first and falls back to the
+// text for a status without a typed cause, accepting only the codes package
+// fencing defines. It never guesses: an error that is not such a refusal
+// gives nil.
 //
 //	if err := c.Update(ctx, obj); err != nil {
 //		if errors.Is(denial.Wrap(err), fencing.ErrStaleOwner) { ... }

@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 
 	encoder "github.com/lockwarden/lockwarden/internal/denial"
@@ -50,6 +51,30 @@ func TestRoundTrip(t *testing.T) {
 				}
 			})
 		}
+	}
+}
+
+// What an admission policy answers (config/policy: a message that starts
+// with the reason code, no typed cause), as the API server shapes it, the
+// decoder reads back too. The live policy's own messages are read back the
+// same way by test/admissionpolicy.
+func TestRoundTripAdmissionPolicy(t *testing.T) {
+	for _, r := range allReasons {
+		detail := "\"bob\" cannot release a grant owned by \"alice\""
+		msg := fmt.Sprintf("ValidatingAdmissionPolicy '%s' with binding '%s' denied request: %s: %s", "lockwarden-lockgrant-updates", "lockwarden-lockgrant-updates", r, detail)
+		// As k8s.io/apiserver's policy dispatcher builds it: a Forbidden
+		// with the policy's reason and the message as an untyped cause.
+		err := apierrors.NewForbidden(grants, "g1", errors.New(msg))
+		err.ErrStatus.Details.Causes = append(err.ErrStatus.Details.Causes, metav1.StatusCause{Message: msg})
+		t.Run(string(r), func(t *testing.T) {
+			got := denial.Refusal(err)
+			if got == nil || got.Reason != r || got.Detail != detail {
+				t.Fatalf("Refusal(%v) = %#v, want %s with detail %q", err, got, r, detail)
+			}
+			if w := denial.Wrap(err); !errors.Is(w, r.Sentinel()) || !apierrors.IsForbidden(w) {
+				t.Fatalf("Wrap(%v) does not match %s", err, r)
+			}
+		})
 	}
 }
 

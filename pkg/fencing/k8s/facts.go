@@ -17,10 +17,13 @@ package k8s
 import (
 	"context"
 	"fmt"
+	"maps"
+	"slices"
 	"time"
 
 	authorizationv1 "k8s.io/api/authorization/v1"
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -193,4 +196,43 @@ func Counter(c *lockingv1alpha1.FenceCounter) *fencing.Counter {
 		f.HolderUID = c.Spec.Holder.UID
 	}
 	return f
+}
+
+// ImmutableGrantAnnotations are the annotations admission stamps on a
+// LockGrant when it is created, which nobody may change afterwards; the
+// request-ID label (RequestIDLabel) is immutable too.
+var ImmutableGrantAnnotations = []string{
+	lockingv1alpha1.RequestedAtAnnotation, lockingv1alpha1.OwnerGroupsAnnotation, lockingv1alpha1.StewardAnnotation,
+	lockingv1alpha1.ReusedRequestIDAnnotation, lockingv1alpha1.GeneratedRequestIDAnnotation,
+}
+
+// GrantUpdate returns the facts of caller's update of LockGrant oldG into
+// newG (not a status write), for fencing.CheckGrantUpdate; administer asks
+// whether caller has fencing.AdministerVerb on the grant. Immutable names
+// the changed immutable metadata as field paths
+// (metadata.annotations[KEY], metadata.labels[KEY]).
+func GrantUpdate(caller string, oldG, newG *lockingv1alpha1.LockGrant, administer func() (bool, error)) fencing.GrantUpdate {
+	u := fencing.GrantUpdate{
+		Caller: caller, Grant: *Grant(oldG), Ended: oldG.Status.Phase.Final(),
+		Renew: newG.Spec.Renewals > oldG.Spec.Renewals, Release: newG.Spec.Release, ReleaseChanged: newG.Spec.Release != oldG.Spec.Release,
+		MetadataChanged: GrantMetadataChanged(oldG, newG), Administer: administer,
+	}
+	for _, a := range ImmutableGrantAnnotations {
+		if oldG.Annotations[a] != newG.Annotations[a] {
+			u.Immutable = append(u.Immutable, "metadata.annotations["+a+"]")
+		}
+	}
+	if l := lockingv1alpha1.RequestIDLabel; oldG.Labels[l] != newG.Labels[l] {
+		u.Immutable = append(u.Immutable, "metadata.labels["+l+"]")
+	}
+	return u
+}
+
+// GrantMetadataChanged reports whether an update changes a grant's labels,
+// annotations, finalizers or owner references (a finalizer or an owner
+// reference of someone else's would keep the owner from deleting its grant,
+// or hand it to the garbage collector).
+func GrantMetadataChanged(oldG, newG *lockingv1alpha1.LockGrant) bool {
+	return !maps.Equal(oldG.Labels, newG.Labels) || !maps.Equal(oldG.Annotations, newG.Annotations) ||
+		!slices.Equal(oldG.Finalizers, newG.Finalizers) || !equality.Semantic.DeepEqual(oldG.OwnerReferences, newG.OwnerReferences)
 }

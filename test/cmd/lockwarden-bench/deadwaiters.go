@@ -68,6 +68,10 @@ func (b *bench) deadWaiters(ctx context.Context) error {
 				granted += g
 			}
 			b.res.latency(s, "deadwaiters")
+			if lead == 0 && k == 1 {
+				sum := summarize(s.ms)
+				b.res.deadAtRelease = &sum
+			}
 			b.res.notes = append(b.res.notes, fmt.Sprintf("Dead waiters, k = %d, killed %s before the release: %d of %d dead requests were granted before their session lapsed (and ended when it did); the others were withdrawn without a fence.",
 				k, lead, granted, k*b.o.deadWaiterRounds))
 		}

@@ -82,5 +82,8 @@ func (b *bench) deepQueue(ctx context.Context, n int) error {
 	d := delta(before, after)
 	statusPuts := d.sum("apiserver_request_total", map[string]string{"resource": "lockgrants", "subresource": "status", "verb": "PUT"})[""]
 	b.res.deepStatusPuts = statusPuts / float64(n)
+	w := writesBetween(before, after)
+	b.res.deepWrites, b.res.deepDetail = w.per(n)
+	b.res.deepConflicts = w.conflictsPer(n)
 	return nil
 }

@@ -25,9 +25,12 @@ const (
 // handoffs measures n handoffs of resource between two clients: the holder
 // releases while the other waits in line; a sample is from the release call
 // to the waiter observing itself holding. With fences (lockwarden), it
-// checks that each handoff issued a higher fence. hook, when set, runs
-// around each release (for the path breakdown).
-func handoffs(ctx context.Context, a, b lockClient, resource string, n int, s *series, hook handoffHook) error {
+// checks that each handoff issued a higher fence. For lockwarden, whose
+// client follows its counter, status (when set) gets the time from the
+// release call to the waiter's client seeing its grant's status Held: what
+// a program that consumes grant status sees. hook, when set, runs around
+// each release (for the path breakdown).
+func handoffs(ctx context.Context, a, b lockClient, resource string, n int, s, status *series, hook handoffHook) error {
 	clients := [2]lockClient{a, b}
 	cur, err := a.Request(ctx, resource)
 	if err != nil {
@@ -67,6 +70,12 @@ func handoffs(ctx context.Context, a, b lockClient, resource string, n int, s *s
 			return fmt.Errorf("handoff %d of %s: fence %d after fence %d", i, resource, next.fence, cur.fence)
 		}
 		s.add(next.heldAt.Sub(t0))
+		if status != nil && next.status != nil {
+			if err := next.waitStatusHeld(ctx, holdTimeout); err != nil {
+				return fmt.Errorf("handoff %d of %s: %w", i, resource, err)
+			}
+			status.add(next.statusAt.Sub(t0))
+		}
 		if hook != nil {
 			if err := hook.after(ctx, t0, released, cur, next); err != nil {
 				return err

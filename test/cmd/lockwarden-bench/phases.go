@@ -22,10 +22,13 @@ import (
 // System names, as the table shows them.
 const (
 	sysLockwarden = "lockwarden"
-	sysEtcd       = "etcd mutex"
-	sysLease      = "Lease lock"
-	sysAPIServer  = "kube-apiserver"
-	sysEtcdRaw    = "etcd"
+	// sysLockwardenDelete is lockwarden with the holder releasing by
+	// deleting its grant (pkg/lock's WithReleaseByDelete).
+	sysLockwardenDelete = "lockwarden, release by delete"
+	sysEtcd             = "etcd mutex"
+	sysLease            = "Lease lock"
+	sysAPIServer        = "kube-apiserver"
+	sysEtcdRaw          = "etcd"
 )
 
 func sysLE(t leTiming) string { return "leader election " + t.String() }
@@ -113,12 +116,21 @@ type pair struct {
 	// resource each chunk hands off.
 	resource string
 	s        *series
+	// status is lockwarden's status-consumer handoff (nil for others).
+	status *series
+	// chunks and statusChunks summarize each interleaved chunk alone.
+	chunks, statusChunks []summary
 }
 
-// handoff measures o.handoffs handoffs of lockwarden, the etcd mutex, the
-// Lease lock and leader election at 1s/800ms/100ms, in three interleaved
-// chunks so that a slow stretch of the machine hits every system alike,
-// and then a few handoffs of leader election at its defaults.
+// handoffChunks is how many interleaved chunks the handoff phase runs;
+// the ratio targets are judged on the median of the chunks' ratios.
+const handoffChunks = 3
+
+// handoff measures o.handoffs handoffs of lockwarden (released by setting
+// spec.release, and by deleting the grant), the etcd mutex, the Lease lock
+// and leader election at 1s/800ms/100ms, in handoffChunks interleaved chunks
+// so that a slow stretch of the machine hits every system alike, and then a
+// few handoffs of leader election at its defaults.
 func (b *bench) handoff(ctx context.Context) error {
 	var pairs []*pair
 	defer func() {
@@ -137,6 +149,16 @@ func (b *bench) handoff(ctx context.Context) error {
 		return err
 	}
 	pairs = append(pairs, &pair{system: sysLockwarden, a: lwA, b: lwB, resource: "handoff"})
+	ldA, err := newLWClient(ctx, b.cp, nsHandoff, "del-a", 60)
+	if err != nil {
+		return err
+	}
+	ldB, err := newLWClient(ctx, b.cp, nsHandoff, "del-b", 60)
+	if err != nil {
+		return err
+	}
+	ldA.releaseByDelete, ldB.releaseByDelete = true, true
+	pairs = append(pairs, &pair{system: sysLockwardenDelete, a: ldA, b: ldB, resource: "handoff-delete"})
 	etA, err := newEtcdClient(b.cp.etcdURL, 0)
 	if err != nil {
 		return err
@@ -166,26 +188,46 @@ func (b *bench) handoff(ctx context.Context) error {
 	pairs = append(pairs, &pair{system: sysLE(leFast), a: leA, b: leB, resource: "le-fast"})
 	for _, p := range pairs {
 		p.s = &series{system: p.system, metric: metric}
+		if _, ok := p.a.(*lwClient); ok {
+			p.status = &series{system: p.system, metric: "handoff, status consumer: release → waiter's grant status Held"}
+		}
 	}
 
-	const chunks = 3
-	for c := range chunks {
-		n := b.o.handoffs / chunks
-		if c == chunks-1 {
-			n = b.o.handoffs - n*(chunks-1)
+	for c := range handoffChunks {
+		n := b.o.handoffs / handoffChunks
+		if c == handoffChunks-1 {
+			n = b.o.handoffs - n*(handoffChunks-1)
 		}
 		order := rand.Perm(len(pairs))
 		for _, i := range order {
 			p := pairs[i]
-			fmt.Printf("    %-32s chunk %d/%d: %d handoffs\n", p.system, c+1, chunks, n)
-			if err := handoffs(ctx, p.a, p.b, p.resource, n, p.s, nil); err != nil {
+			fmt.Printf("    %-32s chunk %d/%d: %d handoffs\n", p.system, c+1, handoffChunks, n)
+			chunk := &series{system: p.system, metric: metric}
+			var status *series
+			if p.status != nil {
+				status = &series{system: p.system, metric: p.status.metric}
+			}
+			if err := handoffs(ctx, p.a, p.b, p.resource, n, chunk, status, nil); err != nil {
 				return fmt.Errorf("%s: %w", p.system, err)
+			}
+			p.s.ms = append(p.s.ms, chunk.ms...)
+			p.chunks = append(p.chunks, summarize(chunk.ms))
+			if status != nil {
+				p.status.ms = append(p.status.ms, status.ms...)
+				p.statusChunks = append(p.statusChunks, summarize(status.ms))
 			}
 		}
 	}
 	for _, p := range pairs {
 		b.res.latency(p.s, "handoff")
 		b.res.handoff = append(b.res.handoff, p.s)
+		b.res.handoffChunks[p.system] = p.chunks
+	}
+	for _, p := range pairs {
+		if p.status != nil {
+			b.res.latency(p.status, "handoff-status")
+			b.res.statusChunks[p.system] = p.statusChunks
+		}
 	}
 
 	fmt.Printf("    %-32s %d handoffs, %d waiters in line\n", sysLockwarden, b.o.handoffs/3, queueDepth)
@@ -203,7 +245,7 @@ func (b *bench) handoff(ctx context.Context) error {
 	}
 	s := &series{system: sysLE(leDefault), metric: metric}
 	fmt.Printf("    %-32s %d handoffs\n", s.system, b.o.leDefaultRounds)
-	if err := handoffs(ctx, dA, dB, "le-default", b.o.leDefaultRounds, s, nil); err != nil {
+	if err := handoffs(ctx, dA, dB, "le-default", b.o.leDefaultRounds, s, nil, nil); err != nil {
 		return fmt.Errorf("%s: %w", s.system, err)
 	}
 	b.res.latency(s, "handoff")
@@ -230,9 +272,11 @@ func (b *bench) traced(ctx context.Context) error {
 	}
 	defer c.Close()
 	s := &series{system: sysLockwarden, metric: "handoff, traced (scrapes around each)"}
-	if err := handoffs(ctx, a, c, "traced", b.o.tracedHandoffs, s, t); err != nil {
+	status := &series{system: sysLockwarden, metric: "handoff, traced, status consumer: release → waiter's grant status Held"}
+	if err := handoffs(ctx, a, c, "traced", b.o.tracedHandoffs, s, status, t); err != nil {
 		return err
 	}
+	b.res.latency(status, "traced-status")
 	b.res.cpu = append(b.res.cpu, t.cpuRow())
 	b.res.latency(s, "traced")
 	b.res.breakdown = t.markdown()
@@ -291,18 +335,29 @@ func (b *bench) expiry(ctx context.Context) error {
 	return nil
 }
 
+// cycleRetention is the manager's --finished-grant-retention in the
+// throughput phase: short, so that each finished grant's delete, which a
+// cluster pays an hour later at the default retention, lands in or just
+// after the window and is counted in the writes and the CPU per cycle.
+const cycleRetention = 2 * time.Second
+
 // throughput measures acquire+release cycles per second on 1 resource and
 // on o.parallel resources in parallel (one worker each), for lockwarden,
-// the etcd mutex and the Lease lock. With several replica counts
-// (--replicas 1,2), lockwarden is measured with each, back to back, the
-// manager restarted in between.
+// the etcd mutex and the Lease lock; on 1 resource also for lockwarden
+// releasing by delete. The manager runs with cycleRetention, so that the
+// eventual delete of each finished grant is counted: after lockwarden's
+// window on 1 resource, the phase waits until the window's grants are
+// deleted and adds those deletes to the window's writes. With several
+// replica counts (--replicas 1,2), lockwarden is measured with each, back
+// to back, the manager restarted in between.
 func (b *bench) throughput(ctx context.Context) error {
 	api, err := newAPIScraper(b.cp)
 	if err != nil {
 		return err
 	}
+	retention := defaultRetention
 	defer func() {
-		if b.replicas != b.o.replicas[0] {
+		if b.replicas != b.o.replicas[0] || retention != defaultRetention {
 			_ = b.managerRestart(context.WithoutCancel(ctx), defaultRetention, b.o.replicas[0])
 		}
 	}()
@@ -311,27 +366,41 @@ func (b *bench) throughput(ctx context.Context) error {
 			name     string
 			replicas int // 0: no manager involved
 			mk       func(i int) (lockClient, error)
+			// actor names the lockwarden clients' grants (label actorLabel).
+			actor func(i int) string
 		}
 		systems := []sys{
-			{sysEtcd, 0, func(int) (lockClient, error) { return newEtcdClient(b.cp.etcdURL, 0) }},
-			{sysLease, 0, func(i int) (lockClient, error) { return newLeaseClient(b.cp, nsThroughput, "w"+strconv.Itoa(i), 15) }},
+			{sysEtcd, 0, func(int) (lockClient, error) { return newEtcdClient(b.cp.etcdURL, 0) }, nil},
+			{sysLease, 0, func(i int) (lockClient, error) { return newLeaseClient(b.cp, nsThroughput, "w"+strconv.Itoa(i), 15) }, nil},
 		}
 		for k, n := range b.o.replicas {
 			name := sysLockwarden
 			if k > 0 {
 				name = fmt.Sprintf("%s, %d replicas", sysLockwarden, n)
 			}
+			actor := func(i int) string { return fmt.Sprintf("w%d-r%d-%d", width, n, i) }
 			systems = append(systems, sys{name, n, func(i int) (lockClient, error) {
-				return newLWClient(ctx, b.cp, nsThroughput, fmt.Sprintf("w%d-r%d-%d", width, n, i), 60)
-			}})
+				return newLWClient(ctx, b.cp, nsThroughput, actor(i), 60)
+			}, actor})
+			if k == 0 && width == 1 {
+				del := func(i int) string { return fmt.Sprintf("w%d-r%d-del-%d", width, n, i) }
+				systems = append(systems, sys{sysLockwardenDelete, n, func(i int) (lockClient, error) {
+					c, err := newLWClient(ctx, b.cp, nsThroughput, del(i), 60)
+					if c != nil {
+						c.releaseByDelete = true
+					}
+					return c, err
+				}, del})
+			}
 		}
 		var base *cpuRow
 		for _, sy := range systems {
-			if sy.replicas > 0 && sy.replicas != b.replicas {
-				fmt.Printf("    restarting the manager with %d replica(s)\n", sy.replicas)
-				if err := b.managerRestart(ctx, defaultRetention, sy.replicas); err != nil {
+			if sy.replicas > 0 && (sy.replicas != b.replicas || retention != cycleRetention) {
+				fmt.Printf("    restarting the manager with %d replica(s), retention %s\n", sy.replicas, cycleRetention)
+				if err := b.managerRestart(ctx, cycleRetention, sy.replicas); err != nil {
 					return err
 				}
+				retention = cycleRetention
 			}
 			clients := make([]lockClient, 0, width)
 			resources := make([]string, 0, width)
@@ -341,7 +410,7 @@ func (b *bench) throughput(ctx context.Context) error {
 					return err
 				}
 				clients = append(clients, c)
-				resources = append(resources, fmt.Sprintf("tp%d-r%d-%d", width, sy.replicas, i))
+				resources = append(resources, fmt.Sprintf("tp%d-r%d-%s-%d", width, sy.replicas, map[bool]string{true: "del", false: "set"}[sy.name == sysLockwardenDelete], i))
 			}
 			lat := &series{system: sy.name, metric: fmt.Sprintf("cycle latency, %d resource(s)", width)}
 			fmt.Printf("    %-32s %d resource(s), %s\n", sy.name, width, b.o.window)
@@ -351,6 +420,17 @@ func (b *bench) throughput(ctx context.Context) error {
 			}
 			cpu0 := b.cpu.sample(b.mgr)
 			rate, err := cycles(ctx, clients, resources, b.o.window, lat)
+			var api1, api2 promScrape
+			if width == 1 && err == nil {
+				if api1, err = api.scrape(ctx); err == nil && sy.actor != nil {
+					// The finished grants are deleted once cycleRetention has
+					// passed: wait for that, for the writes.
+					err = b.awaitCollected(ctx, nsThroughput, sy.actor(0), cycleRetention+time.Minute)
+				}
+				if err == nil {
+					api2, err = api.scrape(ctx)
+				}
+			}
 			what := fmt.Sprintf("%s, acquire+release cycle, %d resource(s)", sy.name, width)
 			if sy.replicas > 0 && len(b.o.replicas) > 1 && sy.replicas == b.o.replicas[0] {
 				what = fmt.Sprintf("%s, %d replica(s), acquire+release cycle, %d resource(s)", sy.name, sy.replicas, width)
@@ -360,13 +440,23 @@ func (b *bench) throughput(ctx context.Context) error {
 			if width == 1 && err == nil {
 				// API writes per cycle on a free resource, from the API
 				// server's own counters (everything written in the window,
-				// the controller's writes included), and CPU per cycle.
-				api1, serr := api.scrape(ctx)
-				if serr != nil {
-					return serr
+				// the controller's writes included, and the deletes of the
+				// window's grants that landed after it), and CPU per cycle
+				// (the window and the wait for those deletes).
+				w := writesBetween(api0, api1)
+				if sy.actor != nil {
+					const del = "lockgrants DELETE"
+					after := writesBetween(api1, api2)
+					// The grant of the warm-up cycle is deleted in the window
+					// too: at most one delete per measured cycle counts.
+					w.replace(del, min(w.by[del]+after.by[del], float64(len(lat.ms))))
 				}
-				per, detail := writesBetween(api0, api1).per(len(lat.ms))
-				b.res.freeCycle = append(b.res.freeCycle, freeCycle{system: sy.name, writes: per, detail: detail, cpu: row.total()})
+				per, detail := w.per(len(lat.ms))
+				fc := freeCycle{system: sy.name, writes: per, conflicts: w.conflictsPer(len(lat.ms)), detail: detail, cpu: row.total()}
+				if n := len(lat.ms); n > 0 && sy.name != sysLockwardenDelete {
+					fc.deletesPerCycle = w.by["lockgrants DELETE"] / float64(n)
+				}
+				b.res.freeCycle = append(b.res.freeCycle, fc)
 			}
 			for _, c := range clients {
 				c.Close()
@@ -377,7 +467,7 @@ func (b *bench) throughput(ctx context.Context) error {
 			b.res.value(sy.name, fmt.Sprintf("throughput, %d resource(s)", width), rate, "cycles/s", fmt.Sprintf("tp-%d", width), true)
 			b.res.latency(lat, fmt.Sprintf("tp-lat-%d", width))
 			switch {
-			case sy.replicas == 0:
+			case sy.replicas == 0 || sy.name == sysLockwardenDelete:
 			case base == nil:
 				base = &row
 			default:
@@ -388,6 +478,28 @@ func (b *bench) throughput(ctx context.Context) error {
 		}
 	}
 	return nil
+}
+
+// awaitCollected waits until no LockGrant of actor is left in ns (the
+// manager deletes finished grants once their retention passed), for up to
+// timeout.
+func (b *bench) awaitCollected(ctx context.Context, ns, actor string, timeout time.Duration) error {
+	deadline := time.Now().Add(timeout)
+	for {
+		var list lockingv1alpha1.LockGrantList
+		if err := b.admin.List(ctx, &list, client.InNamespace(ns), client.MatchingLabels{actorLabel: actor}); err != nil {
+			return err
+		}
+		if len(list.Items) == 0 {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("%d grants of %s not deleted %s after the window", len(list.Items), actor, timeout)
+		}
+		if err := sleep(ctx, 200*time.Millisecond); err != nil {
+			return err
+		}
+	}
 }
 
 // sizes describes what one grant costs to store and to send to each

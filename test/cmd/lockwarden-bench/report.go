@@ -6,6 +6,7 @@ import (
 	"io"
 	"math"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 )
@@ -24,18 +25,29 @@ type row struct {
 
 // results collects everything a run measured.
 type results struct {
-	rows      []row
-	all       []*series // every latency series, for samples.csv
-	handoff   []*series // for the plot
-	expiry    []*series
-	breakdown string
-	notes     []string
-	cpu       []cpuRow
+	rows    []row
+	all     []*series // every latency series, for samples.csv
+	handoff []*series // for the plot
+	// handoffChunks and statusChunks are each system's handoff summary per
+	// interleaved chunk (counter follower, and status consumer).
+	handoffChunks, statusChunks map[string][]summary
+	expiry                      []*series
+	breakdown                   string
+	notes                       []string
+	cpu                         []cpuRow
 
 	// LockGrant status writes per handoff: with queueDepth waiters in line
 	// (including the released client getting back in line), and in the
 	// traced series (one waiter).
 	deepStatusPuts, tracedStatusPuts float64
+	// deepWrites is every API write per contended handoff with queueDepth
+	// waiters in line (the released client's new request included), 409s
+	// apart in deepConflicts; deepDetail its breakdown.
+	deepWrites, deepConflicts float64
+	deepDetail                string
+	// deadAtRelease is the handoff past one waiter that died at the
+	// moment of the release.
+	deadAtRelease *summary
 
 	scaleRSS  float64
 	scaleLag  summary
@@ -56,9 +68,19 @@ type freeCycle struct {
 	// writes is API writes per cycle (apiserver_request_total), detail
 	// their breakdown by resource and verb.
 	writes float64
-	detail string
+	// conflicts is the writes per cycle answered 409 Conflict, not in
+	// writes.
+	conflicts float64
+	// deletesPerCycle is the retention deletes of the cycles' grants per
+	// cycle, in writes.
+	deletesPerCycle float64
+	detail          string
 	// cpu is the CPU of every process per cycle, ms.
 	cpu float64
+}
+
+func newResults() *results {
+	return &results{handoffChunks: map[string][]summary{}, statusChunks: map[string][]summary{}}
 }
 
 func (r *results) cycleCost(system string) *freeCycle {
@@ -154,47 +176,109 @@ type target struct {
 	known    bool
 }
 
+// chunkRatio is the median over the interleaved chunks of system's
+// percentile q (p50 or p99) divided by the Lease lock's in the same chunk;
+// the chunks' ratios are listed too. ok is false without chunks.
+func chunkRatio(lw, lease []summary, q func(summary) float64) (median float64, each []float64, ok bool) {
+	for i := range min(len(lw), len(lease)) {
+		if d := q(lease[i]); d > 0 {
+			each = append(each, q(lw[i])/d)
+		}
+	}
+	if len(each) == 0 {
+		return 0, nil, false
+	}
+	s := slices.Clone(each)
+	slices.Sort(s)
+	if len(s)%2 == 1 {
+		return s[len(s)/2], each, true
+	}
+	return (s[len(s)/2-1] + s[len(s)/2]) / 2, each, true
+}
+
+func ratios(each []float64) string {
+	parts := make([]string, len(each))
+	for i, x := range each {
+		parts[i] = strconv.FormatFloat(x, 'f', 2, 64) + "×"
+	}
+	return strings.Join(parts, ", ")
+}
+
+func p50(s summary) float64 { return s.p50 }
+func p99(s summary) float64 { return s.p99 }
+
+// targets judges this run against the grant path's targets
+// (docs/bench.md): each met or missed, with its figure.
 func (r *results) targets(o options) []target {
 	var ts []target
-	lw, lease := r.find(sysLockwarden, "handoff"), r.find(sysLease, "handoff")
-	if lw != nil && lease != nil {
-		ts = append(ts,
-			target{"1. handoff p50 ≤ 1.0 × the Lease lock's", fmt.Sprintf("%s ms vs %s ms (%s)", ms(lw.sum.p50), ms(lease.sum.p50), ratio(lw.sum.p50, lease.sum.p50)), lw.sum.p50 <= lease.sum.p50, true},
-			target{"1. handoff p99 ≤ 1.0 × the Lease lock's", fmt.Sprintf("%s ms vs %s ms (%s)", ms(lw.sum.p99), ms(lease.sum.p99), ratio(lw.sum.p99, lease.sum.p99)), lw.sum.p99 <= lease.sum.p99, true})
-	}
-	if le := r.find(sysLE(leFast), "handoff"); lw != nil && le != nil {
-		ts = append(ts, target{"2. handoff ≥ 10× faster than leader election 1s/800ms/100ms (p50 and p99)",
-			fmt.Sprintf("p50 %s faster, p99 %s faster", ratio(le.sum.p50, lw.sum.p50), ratio(le.sum.p99, lw.sum.p99)),
-			le.sum.p50 >= 10*lw.sum.p50 && le.sum.p99 >= 10*lw.sum.p99, true})
+	lease := r.handoffChunks[sysLease]
+	for _, sys := range []string{sysLockwarden, sysLockwardenDelete} {
+		lw := r.handoffChunks[sys]
+		if m, each, ok := chunkRatio(lw, lease, p50); ok {
+			ts = append(ts, target{fmt.Sprintf("handoff p50 ≤ 1.5 × the Lease lock's (%s; median of %d chunks' ratios)", sys, len(each)),
+				fmt.Sprintf("%.2f× (chunks %s)", m, ratios(each)), m <= 1.5, true})
+		}
+		if m, each, ok := chunkRatio(lw, lease, p99); ok {
+			ts = append(ts, target{fmt.Sprintf("handoff p99 ≤ 2.0 × the Lease lock's (%s; median of %d chunks' ratios)", sys, len(each)),
+				fmt.Sprintf("%.2f× (chunks %s)", m, ratios(each)), m <= 2.0, true})
+		}
+		if m, each, ok := chunkRatio(r.statusChunks[sys], lease, p50); ok {
+			ts = append(ts, target{fmt.Sprintf("status-consumer handoff p50 ≤ 2.5 × the Lease lock's (%s; median of %d chunks' ratios)", sys, len(each)),
+				fmt.Sprintf("%.2f× (chunks %s)", m, ratios(each)), m <= 2.5, true})
+		}
 	}
 	for _, x := range r.rows {
 		if x.group == "admission-overhead" && strings.Contains(x.metric, "(Update, fence)") {
-			ts = append(ts, target{"3. guarded-write admission overhead p99 ≤ 2 ms", fmt.Sprintf("%s ms (p50 %s ms)", ms(x.sum.p99), ms(x.sum.p50)), x.sum.p99 <= 2, true})
+			ts = append(ts,
+				target{"guarded-write admission overhead p50 ≤ 2 ms", fmt.Sprintf("%s ms", ms(x.sum.p50)), x.sum.p50 <= 2, true},
+				target{"guarded-write admission overhead p99 ≤ 5 ms", fmt.Sprintf("%s ms", ms(x.sum.p99)), x.sum.p99 <= 5, true})
 		}
 	}
-	if c, l := r.cycleCost(sysLockwarden), r.cycleCost(sysLease); c != nil && l != nil {
+	l := r.cycleCost(sysLease)
+	if c := r.cycleCost(sysLockwarden); c != nil && l != nil {
 		ts = append(ts,
-			target{"4. API writes per acquire+release cycle on a free resource ≤ 3", fmt.Sprintf("%.2f (Lease lock %.2f); %s", c.writes, l.writes, c.detail), c.writes <= 3, true},
-			target{"5. CPU per acquire+release cycle ≤ 2 × the Lease lock's (all processes)", fmt.Sprintf("%.1f ms vs %.1f ms (%s)", c.cpu, l.cpu, ratio(c.cpu, l.cpu)), c.cpu <= 2*l.cpu, true})
+			target{"API writes per acquire+release cycle on a free resource ≤ 5, counting the eventual delete", fmt.Sprintf("%.2f (Lease lock %.2f): %s", c.writes, l.writes, c.detail), c.writes <= 5, true},
+			target{"409 Conflict answers per cycle ≤ 0.05 (free resource)", fmt.Sprintf("%.3f", c.conflicts), c.conflicts <= 0.05, true},
+			target{"CPU per acquire+release cycle ≤ 4 × the Lease lock's (all processes)", fmt.Sprintf("%.1f ms vs %.1f ms (%s)", c.cpu, l.cpu, ratio(c.cpu, l.cpu)), c.cpu <= 4*l.cpu, true})
+	}
+	if c := r.cycleCost(sysLockwardenDelete); c != nil && l != nil {
+		ts = append(ts,
+			target{"API writes per cycle on a free resource ≤ 4, releasing by delete", fmt.Sprintf("%.2f: %s", c.writes, c.detail), c.writes <= 4, true},
+			target{"CPU per cycle ≤ 4 × the Lease lock's, releasing by delete", fmt.Sprintf("%.1f ms vs %.1f ms (%s)", c.cpu, l.cpu, ratio(c.cpu, l.cpu)), c.cpu <= 4*l.cpu, true})
+	}
+	if r.deepWrites > 0 {
+		del := 0.0
+		if c := r.cycleCost(sysLockwarden); c != nil {
+			del = c.deletesPerCycle
+		}
+		w := r.deepWrites + del
+		ts = append(ts,
+			target{fmt.Sprintf("API writes per contended handoff ≤ 4 (%d waiters in line, counting the eventual delete)", queueDepth),
+				fmt.Sprintf("%.2f: %s, and %.2f eventual delete", w, r.deepDetail, del), w <= 4, true},
+			target{"409 Conflict answers per contended handoff ≤ 0.05", fmt.Sprintf("%.3f", r.deepConflicts), r.deepConflicts <= 0.05, true})
 	}
 	lwT, leaseT := r.find(sysLockwarden, fmt.Sprintf("tp-%d", o.parallel)), r.find(sysLease, fmt.Sprintf("tp-%d", o.parallel))
 	if lwT != nil && leaseT != nil {
-		ts = append(ts, target{fmt.Sprintf("6. throughput with %d resources ≥ 0.5 × the Lease lock's", o.parallel),
-			fmt.Sprintf("%.1f vs %.1f cycles/s (%s)", lwT.value, leaseT.value, ratio(lwT.value, leaseT.value)), lwT.value >= leaseT.value/2, true})
+		ts = append(ts, target{fmt.Sprintf("throughput with %d resources ≥ 0.25 × the Lease lock's", o.parallel),
+			fmt.Sprintf("%.1f vs %.1f cycles/s (%s)", lwT.value, leaseT.value, ratio(lwT.value, leaseT.value)), lwT.value >= leaseT.value/4, true})
+	}
+	if d := r.deadAtRelease; d != nil {
+		ts = append(ts, target{"a waiter ahead dies at the moment of the release: the next live waiter holds within 2 s (max)",
+			fmt.Sprintf("max %s ms (p50 %s ms)", ms(d.max), ms(d.p50)), d.max <= 2000, true})
 	}
 	if q := r.longQueue; q != nil {
 		ts = append(ts,
-			target{fmt.Sprintf("7. long queue: handoff p50 with > %d waiting ≤ 1.5 × with < %d", longQueueDeep, longQueueShallow),
+			target{fmt.Sprintf("kept: long queue: handoff p50 with > %d waiting ≤ 1.5 × with < %d", longQueueDeep, longQueueShallow),
 				fmt.Sprintf("%s ms vs %s ms (%s)", ms(q.deep.p50), ms(q.shallow.p50), ratio(q.deep.p50, q.shallow.p50)), q.deep.p50 <= 1.5*q.shallow.p50, true},
-			target{"7. long queue: API writes per handoff independent of the queue's length",
+			target{"kept: long queue: API writes per handoff independent of the queue's length",
 				fmt.Sprintf("%.2f with > %d waiting, %.2f with < %d", q.deepWrites, longQueueDeep, q.shallowWrites, longQueueShallow),
 				q.deepWrites <= q.shallowWrites+0.5, true})
 	}
 	if r.scaleRSS > 0 {
 		ts = append(ts,
-			target{fmt.Sprintf("8. %d live grants: controller RSS < 256 MiB", o.scale), fmt.Sprintf("%.0f MiB", r.scaleRSS), r.scaleRSS < 256, true},
-			target{fmt.Sprintf("8. %d live grants: request-to-Held p99 < 100 ms on a free resource", o.scale), fmt.Sprintf("%s ms (p50 %s ms)", ms(r.scaleLag.p99), ms(r.scaleLag.p50)), r.scaleLag.p99 < 100, true},
-			target{"8. finished grants garbage-collected after the retention", fmt.Sprintf("%d left", r.scaleLeft), r.scaleLeft == 0, true})
+			target{fmt.Sprintf("kept: %d live grants: controller RSS < 256 MiB", o.scale), fmt.Sprintf("%.0f MiB", r.scaleRSS), r.scaleRSS < 256, true},
+			target{fmt.Sprintf("kept: %d live grants: request-to-Held p99 < 100 ms on a free resource", o.scale), fmt.Sprintf("%s ms (p50 %s ms)", ms(r.scaleLag.p99), ms(r.scaleLag.p50)), r.scaleLag.p99 < 100, true},
+			target{"kept: finished grants garbage-collected after the retention", fmt.Sprintf("%d left", r.scaleLeft), r.scaleLeft == 0, true})
 	}
 	return ts
 }

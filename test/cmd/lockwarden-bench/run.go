@@ -38,7 +38,7 @@ func run(ctx context.Context, o options) (err error) {
 	logf.SetLogger(logger)
 	klog.SetLogger(logger) // client-go's leader election logs through klog
 
-	b := &bench{o: o, dir: dir, res: &results{}}
+	b := &bench{o: o, dir: dir, res: newResults()}
 	desc := machine()
 	defer func() {
 		if len(b.res.rows) == 0 && len(b.res.permits) == 0 {

@@ -26,6 +26,13 @@ type ticket struct {
 	fence      int64         // lockwarden: the fence it holds with
 	name       string        // lockwarden: the grant's name
 	err        error
+	// status, for a lockwarden ticket, is closed once the client saw its
+	// grant's status say Held (statusAt): what a consumer of grant status
+	// sees, after the counter the client itself follows. nil for other
+	// systems.
+	status     chan struct{}
+	statusOnce sync.Once
+	statusAt   time.Time
 
 	// release gives the lock back, returning when the release call did.
 	release func(ctx context.Context) error
@@ -49,6 +56,29 @@ func (t *ticket) markHeld(at time.Time, fence int64) {
 		t.markQueued()
 		close(t.done)
 	})
+}
+
+// markStatusHeld records the time the client saw the grant's status Held.
+func (t *ticket) markStatusHeld(at time.Time) {
+	if t.status == nil {
+		return
+	}
+	t.statusOnce.Do(func() {
+		t.statusAt = at
+		close(t.status)
+	})
+}
+
+// waitStatusHeld waits until the client saw the grant's status Held.
+func (t *ticket) waitStatusHeld(ctx context.Context, timeout time.Duration) error {
+	select {
+	case <-t.status:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-time.After(timeout):
+		return fmt.Errorf("status not Held after %s", timeout)
+	}
 }
 
 func (t *ticket) fail(err error) {

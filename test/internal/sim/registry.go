@@ -115,13 +115,15 @@ func (r *registry) create(owner, resource string, ttl int32, requestID string, n
 	return g
 }
 
-// renew applies a renew as admission does: refused unless fencing allows it.
+// renew applies a renew as admission does: refused unless fencing allows it
+// by the grant's state (admission has no clock: a renew past the lease end
+// is accepted, and the controller's pass answers it Expired).
 func (r *registry) renew(uid types.UID, caller string, target int64, now time.Duration) error {
 	g := r.grants[uid]
 	if g == nil {
 		return &fencing.Error{Reason: fencing.ReasonUnknownGrant, Detail: "no such grant"}
 	}
-	if err := fencing.CheckRenew(*facts.Grant(g), caller, r.wall(now)); err != nil {
+	if err := fencing.CheckRenewRequest(*facts.Grant(g), caller); err != nil {
 		return err
 	}
 	if target > g.Spec.Renewals {
@@ -131,13 +133,15 @@ func (r *registry) renew(uid types.UID, caller string, target int64, now time.Du
 	return nil
 }
 
-// release applies a release as admission does.
-func (r *registry) release(uid types.UID, caller string, now time.Duration) error {
+// release applies a release as admission does (by the grant's state; a
+// release past the lease end ends the grant Expired in the controller's
+// pass).
+func (r *registry) release(uid types.UID, caller string, _ time.Duration) error {
 	g := r.grants[uid]
 	if g == nil {
 		return &fencing.Error{Reason: fencing.ReasonUnknownGrant, Detail: "no such grant"}
 	}
-	if err := fencing.CheckRelease(*facts.Grant(g), caller, r.wall(now)); err != nil {
+	if err := fencing.CheckReleaseRequest(*facts.Grant(g), caller); err != nil {
 		return err
 	}
 	g.Spec.Release = true

@@ -731,6 +731,16 @@ func (w *semWorld) wait(owner string, uid types.UID) {
 	}
 }
 
+// lapsed reports whether holder g's lease has run out by the status it
+// was granted with: a holder here renews and releases only before that,
+// as a holder that follows its own deadline does. Admission judges its
+// renew and release by the grant's state alone (it has no clock); a
+// renew or release that arrives late all the same is the controller's to
+// end Expired, which the main world plays.
+func (w *semWorld) lapsed(g *lockingv1alpha1.LockGrant) bool {
+	return g.Status.ExpiresAt != nil && fencing.Expired(g.Status.ExpiresAt.Time, w.wall(w.s.now))
+}
+
 // work sends writes under the grant to its slot's store (and sometimes to
 // another slot's, or late), renews, then releases or abandons the grant.
 func (w *semWorld) work(owner string, uid types.UID, writes int) {
@@ -756,7 +766,7 @@ func (w *semWorld) work(owner string, uid types.UID, writes int) {
 	}
 	w.s.after(delay, func() { w.write(owner, uid, target, fence) })
 	if w.rng.IntN(3) == 0 {
-		if err := fencing.CheckRenew(*facts.Grant(g), owner, w.wall(w.s.now)); err == nil {
+		if err := fencing.CheckRenewRequest(*facts.Grant(g), owner); err == nil && !w.lapsed(g) {
 			g.Spec.Renewals++
 			w.rv++
 			g.ResourceVersion = strconv.FormatInt(w.rv, 10)
@@ -765,10 +775,14 @@ func (w *semWorld) work(owner string, uid types.UID, writes int) {
 	w.s.after(time.Duration(100+w.rng.IntN(500))*time.Millisecond, func() { w.work(owner, uid, writes-1) })
 }
 
-// release asks for g's release as its owner's client does, when fencing
-// allows the caller to (fencing.CheckRelease). It reports whether it did.
+// release asks for g's release as its owner's client does: only before
+// its lease end by its own clock (lapsed), and admitted when fencing allows
+// the caller to (fencing.CheckReleaseRequest). It reports whether it did.
 func (w *semWorld) release(owner string, g *lockingv1alpha1.LockGrant) bool {
-	if err := fencing.CheckRelease(*facts.Grant(g), owner, w.wall(w.s.now)); err != nil {
+	if g.Status.Phase == lockingv1alpha1.PhaseHeld && w.lapsed(g) {
+		return false // its lease ran out by its own clock: it does not release
+	}
+	if err := fencing.CheckReleaseRequest(*facts.Grant(g), owner); err != nil {
 		return false
 	}
 	g.Spec.Release = true
