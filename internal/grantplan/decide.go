@@ -112,6 +112,34 @@ func (f Facts) session(g *lockingv1alpha1.LockGrant) (time.Time, error) {
 	return s.LapsesAt(), nil
 }
 
+// unconfirmed reports whether g, which holds, has a session that has not
+// been seen renewed since g was granted (or is granted in this pass):
+// its client may have died before the grant.
+func (f Facts) unconfirmed(g *lockingv1alpha1.LockGrant) bool {
+	ref := g.Spec.Session
+	if ref == nil {
+		return false
+	}
+	s := f.Sessions[ref.Name]
+	return s != nil && (g.Status.GrantedAt == nil || !s.ObservedAt.After(g.Status.GrantedAt.Time))
+}
+
+// renewing says whether g's session is still being renewed on its
+// cadence (fencing.CheckSessionRenewing), for a decision that cannot wait
+// for it to lapse: it returns when the next renewal is due (zero for a
+// grant without a session), or the refusal once it is overdue.
+func (f Facts) renewing(g *lockingv1alpha1.LockGrant) (time.Time, error) {
+	ref := g.Spec.Session
+	if ref == nil {
+		return time.Time{}, nil
+	}
+	s := f.Sessions[ref.Name]
+	if err := fencing.CheckSessionRenewing(s, f.Now); err != nil {
+		return time.Time{}, err
+	}
+	return s.RenewalDueAt(), nil
+}
+
 // revocation says why a grant that is Held or waiting must be revoked, or
 // "" when it may go on: its epoch was revoked or superseded, or its policy
 // no longer allows it.
@@ -316,6 +344,13 @@ func Decide(f Facts) Plan {
 			// just now is the counter's, whatever hold computed).
 			mirrorLease(g, sl.holder, now, answered)
 			lapses, serr := f.session(g)
+			if serr == nil && f.unconfirmed(g) {
+				// Granted while its client may already have been gone:
+				// it must be seen renewing by its cadence.
+				var due time.Time
+				due, serr = f.renewing(g)
+				deadlines = append(deadlines, due)
+			}
 			leaseBefore := g.Status.ExpiresAt
 			if reason, msg := f.revocation(g); reason != "" {
 				p.Events = append(p.Events, end(g, lockingv1alpha1.PhaseRevoked, reason, msg, now, true))
@@ -449,6 +484,18 @@ func Decide(f Facts) Plan {
 		}
 		next := waiting[0]
 		waiting = waiting[1:]
+		// The head's liveness is checked at its turn: a client that
+		// missed its session's renewal would keep everyone behind it
+		// waiting until its session lapsed (a grant to it lasts that
+		// long).
+		due, err := f.renewing(next)
+		if err != nil {
+			p.Events = append(p.Events, end(next, lockingv1alpha1.PhaseReleased, ReasonSessionExpired, "Withdrawn at its turn: "+detail(err), now, true))
+			if !slices.Contains(p.Statuses, next) {
+				p.Statuses = append(p.Statuses, next)
+			}
+			continue
+		}
 		sl := slots[k]
 		if sl == nil {
 			sl = &slot{}
@@ -470,7 +517,7 @@ func Decide(f Facts) Plan {
 		p.Granted = append(p.Granted, next)
 		count++
 		room = min(room, next.Spec.EffectivePermits())
-		deadlines = append(deadlines, next.Status.ExpiresAt.Time)
+		deadlines = append(deadlines, next.Status.ExpiresAt.Time, due)
 		p.Statuses = slices.DeleteFunc(p.Statuses, func(g *lockingv1alpha1.LockGrant) bool { return g.UID == next.UID })
 	}
 	// Free every slot whose holder ended or is gone, or whose counter names
