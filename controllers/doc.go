@@ -1,7 +1,8 @@
 // Package controllers wires lockwarden's reconcilers into a manager:
-// lockgrant (queues, fences, leases, records), issuer (signing keys and trust
-// bundle) and guardpolicy (the policies' admission webhooks). The manager
-// binary and the test suites call Setup, so both run the same controllers.
+// lockgrant (queues, fences, leases, records), podgate (lock-gated Pods),
+// issuer (signing keys and trust bundle) and guardpolicy (the policies'
+// admission webhooks). The manager binary and the test suites call Setup,
+// so both run the same controllers.
 package controllers
 
 import (
@@ -20,6 +21,7 @@ import (
 	"github.com/lockwarden/lockwarden/controllers/guardpolicy"
 	"github.com/lockwarden/lockwarden/controllers/issuer"
 	"github.com/lockwarden/lockwarden/controllers/lockgrant"
+	"github.com/lockwarden/lockwarden/controllers/podgate"
 	issuerkeys "github.com/lockwarden/lockwarden/internal/issuer"
 	"github.com/lockwarden/lockwarden/internal/membership"
 )
@@ -34,6 +36,8 @@ type Options struct {
 	Namespace string
 	// FinishedGrantRetention: see lockgrant.Reconciler.
 	FinishedGrantRetention time.Duration
+	// RequestIDWindow: see lockgrant.Reconciler.
+	RequestIDWindow time.Duration
 	// WebhookConfiguration is the ValidatingWebhookConfiguration of the
 	// static guarded-write webhook, which policy webhooks copy.
 	WebhookConfiguration string
@@ -76,9 +80,19 @@ func Setup(ctx context.Context, mgr ctrl.Manager, o Options) error {
 		Keyring:                o.Keyring,
 		FreshKeyring:           &issuerkeys.Keyring{Reader: mgr.GetAPIReader(), Namespace: o.Keyring.Namespace},
 		FinishedGrantRetention: o.FinishedGrantRetention,
+		RequestIDWindow:        o.RequestIDWindow,
 		NeedLeaderElection:     needLeader(o.GrantsOnEveryReplica),
 	}).SetupWithManager(ctx, mgr); err != nil {
 		return fmt.Errorf("setting up the LockGrant controller: %w", err)
+	}
+	if err := (&podgate.Reconciler{
+		Client:             mgr.GetClient(),
+		APIReader:          mgr.GetAPIReader(),
+		Clock:              o.Clock,
+		Recorder:           mgr.GetEventRecorder("lockwarden-podgate"),
+		NeedLeaderElection: needLeader(o.GrantsOnEveryReplica),
+	}).SetupWithManager(ctx, mgr); err != nil {
+		return fmt.Errorf("setting up the gated Pod controller: %w", err)
 	}
 	if err := (&issuer.Reconciler{Client: mgr.GetClient(), Namespace: o.Namespace}).SetupWithManager(mgr); err != nil {
 		return fmt.Errorf("setting up the FenceIssuer controller: %w", err)

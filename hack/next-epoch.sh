@@ -84,11 +84,12 @@ while read -r kind; do
 done <<<"$kinds"
 
 if counters=$($kubectl get fencecounters.locking.lockwarden.io --all-namespaces --ignore-not-found \
-	-o kinds=$($kubectl api-resources --verbs=list -o name)
-jsonpath='{range .items[*]}{.metadata.namespace}{"|"}{.metadata.name}{"|"}{.spec.fence}{"\n"}{end}' 2>&1); then
+	-o jsonpath='{range .items[*]}{.metadata.namespace}{"|"}{.metadata.name}{"|"}{.spec.fence}{"\n"}{end}' 2>&1); then
 	while IFS='|' read -r ns name fence; do
 		[[ -n "$fence" && "$fence" != 0 ]] && consider "$fence" "fencecounter $ns/$name"
 	done <<<"$counters"
+else
+	unreadable+=("fencecounters.locking.lockwarden.io: ${counters%%$'\n'*}")
 fi
 
 if ((${#unreadable[@]} > 0)); then

@@ -103,6 +103,23 @@ const (
 	// by hand with kubectl lockwarden renew.
 	DriverAnnotation = "locking.lockwarden.io/driver"
 
+	// GeneratedRequestIDAnnotation ("true") marks a LockGrant whose request
+	// ID its client generated at random (pkg/lock without WithRequestID,
+	// kubectl lockwarden without --request-id): nobody else can know it,
+	// so the controller does not record it in the namespace's
+	// RequestIDLedger when it deletes the grant, and admission does not
+	// look it up.
+	GeneratedRequestIDAnnotation = "locking.lockwarden.io/generated-request-id"
+
+	// ReusedRequestIDAnnotation is stamped by admission on a LockGrant
+	// created with a request ID that an earlier grant spent, after that
+	// ID's window (RequestIDLedger) passed: "<phase> <endedAt>", how and
+	// when (RFC 3339) the earlier grant ended. Whoever saw the grant's name
+	// before saw that earlier acquisition, so kubectl lockwarden refuses to
+	// renew or release this one by name alone (UNKNOWN_GRANT; name its
+	// UID). A value sent by a client is removed; it is immutable.
+	ReusedRequestIDAnnotation = "locking.lockwarden.io/reused-request-id"
+
 	// RequestIDLabel carries LockGrantSpec.RequestID so that a client whose
 	// create response was lost can find its grant with a label selector:
 	//   kubectl get lockgrants -l locking.lockwarden.io/request-id=ID

@@ -76,6 +76,7 @@ type options struct {
 	mutatingConfig          string
 	validatingConfig        string
 	retention               time.Duration
+	requestIDWindow         time.Duration
 	namespace               string
 	leaseDuration           time.Duration
 	renewDeadline           time.Duration
@@ -107,10 +108,11 @@ func main() {
 	flag.StringVar(&o.mutatingConfig, "mutating-webhook-configuration", "lockwarden-mutating-webhook-configuration", "MutatingWebhookConfiguration to inject the CA into.")
 	flag.StringVar(&o.validatingConfig, "validating-webhook-configuration", "lockwarden-validating-webhook-configuration", "ValidatingWebhookConfiguration to inject the CA into.")
 	flag.DurationVar(&o.retention, "finished-grant-retention", time.Hour, "How long a LockGrant is kept after it ended (Released, Expired, TimedOut) before it is deleted; 0 keeps them forever.")
+	flag.DurationVar(&o.requestIDWindow, "request-id-window", 7*24*time.Hour, "How long a request ID stays spent after its grant ended, however long the grant itself is kept: a new LockGrant with it is refused (ALREADY_ENDED, EXPIRED, REVOKED) for this long, and for as long again after it is admitted with a warning as a new attempt. The IDs are recorded in each namespace's RequestIDLedger before finished grants are deleted; 0 records none.")
 	flag.DurationVar(&o.leaseDuration, "leader-election-lease-duration", 15*time.Second, "How long a standby replica waits before taking over from a leader that stopped renewing: the longest pause in key generation and GuardPolicy webhook updates after a leader dies (and in granting, with --grants-on-every-replica=false).")
 	flag.DurationVar(&o.renewDeadline, "leader-election-renew-deadline", 10*time.Second, "How long the leader retries renewing its leadership before it stops leading.")
 	flag.DurationVar(&o.retryPeriod, "leader-election-retry-period", 2*time.Second, "How often replicas try to acquire or renew leadership.")
-	flag.BoolVar(&o.grantsOnEveryReplica, "grants-on-every-replica", true, "Run the LockGrant controller (grants, renewals, expiries, releases) on every replica, not only on the elected leader, so that a replica that dies or freezes does not pause granting until a failover (docs/ha.md). Key generation and GuardPolicy webhooks stay with the leader.")
+	flag.BoolVar(&o.grantsOnEveryReplica, "grants-on-every-replica", true, "Run the LockGrant controller (grants, renewals, expiries, releases) and the gated-Pod controller on every replica, not only on the elected leader, so that a replica that dies or freezes does not pause granting until a failover (docs/ha.md). Key generation and GuardPolicy webhooks stay with the leader.")
 	flag.StringVar(&o.replicaID, "replica-id", defaultReplicaID(), "This replica's identity among the replicas that grant: its Lease is lockwarden-replica-ID in --namespace (default: $POD_NAME, else the host name and process ID).")
 	flag.DurationVar(&o.takeoverDelay, "takeover-delay", 400*time.Millisecond, "With --grants-on-every-replica: how long a replica leaves a resource to the replica preferred for it (by hashing the resource over the replicas whose Lease is live) before acting itself, when the resource's state has not moved. The longest extra wait of a grant or expiry while a replica is frozen or cut off, until its Lease lapses. 0: every replica acts on every event at once (twice the work with two replicas). See docs/ha.md.")
 	flag.DurationVar(&o.replicaLeaseDuration, "replica-lease-duration", 2*time.Second, "How long a replica's own Lease lasts after each renewal (whole seconds): after a replica stops renewing it (frozen, killed, partitioned), the others act at once on its resources.")
@@ -232,7 +234,7 @@ func run(ctx context.Context, cfg *rest.Config, o options) error {
 	keyring := &issuer.Keyring{Reader: mgr.GetClient(), Namespace: o.namespace}
 	if err := controllers.Setup(ctx, mgr, controllers.Options{
 		Clock: clk, Keyring: keyring, Namespace: o.namespace,
-		FinishedGrantRetention: o.retention, WebhookConfiguration: o.validatingConfig,
+		FinishedGrantRetention: o.retention, RequestIDWindow: o.requestIDWindow, WebhookConfiguration: o.validatingConfig,
 		GrantsOnEveryReplica: o.grantsOnEveryReplica,
 		Replica: controllers.ReplicaOptions{
 			ID: o.replicaID, TakeoverDelay: o.takeoverDelay,

@@ -71,6 +71,11 @@ type Reconciler struct {
 	// keeps finished grants forever. The FenceCounter is never deleted, so
 	// fences keep increasing after their grants are gone.
 	FinishedGrantRetention time.Duration
+	// RequestIDWindow is how long a request ID stays spent after its grant
+	// ended once the grant is deleted: the request ID is recorded in the
+	// namespace's RequestIDLedger before the grant goes (ledger.go). 0
+	// records nothing.
+	RequestIDWindow time.Duration
 	// NeedLeaderElection, when false, runs this controller on every manager
 	// replica at once, not only on the elected leader: the counter's
 	// compare-and-swap and the resourceVersion preconditions on every
@@ -383,13 +388,19 @@ func validated(f grantplan.Facts, p grantplan.Plan) bool {
 // only when the cache may mislead (refreshHolder): it is missing, its
 // lease is over, or the counter predates the lease it now carries.
 func (r *Reconciler) gather(ctx context.Context, req reconcile.Request, mode readMode) (grantplan.Facts, error) {
-	f := grantplan.Facts{Now: r.Clock.Now(), Retention: r.FinishedGrantRetention}
+	f := grantplan.Facts{Retention: r.FinishedGrantRetention}
 	var list lockingv1alpha1.LockGrantList
 	// Decide copies every grant it changes: the cache's objects are
 	// listed as they are, not copied.
 	if err := r.Client.List(ctx, &list, client.InNamespace(req.Namespace), client.MatchingFields{CounterNameField: req.Name}, client.UnsafeDisableDeepCopy); err != nil {
 		return f, fmt.Errorf("listing grants: %w", err)
 	}
+	// The clock is read after the grants: every create and renew the pass
+	// acts on was then sent before Now, so a lease the pass starts or
+	// extends from Now lasts at least its TTL from the send time the
+	// holder counts its deadline from (pkg/lock/holder), however long
+	// this process pauses between reading the clock and the grants.
+	f.Now = r.Clock.Now()
 	f.Grants = r.own.grants(list.Items, f.Now)
 
 	counter, err := r.readCounter(ctx, req.NamespacedName, mode, f.Now)
@@ -771,7 +782,11 @@ func (r *Reconciler) writeStatuses(ctx context.Context, resource types.Namespace
 // UID and resourceVersion precondition so that only the decided-on version
 // goes.
 func (r *Reconciler) deleteFinished(ctx context.Context, p grantplan.Plan) error {
-	for _, g := range p.Deletes {
+	deletes, err := r.recordSpent(ctx, p.Deletes)
+	if err != nil {
+		return err
+	}
+	for _, g := range deletes {
 		uid, rv := g.UID, g.ResourceVersion
 		err := r.Client.Delete(ctx, g, client.Preconditions{UID: &uid, ResourceVersion: &rv})
 		if err != nil && !apierrors.IsNotFound(err) {

@@ -7,7 +7,8 @@
 //	charts/lockwarden/templates/generated/webhooks.yaml  config/webhook/manifests.yaml
 //	charts/lockwarden/templates/generated/prometheusrule.yaml  config/prometheus/rules.yaml
 //
-// Names get config/default's prefix "lockwarden-", the namespace "system"
+// Names get config/default's prefix "lockwarden-" (a
+// ValidatingAdmissionPolicyBinding's policyName too), the namespace "system"
 // becomes the release's, CRDs carry "helm.sh/resource-policy: keep" unless
 // crds.keep is false, and the webhook configurations carry cert-manager's
 // CA injection annotation when webhook.certManager.enabled. Everything else
@@ -213,6 +214,9 @@ func webhooks(root string) (string, error) {
 	for _, d := range ds {
 		meta := d["metadata"].(map[string]any)
 		meta["name"] = prefix + meta["name"].(string)
+		if spec, ok := d["spec"].(map[string]any); ok && d["kind"] == "ValidatingAdmissionPolicyBinding" {
+			spec["policyName"] = prefix + spec["policyName"].(string)
+		}
 		hooks, _ := d["webhooks"].([]any)
 		for _, h := range hooks {
 			cc := h.(map[string]any)["clientConfig"].(map[string]any)

@@ -98,6 +98,10 @@ func TestCheckRenewAndRelease(t *testing.T) {
 		{"released", func() fencing.Grant { g := *heldA(); g.State = fencing.StateReleased; return g }(), "A", at(4), fencing.ReasonAlreadyEnded, fencing.ReasonAlreadyEnded},
 		{"timed out", fencing.Grant{Owner: "A", State: fencing.StateTimedOut}, "A", at(4), fencing.ReasonAlreadyEnded, fencing.ReasonAlreadyEnded},
 		{"pending: renew refused, withdraw allowed", fencing.Grant{Owner: "A", State: fencing.StatePending}, "A", at(4), fencing.ReasonNotHeld, ""},
+		{"its steward", func() fencing.Grant { g := *heldA(); g.Steward = "M"; return g }(), "M", at(4), "", ""},
+		{"its steward, after expiry", func() fencing.Grant { g := *heldA(); g.Steward = "M"; return g }(), "M", at(10), fencing.ReasonExpired, fencing.ReasonExpired},
+		{"another grant's steward", *heldA(), "M", at(4), fencing.ReasonNotOwner, fencing.ReasonNotOwner},
+		{"no steward is nobody's", *heldA(), "", at(4), fencing.ReasonNotOwner, fencing.ReasonNotOwner},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

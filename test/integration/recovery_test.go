@@ -96,6 +96,9 @@ func nextEpoch(t *testing.T, args ...string) (string, string, int) {
 	case err != nil:
 		t.Fatal(err)
 	}
+	if strings.Contains(stderr.String(), "error:") {
+		t.Fatalf("next-epoch.sh passed kubectl an invalid request: %s", stderr.String())
+	}
 	return strings.TrimSpace(stdout.String()), stderr.String(), 0
 }
 

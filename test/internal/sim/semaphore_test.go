@@ -83,3 +83,32 @@ func TestOracleCatchesAControllerThatForgetsLockDelayOnSlots(t *testing.T) {
 		t.Fatalf("a controller that frees a doubly granted slot without its lock-delay went unnoticed: %s", r.Summary())
 	}
 }
+
+// On a resource with permits too, the second decider, thawed after a
+// freeze, decides on a grants cache that is behind (as it was when it
+// froze) and on slot counters read fresh. It never swaps a slot's counter
+// to a grant that had already ended when it read it, because it reads every
+// grant it is about to grant directly first; and the check is not vacuous:
+// a decider that grants on its cached copy makes such swaps, and the oracle
+// says so.
+func TestSemaphoreReplicaWithAStaleCacheGrantsNoEndedRequest(t *testing.T) {
+	for _, trust := range []bool{false, true} {
+		total := newReport()
+		for i := range 20 {
+			w := newSemWorld(RoundSeed(29, i), []Fault{FaultSemaphore, FaultReplicas})
+			w.trustCache, w.freezeChance = trust, 10*semFreezeChance
+			total.Add(w.run())
+		}
+		t.Logf("granting on the cache's copy: %v; %s; freezes %d, stale-cache passes %d, stale grant reads %d", trust, total.Summary(),
+			total.Faults["semaphore-replica-freeze"], total.Faults["semaphore-stale-cache-pass"], total.Faults["semaphore-stale-grant-read"])
+		if total.Faults["semaphore-stale-cache-pass"] == 0 {
+			t.Fatalf("no pass decided on a stale cache: %v", total.Faults)
+		}
+		if trust && total.PhantomGrants == 0 {
+			t.Fatalf("a decider granting slots on a stale cache went unnoticed: %s", total.Summary())
+		}
+		if !trust && (total.Forbidden() != 0 || total.Faults["semaphore-stale-grant-read"] == 0) {
+			t.Fatalf("stale grant reads %d; %s", total.Faults["semaphore-stale-grant-read"], total)
+		}
+	}
+}
