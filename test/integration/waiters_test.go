@@ -220,6 +220,9 @@ func TestGrantToAClientThatDiedAtItsTurnEndsAtItsMissedRenewal(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitPhase(t, gone, lockingv1alpha1.PhasePending)
+	// Requested later by the manager's clock, which stamps the queue
+	// order: two requests at one instant are ordered by UID.
+	tl.at(0.1)
 	next, err := acquire(t, as(t, "next"), ns, 30)
 	if err != nil {
 		t.Fatal(err)
@@ -262,6 +265,9 @@ func TestHeadThatMissedItsRenewalIsWithdrawnAtItsTurn(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitPhase(t, late, lockingv1alpha1.PhasePending)
+	// Requested later by the manager's clock, which stamps the queue
+	// order: two requests at one instant are ordered by UID.
+	tl.at(0.1)
 	next, err := acquire(t, as(t, "next"), ns, 30)
 	if err != nil {
 		t.Fatal(err)
