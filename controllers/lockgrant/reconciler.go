@@ -52,8 +52,10 @@ const PolicyField = "spec.policy"
 type Reconciler struct {
 	// Client reads grants from the cache and writes.
 	Client client.Client
-	// APIReader reads the counter and the holder grant directly from the
-	// API server before a compare-and-swap.
+	// APIReader reads directly from the API server: the counter after a
+	// compare-and-swap conflicted or before a plan no swap validates, the
+	// grant a swap is about to name, and the holder grant where the cache
+	// may mislead.
 	APIReader client.Reader
 	// Clock is the controller's clock, by which every lease is judged.
 	Clock clock.PassiveClock
@@ -78,8 +80,8 @@ type Reconciler struct {
 	RequestIDWindow time.Duration
 	// NeedLeaderElection, when false, runs this controller on every manager
 	// replica at once, not only on the elected leader: the counter's
-	// compare-and-swap and the resourceVersion preconditions on every
-	// status write serialize replicas (docs/ha.md), so a replica that dies
+	// compare-and-swap and the transition rules of every status write
+	// serialize replicas (docs/ha.md), so a replica that dies
 	// costs no failover wait. nil keeps controller-runtime's default (only
 	// the leader runs it).
 	NeedLeaderElection *bool
