@@ -71,18 +71,30 @@ sequence and fenced resource ID, so an object written under one permit
 refuses the fences of every other: an exclusive lock's guarantees, per
 permit.
 
-COMMAND is always killed before the controller can expire the lease. The
-moment ownership becomes doubtful (renewals did not get through in time) or
-is lost, COMMAND and every process it started are sent SIGTERM, then
-SIGKILL after --grace, and kubectl lockwarden exits with code 123. SIGTERM
-is sent --grace before the local deadline (TTL minus a safety margin after
-the last confirmed renew was sent), so SIGKILL lands at that deadline at
-the latest, while the lease still runs.
+COMMAND is always killed before the controller can end the grant, by its
+lease or by its session, and so before the next waiter can get the lock.
+The moment ownership becomes doubtful (renewals did not get through in
+time) or is lost, COMMAND and every process it started are sent SIGTERM,
+then SIGKILL after --grace, and kubectl lockwarden exits with code 123.
+SIGTERM is sent --grace before the local deadline, the earlier of the
+lease's (TTL minus a safety margin after the last confirmed renew was
+sent) and the session's (its duration less a tenth, at least 0.5s less,
+after its last confirmed renewal was sent), so SIGKILL lands at that
+deadline at the latest: at least a tenth of the TTL (at least 1s) before
+the lease can end, and at least 1s plus a tenth of the session's duration
+(at least 0.5s) before the session can lapse.
 The grace therefore comes out of the lease: it can be at most
 TTL - margin - 2 x TTL/3 (the margin is a tenth of the TTL, at least 1 s,
 at most half of it), e.g. 2.3s for --ttl 10s, 7s for --ttl 30s, 14s for
 --ttl 60s. Without --grace it is 10s or that limit, whichever is smaller; a
 --grace that does not fit is refused (exit code 125): raise --ttl.
+It comes out of the session too: run waits in the queue under a 5s session
+(a run killed there is skipped about 6s later), and once it holds the lock
+its session is lengthened to what the grace needs, about 4.3 x --grace
+(30s for 7s): the registry cannot tell a run that died from one cut off
+whose command still has its grace, so it ends the grant of either that long
+plus 1s after the last session renewal it saw, or at the end of the lease
+if that comes first.
 
 Without COMMAND, run holds the lock until it is interrupted (Ctrl-C,
 SIGTERM, SIGHUP), as etcdctl lock does: it prints the grant and its fence
@@ -200,10 +212,11 @@ func (a *app) run(resource string, argv []string, o acquireOptions, grace time.D
 	}()
 
 	p := newProgress(a.streams.ErrOut, c, ns, resource, o.permits)
-	// The handle's deadline comes grace early: SIGTERM then, SIGKILL at
-	// the true local deadline, before the lease can expire.
-	margin := holder.DefaultMargin(o.ttl) + grace
-	h, err := locks.Acquire(ctx, resource, append(o.lockOptions(), lock.WithProgress(p.update), lock.WithSafetyMargin(margin))...)
+	// The handle's Done comes grace early: SIGTERM then, SIGKILL at the
+	// true local deadline, before the registry can end the grant by its
+	// lease or by its session (which the library lengthens for the grace
+	// once the grant is held).
+	h, err := locks.Acquire(ctx, resource, append(o.lockOptions(), lock.WithProgress(p.update), lock.WithStopGrace(grace))...)
 	close(acquiring)
 	<-watcher
 	if err != nil {

@@ -81,8 +81,15 @@ func CheckSessionRenewing(s *Session, now time.Time) error {
 }
 
 // LapsesAt is the instant from which the session is lapsed unless a newer
-// version is observed: ObservedAt + Duration + SessionMargin.
-func (s Session) LapsesAt() time.Time { return s.ObservedAt.Add(s.Duration + SessionMargin) }
+// version is observed: ObservedAt + SessionLapse(Duration).
+func (s Session) LapsesAt() time.Time { return s.ObservedAt.Add(SessionLapse(s.Duration)) }
+
+// SessionLapse is how long after the registry observes a version of a
+// session of duration d it counts the session lapsed, unless it observes a
+// newer one: d + SessionMargin. A client bounds from it when the registry
+// may end its grants: no earlier than SessionLapse(d) after it sent the
+// renewal that made that version, by the registry's clock.
+func SessionLapse(d time.Duration) time.Duration { return d + SessionMargin }
 
 // CheckSession reports whether the session a request names keeps it alive
 // at now: s is the session as the registry knows it (nil when the Lease
@@ -99,7 +106,7 @@ func CheckSession(s *Session, uid, owner string, now time.Time) error {
 	case s.Holder != owner:
 		return refuse(ReasonSessionExpired, "the session Lease is held by %q, not by the owner %q", s.Holder, owner)
 	case Expired(s.LapsesAt(), now):
-		return refuse(ReasonSessionExpired, "the session Lease lapsed at %s: no renewal seen for %s", s.LapsesAt().UTC().Format(time.RFC3339Nano), s.Duration+SessionMargin)
+		return refuse(ReasonSessionExpired, "the session Lease lapsed at %s: no renewal seen for %s", s.LapsesAt().UTC().Format(time.RFC3339Nano), SessionLapse(s.Duration))
 	}
 	return nil
 }

@@ -119,6 +119,14 @@ func (c *Client) acquire(ctx context.Context, resource string, try bool, opts []
 		}
 		g.Annotations[lockingv1alpha1.DriverAnnotation] = s.driver
 	}
+	if s.stopGrace > 0 {
+		if _, err := holder.New(holder.Config{TTL: s.ttl, Margin: s.leaseMargin(s.ttl), RenewInterval: s.renewInterval}); err != nil {
+			return nil, fmt.Errorf("%w: stop grace %s does not fit a %s lease: %w", ErrInvalidOption, s.stopGrace, s.ttl, err)
+		}
+		if sessionTTLFor(s.stopGrace) == 0 && !s.session.none {
+			return nil, fmt.Errorf("%w: stop grace %s does not fit a session of at most 1h", ErrInvalidOption, s.stopGrace)
+		}
+	}
 	// Session hook (session.go): the request lives as long as its client.
 	sess, err := c.sessionFor(ctx, s)
 	if err != nil {
@@ -154,12 +162,15 @@ func (c *Client) acquire(ctx context.Context, resource string, try bool, opts []
 		changed:   make(chan struct{}),
 		stop:      make(chan struct{}),
 		stopped:   make(chan struct{}),
+		stopGrace: s.stopGrace,
+		armed:     make(chan struct{}),
 	}
 	if s.logger != nil {
 		h.log = s.logger.WithName("lock")
 	}
 	h.ctx, h.cancel = context.WithCancelCause(context.WithoutCancel(ctx))
 	sess, err = c.createUnder(ctx, h, g, s, sess)
+	h.sess = sess
 	if err != nil {
 		h.cancel(err)
 		if unknownOutcome(err) {
@@ -175,7 +186,7 @@ func (c *Client) acquire(ctx context.Context, resource string, try bool, opts []
 	var sessionDone <-chan struct{}
 	if sess != nil {
 		sessionDone = sess.Done()
-		go h.followSession(sess)
+		go h.followSession()
 	}
 
 	var backstop <-chan time.Time
@@ -191,8 +202,15 @@ func (c *Client) acquire(ctx context.Context, resource string, try bool, opts []
 			reported = last.ResourceVersion
 			s.progress(last.DeepCopy())
 		}
-		switch {
+		switch err := h.sessionEnd(); {
+		case err != nil:
+			h.withdraw(ctx)
+			return nil, fmt.Errorf("lock: acquiring %s: %w", resource, err)
 		case st == holder.Held || st == holder.Renewing:
+			if err := h.armStopGrace(ctx); err != nil {
+				h.withdraw(ctx)
+				return nil, fmt.Errorf("lock: acquiring %s: %w", resource, err)
+			}
 			return h, nil
 		case st.Final():
 			h.stopLoop()
@@ -383,7 +401,7 @@ func (h *Handle) withdrawOnce(ctx context.Context, twin *lockingv1alpha1.LockGra
 func (h *Handle) adopt(g *lockingv1alpha1.LockGrant, s *settings) error {
 	h.uid, h.owner = g.UID, g.Spec.Owner
 	h.ttl = time.Duration(g.Spec.LeaseDurationSeconds) * time.Second
-	m, err := holder.New(holder.Config{TTL: h.ttl, Margin: s.margin, RenewInterval: s.renewInterval})
+	m, err := holder.New(holder.Config{TTL: h.ttl, Margin: s.leaseMargin(h.ttl), RenewInterval: s.renewInterval})
 	if err != nil {
 		return fmt.Errorf("%w: %w", ErrInvalidOption, err)
 	}

@@ -41,6 +41,12 @@ type Handle struct {
 	// counter: the handle follows its resource's FenceCounter as well as
 	// its grant (followsCounter).
 	counter bool
+	// sess is the session the request was made under (nil: none), set
+	// before the handle is used; stopGrace is WithStopGrace, which counts
+	// against the session once armed is closed (armStopGrace).
+	sess      *Session
+	stopGrace time.Duration
+	armed     chan struct{}
 
 	// Set once the grant exists, then constant.
 	uid   types.UID
@@ -266,6 +272,10 @@ func (h *Handle) Err() error {
 
 // Remaining returns how long, on the local monotonic clock, the holder may
 // still start effects: the local deadline minus now, or 0 when Check fails.
+// The local deadline is the earlier of the lease's (TTL - margin after the
+// last confirmed renew was sent) and the session's (its validity after its
+// last confirmed renewal was sent), each less the stop grace
+// (WithStopGrace): no later than the registry can end the grant either way.
 // Use it to bound an operation (a statement timeout, an RPC deadline).
 func (h *Handle) Remaining() time.Duration {
 	defer h.flushTrace()
@@ -278,14 +288,21 @@ func (h *Handle) Remaining() time.Duration {
 	if h.cause != nil || !ok || !h.m.Valid(now) {
 		return 0
 	}
-	return time.Duration(d - now)
+	left := time.Duration(d - now)
+	if h.sess != nil {
+		if h.sessionEnd() != nil {
+			return 0
+		}
+		left = min(left, h.sess.validFor(h.sessionGrace()))
+	}
+	return left
 }
 
 // Check returns nil while the holder may start a new effect: the grant is
-// HELD or RENEWING, the local deadline (judged now, on the monotonic clock)
-// has not passed, and Done is open. Otherwise it returns Err (closing Done
-// if the deadline just passed). Passing Check does not make a write safe:
-// the enforcement point that checks the fence does.
+// HELD or RENEWING, the local deadline (judged now, on the monotonic clock;
+// see Remaining) has not passed, and Done is open. Otherwise it returns Err
+// (closing Done if the deadline just passed). Passing Check does not make a
+// write safe: the enforcement point that checks the fence does.
 func (h *Handle) Check() error {
 	defer h.flushTrace()
 	h.mu.Lock()
@@ -298,6 +315,11 @@ func (h *Handle) Check() error {
 	}
 	if !h.m.Valid(now) {
 		return ErrOwnershipUnknown
+	}
+	if err := h.sessionEnd(); err != nil {
+		h.spend(unknownBy(err))
+		h.bump()
+		return h.cause
 	}
 	return nil
 }

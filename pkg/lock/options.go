@@ -10,6 +10,7 @@ import (
 	"k8s.io/utils/clock"
 
 	lockingv1alpha1 "github.com/lockwarden/lockwarden/api/v1alpha1"
+	"github.com/lockwarden/lockwarden/pkg/lock/holder"
 )
 
 // Defaults of the options.
@@ -49,6 +50,7 @@ type settings struct {
 	operationClass string
 	policy         string
 	margin         time.Duration
+	stopGrace      time.Duration
 	renewInterval  time.Duration
 	clk            clock.WithTicker
 	progress       func(*lockingv1alpha1.LockGrant)
@@ -226,6 +228,47 @@ func WithSafetyMargin(d time.Duration) Option {
 		}
 		s.margin = d
 	}
+}
+
+// WithStopGrace makes Done close d before the handle's local deadline
+// instead of at it, for a holder that needs d to stop its effects once
+// told to (kubectl lockwarden run's --grace, from SIGTERM to SIGKILL): work
+// that stops within d of Done has stopped by the deadline, so before the
+// registry can end the grant, whether by its lease or by its session
+// lapsing. Check and Remaining count to that earlier instant too.
+//
+// d comes out of the lease and out of the session. The lease must leave
+// the handle time to renew before it: d must be less than TTL - margin -
+// renew interval, or Acquire refuses it (ErrInvalidOption) before it makes
+// the request. The session is lengthened when the grant is held, if it
+// must be, so that it leaves two of its renewals before it (its duration
+// then is about 4.3 x d, at least DefaultSessionTTL; Acquire returns once
+// that renewal is confirmed): a request waits under the session as it is,
+// and a grant is held under one long enough for d. The registry cannot
+// tell a holder that died from one cut off whose work still has d to stop,
+// so a longer d makes a dead holder's grant end later: about 4.3 x d + 1 s
+// after its last session renewal, or at the end of its lease. Default 0.
+func WithStopGrace(d time.Duration) Option {
+	return func(s *settings) {
+		if d < 0 {
+			s.fail("negative stop grace %s", d)
+		}
+		s.stopGrace = d
+	}
+}
+
+// leaseMargin is the margin the holder's state machine subtracts from a
+// lease of ttl: the safety margin (0: holder's default) and, on top of it,
+// the stop grace.
+func (s *settings) leaseMargin(ttl time.Duration) time.Duration {
+	if s.stopGrace == 0 {
+		return s.margin
+	}
+	m := s.margin
+	if m == 0 {
+		m = holder.DefaultMargin(ttl)
+	}
+	return m + s.stopGrace
 }
 
 // WithRenewInterval sets how long after a confirmed send the next renew is

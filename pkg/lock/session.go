@@ -25,7 +25,7 @@ import (
 
 // DefaultSessionTTL is the duration of a session Lease without
 // WithSessionTTL: 5 seconds, renewed every third of it. A request whose
-// client died is withdrawn at most DefaultSessionTTL + fencing.SessionMargin
+// client died is withdrawn about fencing.SessionLapse(DefaultSessionTTL)
 // (6 s) after the client's last renewal.
 const DefaultSessionTTL = 5 * time.Second
 
@@ -44,13 +44,14 @@ var ErrSessionExpired = errors.New("lock: session expired")
 // concurrency.Session does the same for its mutex keys, Chubby for its
 // handles).
 //
-// The registry counts a session lapsed TTL + fencing.SessionMargin after it
-// last saw the Lease change, by its own clock. The session counts itself
-// valid until TTL minus a margin (a tenth of TTL, at least 500 ms) after it
-// sent its last renewal that was accepted, on the local monotonic clock, and
-// spends every handle made under it at that instant: a paused process stops
-// producing effects before the registry drops it, whatever its wall clock
-// says.
+// The registry counts a session lapsed fencing.SessionLapse(TTL) (TTL + 1 s)
+// after it last saw the Lease change, by its own clock, and then ends the
+// session's grants. The session counts itself valid until TTL minus a
+// margin (a tenth of TTL, at least 500 ms) after it sent its last renewal
+// that was accepted, on the local monotonic clock, and spends every handle
+// made under it at that instant: a paused process stops producing effects
+// before the registry drops it, whatever its wall clock says. A handle's
+// local deadline (Handle.Remaining) is never later than its session's.
 //
 // By default a Client creates one Session on its first Acquire and shares it
 // among all its requests; Client.Close ends it. The Client's scheme must
@@ -63,12 +64,16 @@ type Session struct {
 	origin time.Time
 	key    types.NamespacedName
 	uid    types.UID
-	ttl    time.Duration
 
-	mu       sync.Mutex
+	mu sync.Mutex
+	// ttl is the Lease's duration as far as a confirmed write says; it
+	// only grows (lengthen).
+	ttl      time.Duration
 	deadline time.Duration // since origin, on the monotonic clock
 	cause    error
 	done     chan struct{}
+	// lengthening serializes lengthen.
+	lengthening sync.Mutex
 
 	stopOnce sync.Once
 	stop     chan struct{}
@@ -163,7 +168,7 @@ func newSession(ctx context.Context, c client.WithWatch, ns string, ttl time.Dur
 		return nil, fmt.Errorf("lock: creating the session lease: %w", err)
 	}
 	s.key, s.uid = client.ObjectKeyFromObject(l), l.UID
-	s.deadline = sent + s.validity()
+	s.deadline = sent + sessionValidity(ttl)
 	go s.keep(logf.FromContext(ctx).WithName("lock-session"))
 	return s, nil
 }
@@ -188,10 +193,63 @@ func retrying(ctx context.Context, fn func(context.Context) error) error {
 	}
 }
 
-// validity is how long after a renewal is sent the session counts itself
-// valid: TTL minus a tenth of it, at least 500 ms less.
-func (s *Session) validity() time.Duration {
-	return s.ttl - max(s.ttl/10, 500*time.Millisecond)
+// sessionValidity is how long after a renewal of a session of ttl is sent
+// the session counts itself valid: the registry's lapse
+// (fencing.SessionLapse, which it counts from an observation made after
+// the send) less sessionSafety(ttl). That is ttl minus a tenth of it, at
+// least 500 ms less: 4.5 s for 5 s.
+func sessionValidity(ttl time.Duration) time.Duration {
+	return fencing.SessionLapse(ttl) - sessionSafety(ttl)
+}
+
+// sessionSafety is how long before the registry's earliest lapse of a
+// session of ttl the session's local deadline comes: fencing.SessionMargin,
+// which the registry grants itself to observe a renewal and which the
+// client does not count on, plus a tenth of ttl (at least 500 ms) for the
+// two clocks' rates. A handle's work that stops by that deadline
+// (WithStopGrace) has stopped at least this long before the registry can
+// end its grant for the lapsed session.
+func sessionSafety(ttl time.Duration) time.Duration {
+	return fencing.SessionMargin + max(ttl/10, 500*time.Millisecond)
+}
+
+// TTL returns the duration of the session's Lease: the one it was created
+// with, or a longer one a handle's stop grace needed (WithStopGrace).
+func (s *Session) TTL() time.Duration {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.ttl
+}
+
+// leaves reports whether a session of ttl leaves a handle with stop grace
+// grace (WithStopGrace) two scheduled renewals of the session before the
+// handle's session deadline (the session's validity less grace after a
+// confirmed renewal was sent): a renewal and a retry, as kubectl
+// lockwarden run leaves before its lease's local deadline.
+func leaves(ttl, grace time.Duration) bool {
+	return sessionValidity(ttl)-2*(ttl/3) >= grace
+}
+
+// sessionTTLFor returns the shortest session TTL, in whole seconds and at
+// least DefaultSessionTTL, that leaves a handle room for stop grace grace
+// (leaves): about 4.3 x grace, 30 s for 7 s. It returns 0 when no TTL up
+// to an hour does.
+func sessionTTLFor(grace time.Duration) time.Duration {
+	for ttl := DefaultSessionTTL; ttl <= time.Hour; ttl += time.Second {
+		if leaves(ttl, grace) {
+			return ttl
+		}
+	}
+	return 0
+}
+
+// validFor returns how long, on the session's monotonic clock, a handle
+// with stop grace grace may still count on the session: its local
+// deadline less grace, less now (0 or less: no longer).
+func (s *Session) validFor(grace time.Duration) time.Duration {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.deadline - grace - s.mono()
 }
 
 func (s *Session) mono() time.Duration { return s.clk.Since(s.origin) }
@@ -228,8 +286,7 @@ func (s *Session) end(cause error) {
 // until the local deadline, and ends the session at that deadline.
 func (s *Session) keep(log interface{ Info(string, ...any) }) {
 	defer close(s.stopped)
-	interval := s.ttl / 3
-	next := s.clk.NewTimer(interval)
+	next := s.clk.NewTimer(s.TTL() / 3)
 	defer next.Stop()
 	for {
 		s.mu.Lock()
@@ -253,39 +310,101 @@ func (s *Session) keep(log interface{ Info(string, ...any) }) {
 		case <-next.C():
 		}
 		expire.Stop()
-		sent := s.mono()
-		err := s.renew()
+		sent, ttl := s.mono(), s.TTL()
+		err := s.renew(context.Background(), ttl, false)
 		switch {
 		case err == nil:
-			s.mu.Lock()
-			if d := sent + s.validity(); d > s.deadline && sent < s.deadline {
-				s.deadline = d
-			}
-			s.mu.Unlock()
-			next.Reset(interval)
+			s.confirm(sent, ttl)
+			next.Reset(s.TTL() / 3)
 		case apierrors.IsNotFound(err) || preconditionFailed(err):
 			s.end(fmt.Errorf("%w: lease %s is gone", ErrSessionExpired, s.key))
 			log.Info("Session lost", "lease", s.key.String(), "error", err.Error())
 			return
 		default:
-			next.Reset(min(interval, max(s.ttl/10, 200*time.Millisecond)))
+			next.Reset(min(ttl/3, max(ttl/10, 200*time.Millisecond)))
 		}
 	}
 }
 
-// renew sets the Lease's renewTime, with its UID as a precondition.
-func (s *Session) renew() error {
-	body, err := json.Marshal(map[string]any{
-		"metadata": map[string]any{"uid": s.uid},
-		"spec":     map[string]any{"renewTime": metav1.NewMicroTime(s.clk.Now())},
-	})
+// confirm records that a renewal sent at sent, when the Lease's duration
+// was at least ttl, was stored: the registry then counts the session lapsed
+// no earlier than fencing.SessionLapse(ttl) after sent, and the session
+// counts itself valid until sent + sessionValidity(ttl). A renewal sent
+// after the deadline passed does not revive the session.
+func (s *Session) confirm(sent, ttl time.Duration) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.cause != nil {
+		return
+	}
+	s.ttl = max(s.ttl, ttl)
+	if d := sent + sessionValidity(ttl); d > s.deadline && sent < s.deadline {
+		s.deadline = d
+	}
+}
+
+// renew sets the Lease's renewTime, and its duration to ttl when
+// duration is set, with its UID as a precondition.
+func (s *Session) renew(ctx context.Context, ttl time.Duration, duration bool) error {
+	spec := map[string]any{"renewTime": metav1.NewMicroTime(s.clk.Now())}
+	if duration {
+		spec["leaseDurationSeconds"] = int32(ttl / time.Second)
+	}
+	body, err := json.Marshal(map[string]any{"metadata": map[string]any{"uid": s.uid}, "spec": spec})
 	if err != nil {
 		return err
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), min(requestTimeout, s.ttl/2))
+	ctx, cancel := context.WithTimeout(ctx, min(requestTimeout, ttl/2))
 	defer cancel()
 	l := &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Namespace: s.key.Namespace, Name: s.key.Name}}
 	return s.c.Patch(ctx, l, client.RawPatch(types.MergePatchType, body))
+}
+
+// lengthen renews the session now, in a renewal that also sets its Lease's
+// duration to ttl when that is longer than the session's (never shorter),
+// and returns once the renewal is confirmed: from then on the registry
+// counts the session lapsed no earlier than fencing.SessionLapse(ttl)
+// after that renewal was sent, and the session counts itself valid for
+// sessionValidity(ttl) after it. Until then the session counts on its
+// shorter duration, so a renewal whose reply is lost never makes it
+// believe in more than the registry grants. It retries transient errors,
+// and gives up when the session ends, the renewal is refused, or ctx ends.
+func (s *Session) lengthen(ctx context.Context, ttl time.Duration) error {
+	s.lengthening.Lock()
+	defer s.lengthening.Unlock()
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	go func() {
+		select {
+		case <-s.done:
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
+	ttl = max(ttl, s.TTL())
+	b := retryBackoff()
+	for {
+		sent := s.mono()
+		err := s.renew(ctx, ttl, true)
+		switch {
+		case err == nil:
+			s.confirm(sent, ttl)
+			return s.Err()
+		case apierrors.IsNotFound(err) || preconditionFailed(err):
+			s.end(fmt.Errorf("%w: lease %s is gone", ErrSessionExpired, s.key))
+			return s.Err()
+		case !retryable(err):
+			return fmt.Errorf("lock: lengthening session lease %s: %w", s.key, err)
+		}
+		select {
+		case <-ctx.Done():
+			if serr := s.Err(); serr != nil {
+				return serr
+			}
+			return fmt.Errorf("lock: lengthening session lease %s: %w", s.key, errors.Join(context.Cause(ctx), err))
+		case <-s.clk.After(b.Step()):
+		}
+	}
 }
 
 // Close stops renewing and deletes the Lease: the registry then withdraws
@@ -394,25 +513,99 @@ func (c *Client) Close(ctx context.Context) error {
 	return errors.Join(errs...)
 }
 
-// followSession spends the handle the moment its session is lost: the
-// registry ends the grant soon after, and the holder must stop first.
-func (h *Handle) followSession(s *Session) {
-	select {
-	case <-s.Done():
-	case <-h.stopped:
-		return
-	}
-	err := s.Err()
-	if errors.Is(err, ErrReleased) {
-		err = fmt.Errorf("%w: %w", ErrOwnershipUnknown, ErrSessionExpired)
-	} else {
-		err = fmt.Errorf("%w: %w", ErrOwnershipUnknown, err)
+// followSession spends the handle the moment its session no longer keeps
+// it valid (sessionEnd): the session is lost, or its local deadline less
+// the stop grace has passed. The registry ends the grant soon after, and
+// the holder must have stopped first.
+func (h *Handle) followSession() {
+	s := h.sess
+	armed := h.armed
+	for h.sessionEnd() == nil {
+		t := s.clk.NewTimer(s.validFor(h.sessionGrace()))
+		select {
+		case <-t.C():
+		case <-s.Done():
+		case <-armed:
+			armed = nil // the stop grace counts from now on
+		case <-h.stopped:
+			t.Stop()
+			return
+		}
+		t.Stop()
 	}
 	defer h.flushTrace()
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	h.spend(err)
+	h.spend(unknownBy(h.sessionEnd()))
 	h.bump()
+}
+
+// armStopGrace makes the stop grace count against the handle's session
+// from now on, once the grant is held. A request waits under the session
+// as it is, short by default, so that a client that dies in the queue is
+// skipped soon; the grant is held under a session long enough for the
+// grace. When the session's duration does not leave room for the grace, or
+// its last confirmed renewal no longer does, the session is lengthened
+// (sessionTTLFor) in a renewal this call waits for.
+func (h *Handle) armStopGrace(ctx context.Context) error {
+	s := h.sess
+	if s == nil || h.stopGrace == 0 {
+		return nil
+	}
+	if !leaves(s.TTL(), h.stopGrace) || s.validFor(h.stopGrace) <= 0 {
+		if err := s.lengthen(ctx, max(s.TTL(), sessionTTLFor(h.stopGrace))); err != nil {
+			return err
+		}
+		h.log.V(1).Info("Session lengthened for the stop grace", "lease", s.key.String(), "ttl", s.TTL().String(), "stopGrace", h.stopGrace.String())
+	}
+	close(h.armed)
+	if err := h.sessionEnd(); err != nil {
+		return err
+	}
+	return nil
+}
+
+// sessionGrace is the stop grace that counts against the session now: 0
+// until armStopGrace.
+func (h *Handle) sessionGrace() time.Duration {
+	select {
+	case <-h.armed:
+		return h.stopGrace
+	default:
+		return 0
+	}
+}
+
+// sessionEnd returns why the handle's session no longer keeps it valid, or
+// nil while it does (or it has none): the session was lost or closed, or no
+// renewal of it was confirmed in time to leave the stop grace before its
+// local deadline. The registry counts a session lapsed no earlier than
+// fencing.SessionLapse(TTL) after the send of the last renewal it saw,
+// sessionSafety(TTL) after that deadline.
+func (h *Handle) sessionEnd() error {
+	s := h.sess
+	if s == nil {
+		return nil
+	}
+	grace := h.sessionGrace()
+	switch err := s.Err(); {
+	case err != nil:
+		return err
+	case s.validFor(grace) > 0:
+		return nil
+	case grace > 0:
+		return fmt.Errorf("%w: no renewal of lease %s was confirmed in time to leave the stop grace of %s", ErrSessionExpired, s.key, grace)
+	}
+	return fmt.Errorf("%w: no renewal of lease %s was confirmed in time", ErrSessionExpired, s.key)
+}
+
+// unknownBy is the cause of a handle spent because its session no longer
+// keeps it valid (sessionEnd's err).
+func unknownBy(err error) error {
+	if errors.Is(err, ErrReleased) {
+		return fmt.Errorf("%w: %w", ErrOwnershipUnknown, ErrSessionExpired)
+	}
+	return fmt.Errorf("%w: %w", ErrOwnershipUnknown, err)
 }
 
 // preconditionFailed reports whether a write was refused because its

@@ -3,6 +3,7 @@ package lock_test
 import (
 	"context"
 	"errors"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -119,6 +120,192 @@ func TestSessionEndsAtItsLocalDeadline(t *testing.T) {
 	}
 	if !errors.Is(s.Err(), lock.ErrSessionExpired) {
 		t.Fatalf("Err = %v, want ErrSessionExpired", s.Err())
+	}
+}
+
+// cutLeases loses every renewal of a session Lease once cut is set, as a
+// network partition between the client and the API server would.
+type cutLeases struct {
+	client.WithWatch
+	cut *atomic.Bool
+}
+
+func (c cutLeases) Patch(ctx context.Context, obj client.Object, patch client.Patch, opts ...client.PatchOption) error {
+	if _, ok := obj.(*coordinationv1.Lease); ok && c.cut.Load() {
+		return errLostReply
+	}
+	return c.WithWatch.Patch(ctx, obj, patch, opts...)
+}
+
+// A holder that bounds its work by Remaining (a statement timeout) is done
+// before the registry ends its grant, also when the grant ends because the
+// holder's session lapsed: with a 30 s lease and the default 5 s session
+// whose renewals do not get through, Remaining counts to the session's
+// local deadline (4.5 s after its last confirmed renewal was sent), not to
+// the lease's 27 s, and the registry ends the grant 6 s after it last saw
+// the session renewed. Both clocks are fake and step together.
+func TestRemainingEndsBeforeTheSessionLapses(t *testing.T) {
+	ns := namespace(t)
+	if err := env.GrantUsersSessions(t.Context(), ns); err != nil {
+		t.Fatal(err)
+	}
+	hclk := newHandleClock()
+	cut := &atomic.Bool{}
+	cut.Store(true)
+	locks := newTestClient(t, cutLeases{as(t, "sess-remaining"), cut}, lock.WithNamespace(ns), lock.WithClock(hclk), lock.WithTTL(30*time.Second))
+	h, err := locks.Acquire(t.Context(), "ledger/session-remaining")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer h.Release(context.Background()) //nolint:errcheck // test cleanup
+	if left := h.Remaining(); left != 4500*time.Millisecond {
+		t.Errorf("Remaining = %s right after Acquire, want the session's 4.5 s", left)
+	}
+
+	// The latest instant, by the registry's clock, until which the holder
+	// believed it could work.
+	var bound time.Time
+	var ended *lockingv1alpha1.LockGrant
+	for range 60 {
+		if left := h.Remaining(); left > 0 && clk.Now().Add(left).After(bound) {
+			bound = clk.Now().Add(left)
+		}
+		clk.Step(250 * time.Millisecond)
+		hclk.Step(250 * time.Millisecond)
+		wake(t, h.Grant())
+		if g := grantOf(t, h.Grant()); g.Status.Phase.Final() {
+			ended = g
+			break
+		}
+	}
+	if ended == nil || ended.Status.EndedAt == nil {
+		t.Fatal("the registry never ended the grant of a session that is not renewed")
+	}
+	t.Logf("the holder counted on the grant until %s, the registry ended it at %s (%s)", bound.Format(time.RFC3339Nano), ended.Status.EndedAt.Format(time.RFC3339Nano), ended.Status.Phase)
+	if !bound.Before(ended.Status.EndedAt.Time) {
+		t.Errorf("Remaining let the holder work until %s, after the registry ended the grant at %s", bound.Format(time.RFC3339Nano), ended.Status.EndedAt.Format(time.RFC3339Nano))
+	}
+	if err := h.Err(); !errors.Is(err, lock.ErrOwnershipUnknown) || !errors.Is(err, lock.ErrSessionExpired) {
+		t.Errorf("Err = %v, want ErrOwnershipUnknown and ErrSessionExpired", err)
+	}
+}
+
+// A handle with a stop grace (kubectl lockwarden run's --grace) waits in the
+// queue under the default 5 s session, so that its client, if it died
+// there, would be skipped 6 s later; once it holds, its session is
+// lengthened to leave room for the grace (13 s for 3 s). Cut off from the
+// API server, its Done closes at least the grace before the registry ends
+// the grant for the lapsed session: work that stops within the grace of
+// Done (SIGTERM, then SIGKILL) has stopped before the next waiter is
+// granted. Both clocks are fake and step together.
+func TestStopGraceComesOutOfTheSession(t *testing.T) {
+	ns := namespace(t)
+	if err := env.GrantUsersSessions(t.Context(), ns); err != nil {
+		t.Fatal(err)
+	}
+	const res, grace = "ledger/grace", 3 * time.Second
+	first, err := newTestClient(t, as(t, "sess-grace-a"), lock.WithNamespace(ns), lock.WithoutSession()).Acquire(t.Context(), res)
+	if err != nil {
+		t.Fatal(err)
+	}
+	hclk := newHandleClock()
+	cut := &atomic.Bool{}
+	locks := newTestClient(t, cutLeases{as(t, "sess-grace-b"), cut}, lock.WithNamespace(ns), lock.WithClock(hclk), lock.WithTTL(30*time.Second))
+	type result struct {
+		h   *lock.Handle
+		err error
+	}
+	acquired := make(chan result, 1)
+	go func() {
+		h, err := locks.Acquire(t.Context(), res, lock.WithStopGrace(grace), lock.WithRequestID("grace-b"))
+		acquired <- result{h, err}
+	}()
+	w := waitPhase(t, keyOf(ns, "grace-b"), lockingv1alpha1.PhasePending)
+	if d := sessionTTL(t, ns, w.Spec.Session.Name); d != lock.DefaultSessionTTL {
+		t.Errorf("the waiting request's session lasts %s, want the default %s", d, lock.DefaultSessionTTL)
+	}
+
+	if err := first.Release(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	r := <-acquired
+	if r.err != nil {
+		t.Fatal(r.err)
+	}
+	h := r.h
+	defer h.Release(context.Background()) //nolint:errcheck // test cleanup
+	if d := sessionTTL(t, ns, w.Spec.Session.Name); d != 13*time.Second {
+		t.Errorf("the holder's session lasts %s, want 13 s for a %s grace", d, grace)
+	}
+	// 13 s - 1.3 s - 3 s after the lengthening renewal was sent.
+	if left := h.Remaining(); left != 8700*time.Millisecond {
+		t.Errorf("Remaining = %s, want 8.7 s", left)
+	}
+
+	next := make(chan result, 1)
+	go func() {
+		h, err := newTestClient(t, as(t, "sess-grace-c"), lock.WithNamespace(ns), lock.WithoutSession()).Acquire(t.Context(), res, lock.WithRequestID("grace-c"))
+		next <- result{h, err}
+	}()
+	waitPhase(t, keyOf(ns, "grace-c"), lockingv1alpha1.PhasePending)
+
+	cut.Store(true)
+	var doneAt time.Time // by the registry's clock, no earlier than Done
+	var ended *lockingv1alpha1.LockGrant
+	for range 100 {
+		clk.Step(250 * time.Millisecond)
+		hclk.Step(250 * time.Millisecond)
+		if doneAt.IsZero() && h.Check() != nil {
+			doneAt = clk.Now()
+		}
+		wake(t, h.Grant())
+		if g := grantOf(t, h.Grant()); g.Status.Phase.Final() {
+			ended = g
+			break
+		}
+	}
+	if doneAt.IsZero() || ended == nil || ended.Status.EndedAt == nil {
+		t.Fatalf("the handle was spent at %s, the registry ended the grant: %v", doneAt, ended != nil)
+	}
+	eventually(t, "Done is closed", func() bool { return closed(h.Done()) })
+	if err := h.Err(); !errors.Is(err, lock.ErrOwnershipUnknown) || !errors.Is(err, lock.ErrSessionExpired) {
+		t.Errorf("Err = %v, want ErrOwnershipUnknown and ErrSessionExpired", err)
+	}
+	n := <-next
+	if n.err != nil {
+		t.Fatal(n.err)
+	}
+	defer n.h.Release(context.Background()) //nolint:errcheck // test cleanup
+	granted := grantOf(t, n.h.Grant()).Status.GrantedAt.Time
+	t.Logf("Done at %s, the registry ended the grant %s later (%s), the next waiter was granted %s later",
+		doneAt.Format(time.RFC3339Nano), ended.Status.EndedAt.Sub(doneAt), ended.Status.Phase, granted.Sub(doneAt))
+	if killed := doneAt.Add(grace); !killed.Before(ended.Status.EndedAt.Time) || !killed.Before(granted) {
+		t.Errorf("work stopped within the %s grace of Done could run until %s, after the registry ended the grant (%s) or granted the next waiter (%s)",
+			grace, killed.Format(time.RFC3339Nano), ended.Status.EndedAt.Format(time.RFC3339Nano), granted.Format(time.RFC3339Nano))
+	}
+}
+
+// sessionTTL reads the duration of session Lease name.
+func sessionTTL(t *testing.T, ns, name string) time.Duration {
+	t.Helper()
+	l := &coordinationv1.Lease{}
+	if err := admin.Get(t.Context(), keyIn(ns, name), l); err != nil {
+		t.Fatal(err)
+	}
+	return time.Duration(*l.Spec.LeaseDurationSeconds) * time.Second
+}
+
+// A stop grace the lease cannot leave room for is refused before anything
+// is made.
+func TestStopGraceThatDoesNotFitIsRefused(t *testing.T) {
+	ns := namespace(t)
+	locks := newTestClient(t, as(t, "sess-grace-c"), lock.WithNamespace(ns), lock.WithTTL(10*time.Second))
+	if _, err := locks.Acquire(t.Context(), "ledger/grace-refused", lock.WithStopGrace(8*time.Second)); !errors.Is(err, lock.ErrInvalidOption) {
+		t.Fatalf("Acquire with an 8 s stop grace on a 10 s lease: %v, want ErrInvalidOption", err)
+	}
+	var list lockingv1alpha1.LockGrantList
+	if err := admin.List(t.Context(), &list, client.InNamespace(ns)); err != nil || len(list.Items) != 0 {
+		t.Fatalf("a refused Acquire made %d grants (%v)", len(list.Items), err)
 	}
 }
 

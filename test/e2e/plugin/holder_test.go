@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/client-go/tools/clientcmd"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -100,6 +101,90 @@ func TestRunKillsInsideTheLease(t *testing.T) {
 	if !last.Before(exp) {
 		t.Fatalf("the child was still running %s after the lease expired", last.Sub(exp))
 	}
+}
+
+// A `kubectl lock run` cut off from the API server while its command runs
+// (a partition: its lease renewals and its session renewals stop getting
+// through): the command, which ignores SIGTERM, is dead before the registry
+// ends the grant, whichever of the lease and the session ends it, and so
+// before the next waiter's command starts. Its session is as long as its
+// grace needs; with the default 5 s session the registry ended the grant
+// for the lapsed session about 6 s after the last renewal, while the
+// command had 4.5 s + its grace (4.7 s for a 20 s lease) to live.
+func TestRunKillsBeforeTheRegistryEndsTheGrant(t *testing.T) {
+	ns := namespace(t)
+	dir, next := t.TempDir(), t.TempDir()
+	px := startProxy(t)
+	kc := proxyKubeconfig(t, px, kubeconfigs["alice"])
+
+	a := kubectlLockAt(t, kc, []string{"DIR=" + dir}, "-n", ns, "run", "b10/cut", "--ttl", "20s", "--", "sh", "-c", aliveChild)
+	eventually(t, 30*time.Second, "the child runs", func() bool { return fileHas(filepath.Join(dir, "alive"), "") })
+	b := kubectlLock(t, "bob", []string{"DIR=" + next}, "-n", ns, "run", "b10/cut", "--ttl", "20s", "--wait", "90s", "--",
+		"sh", "-c", `date +%s%N > "$DIR/started"`)
+	var held lockingv1alpha1.LockGrant
+	eventually(t, 30*time.Second, "the next run waits", func() bool {
+		var list lockingv1alpha1.LockGrantList
+		if err := admin.List(t.Context(), &list, client.InNamespace(ns)); err != nil || len(list.Items) != 2 {
+			return false
+		}
+		waiting := 0
+		for _, g := range list.Items {
+			switch g.Status.Phase {
+			case lockingv1alpha1.PhaseHeld:
+				held = g
+			case lockingv1alpha1.PhasePending:
+				waiting++
+			}
+		}
+		return held.Name != "" && waiting == 1
+	})
+	px.Partition()
+	if code := a.wait(t, 60*time.Second); code != 123 {
+		t.Fatalf("run exited %d, want 123:\n%s", code, a.stderr)
+	}
+	if code := b.wait(t, 60*time.Second); code != 0 {
+		t.Fatalf("the next run exited %d:\n%s", code, b.stderr)
+	}
+	last, started := unixNanoIn(t, filepath.Join(dir, "alive")), unixNanoIn(t, filepath.Join(next, "started"))
+	g := waitFinal(t, client.ObjectKeyFromObject(&held))
+	ended := g.Status.EndedAt.Time
+	t.Logf("child last alive %s; the registry ended the grant %s (%s, %s), %s later; the next command started %s later",
+		last.Format(time.RFC3339Nano), ended.Format(time.RFC3339Nano), g.Status.Phase, readyReason(g), ended.Sub(last), started.Sub(last))
+	if !last.Before(ended) {
+		t.Fatalf("the child was still running %s after the registry ended its grant (%s)", last.Sub(ended), readyReason(g))
+	}
+	if !last.Before(started) {
+		t.Fatalf("the child was still running %s after the next holder's command started", last.Sub(started))
+	}
+}
+
+// unixNanoIn reads a time written by `date +%s%N` into the file at path.
+func unixNanoIn(t *testing.T, path string) time.Time {
+	t.Helper()
+	b := must(os.ReadFile(path))
+	ns, err := strconv.ParseInt(strings.TrimSpace(string(b)), 10, 64)
+	if err != nil {
+		t.Fatalf("%s: %q: %v", path, b, err)
+	}
+	return time.Unix(0, ns)
+}
+
+// waitFinal waits until the grant has ended and returns it.
+func waitFinal(t *testing.T, key client.ObjectKey) *lockingv1alpha1.LockGrant {
+	t.Helper()
+	g := &lockingv1alpha1.LockGrant{}
+	eventually(t, 30*time.Second, "the grant ended", func() bool {
+		return admin.Get(t.Context(), key, g) == nil && g.Status.Phase.Final() && g.Status.EndedAt != nil
+	})
+	return g
+}
+
+// readyReason is the reason of a grant's Ready condition.
+func readyReason(g *lockingv1alpha1.LockGrant) string {
+	if c := meta.FindStatusCondition(g.Status.Conditions, lockingv1alpha1.ConditionReady); c != nil {
+		return c.Reason
+	}
+	return ""
 }
 
 // --grace that cannot fit in the lease is refused before anything is

@@ -189,22 +189,29 @@ func (w *semWorld) tick() {
 	w.apply(w.gather(false))
 	if w.fault[FaultReplicas] {
 		w.freezeSecond()
-		snap := map[string]*lockingv1alpha1.FenceCounter{}
-		for id, c := range w.counters {
-			snap[id] = c.DeepCopy()
-		}
-		w.past = append([]map[string]*lockingv1alpha1.FenceCounter{snap}, w.past[:min(len(w.past), 3)]...)
-		gs := map[types.UID]*lockingv1alpha1.LockGrant{}
-		for uid, g := range w.grants {
-			gs[uid] = g.DeepCopy()
-		}
-		w.pastGrants = append([]map[types.UID]*lockingv1alpha1.LockGrant{gs}, w.pastGrants[:min(len(w.pastGrants), 3)]...)
+		w.remember()
 	}
 	if w.fault[FaultReplicas] && w.rng.IntN(3) == 0 && w.s.now >= w.second.frozenUntil {
 		ps := w.gather(true)
 		w.applySecond(ps, time.Duration(10+w.rng.IntN(300))*time.Millisecond)
 	}
 	w.s.after(100*time.Millisecond, w.tick)
+}
+
+// remember keeps the counters and the grants as they are now, newest
+// first, with those of the last three ticks: what a decider whose reads lag
+// may read (gather).
+func (w *semWorld) remember() {
+	snap := map[string]*lockingv1alpha1.FenceCounter{}
+	for id, c := range w.counters {
+		snap[id] = c.DeepCopy()
+	}
+	w.past = append([]map[string]*lockingv1alpha1.FenceCounter{snap}, w.past[:min(len(w.past), 3)]...)
+	gs := map[types.UID]*lockingv1alpha1.LockGrant{}
+	for uid, g := range w.grants {
+		gs[uid] = g.DeepCopy()
+	}
+	w.pastGrants = append([]map[types.UID]*lockingv1alpha1.LockGrant{gs}, w.pastGrants[:min(len(w.pastGrants), 3)]...)
 }
 
 // Freezes of the second decider: about one in 50 s, each up to three
@@ -685,22 +692,29 @@ func (w *semWorld) acquire(owner string) {
 	if w.s.now > w.horizon-5*time.Second {
 		return
 	}
+	var lockDelay int32
+	if w.fault[FaultLockDelay] && (w.uids+1)%2 == 0 {
+		lockDelay = 1
+	}
+	uid := w.request(lockingv1alpha1.LockGrantSpec{Resource: w.resource, Owner: owner, LeaseDurationSeconds: 2, Permits: w.limit, LockDelaySeconds: lockDelay})
+	w.s.after(50*time.Millisecond, func() { w.wait(owner, uid) })
+}
+
+// request stores a new request with spec, stamped by admission now, and
+// returns its UID.
+func (w *semWorld) request(spec lockingv1alpha1.LockGrantSpec) types.UID {
 	w.uids++
 	w.rv++
 	uid := types.UID(fmt.Sprintf("uid-%d", w.uids))
-	g := &lockingv1alpha1.LockGrant{
+	w.grants[uid] = &lockingv1alpha1.LockGrant{
 		ObjectMeta: metav1.ObjectMeta{
 			Namespace: namespace, Name: string(uid), UID: uid, ResourceVersion: strconv.FormatInt(w.rv, 10),
 			Annotations: map[string]string{lockingv1alpha1.RequestedAtAnnotation: w.wall(w.s.now).Format(time.RFC3339Nano)},
 		},
-		Spec: lockingv1alpha1.LockGrantSpec{Resource: w.resource, Owner: owner, LeaseDurationSeconds: 2, Permits: w.limit},
+		Spec: spec,
 	}
-	if w.fault[FaultLockDelay] && w.uids%2 == 0 {
-		g.Spec.LockDelaySeconds = 1
-	}
-	w.grants[uid] = g
 	w.createdAt[uid] = w.s.now
-	w.s.after(50*time.Millisecond, func() { w.wait(owner, uid) })
+	return uid
 }
 
 // wait polls the grant until it is Held (then works) or ended (then asks
@@ -724,10 +738,8 @@ func (w *semWorld) work(owner string, uid types.UID, writes int) {
 	if writes == 0 || g.Status.Phase != lockingv1alpha1.PhaseHeld {
 		if g.Spec.Release || g.Status.Phase.Final() || w.rng.IntN(4) == 0 {
 			// Abandoned: its lease runs out.
-		} else if err := fencing.CheckRelease(*facts.Grant(g), owner, w.wall(w.s.now)); err == nil {
-			g.Spec.Release = true
-			w.rv++
-			g.ResourceVersion = strconv.FormatInt(w.rv, 10)
+		} else {
+			w.release(owner, g)
 		}
 		w.s.after(time.Duration(w.rng.IntN(500))*time.Millisecond, func() { w.acquire(owner) })
 		return
@@ -751,6 +763,18 @@ func (w *semWorld) work(owner string, uid types.UID, writes int) {
 		}
 	}
 	w.s.after(time.Duration(100+w.rng.IntN(500))*time.Millisecond, func() { w.work(owner, uid, writes-1) })
+}
+
+// release asks for g's release as its owner's client does, when fencing
+// allows the caller to (fencing.CheckRelease). It reports whether it did.
+func (w *semWorld) release(owner string, g *lockingv1alpha1.LockGrant) bool {
+	if err := fencing.CheckRelease(*facts.Grant(g), owner, w.wall(w.s.now)); err != nil {
+		return false
+	}
+	g.Spec.Release = true
+	w.rv++
+	g.ResourceVersion = strconv.FormatInt(w.rv, 10)
+	return true
 }
 
 // write offers a write under a grant's fence to the store of fenced
