@@ -112,22 +112,11 @@ func (f Facts) session(g *lockingv1alpha1.LockGrant) (time.Time, error) {
 	return s.LapsesAt(), nil
 }
 
-// unconfirmed reports whether g, which holds, has a session that has not
-// been seen renewed since g was granted (or is granted in this pass):
-// its client may have died before the grant.
-func (f Facts) unconfirmed(g *lockingv1alpha1.LockGrant) bool {
-	ref := g.Spec.Session
-	if ref == nil {
-		return false
-	}
-	s := f.Sessions[ref.Name]
-	return s != nil && (g.Status.GrantedAt == nil || !s.ObservedAt.After(g.Status.GrantedAt.Time))
-}
-
 // renewing says whether g's session is still being renewed on its
-// cadence (fencing.CheckSessionRenewing), for a decision that cannot wait
-// for it to lapse: it returns when the next renewal is due (zero for a
-// grant without a session), or the refusal once it is overdue.
+// cadence (fencing.CheckSessionRenewing), for the grant to the head of the
+// queue, which cannot wait for it to lapse: it returns when the next
+// renewal is due (zero for a grant without a session), or the refusal once
+// it is overdue.
 func (f Facts) renewing(g *lockingv1alpha1.LockGrant) (time.Time, error) {
 	ref := g.Spec.Session
 	if ref == nil {
@@ -344,13 +333,6 @@ func Decide(f Facts) Plan {
 			// just now is the counter's, whatever hold computed).
 			mirrorLease(g, sl.holder, now, answered)
 			lapses, serr := f.session(g)
-			if serr == nil && f.unconfirmed(g) {
-				// Granted while its client may already have been gone:
-				// it must be seen renewing by its cadence.
-				var due time.Time
-				due, serr = f.renewing(g)
-				deadlines = append(deadlines, due)
-			}
 			leaseBefore := g.Status.ExpiresAt
 			if reason, msg := f.revocation(g); reason != "" {
 				p.Events = append(p.Events, end(g, lockingv1alpha1.PhaseRevoked, reason, msg, now, true))
@@ -488,8 +470,7 @@ func Decide(f Facts) Plan {
 		// missed its session's renewal would keep everyone behind it
 		// waiting until its session lapsed (a grant to it lasts that
 		// long).
-		due, err := f.renewing(next)
-		if err != nil {
+		if _, err := f.renewing(next); err != nil {
 			p.Events = append(p.Events, end(next, lockingv1alpha1.PhaseReleased, ReasonSessionExpired, "Withdrawn at its turn: "+detail(err), now, true))
 			if !slices.Contains(p.Statuses, next) {
 				p.Statuses = append(p.Statuses, next)
@@ -517,7 +498,7 @@ func Decide(f Facts) Plan {
 		p.Granted = append(p.Granted, next)
 		count++
 		room = min(room, next.Spec.EffectivePermits())
-		deadlines = append(deadlines, next.Status.ExpiresAt.Time, due)
+		deadlines = append(deadlines, next.Status.ExpiresAt.Time)
 		p.Statuses = slices.DeleteFunc(p.Statuses, func(g *lockingv1alpha1.LockGrant) bool { return g.UID == next.UID })
 	}
 	// Free every slot whose holder ended or is gone, or whose counter names

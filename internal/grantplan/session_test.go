@@ -4,8 +4,6 @@ import (
 	"testing"
 	"time"
 
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-
 	lockingv1alpha1 "github.com/lockwarden/lockwarden/api/v1alpha1"
 	"github.com/lockwarden/lockwarden/pkg/fencing"
 )
@@ -41,44 +39,8 @@ func TestDecideDeadWaiterIsWithdrawnAndTheNextLiveOneGranted(t *testing.T) {
 	if r := readyReason(d); r != ReasonSessionExpired {
 		t.Fatalf("dead's Ready reason = %q, want %s", r, ReasonSessionExpired)
 	}
-	// The new holder's session was last seen before its grant: its next
-	// renewal is due a third of 5 s and the grace after that.
-	if want := sec(7).Add(5*time.Second/3 + fencing.SessionRenewalGrace).Sub(sec(8)); p.RequeueAfter != want {
-		t.Fatalf("requeueAfter = %v, want %v to the new holder's next renewal", p.RequeueAfter, want)
-	}
-}
-
-// A client that died just before its turn has not missed a renewal yet
-// when it is granted; its grant ends once it misses one, not when its
-// session lapses, and the next live waiter is granted then.
-func TestDecideGrantWhoseClientDiedAtItsTurnEndsAtItsMissedRenewal(t *testing.T) {
-	dead := withSession(held(grant("dead", 1, 30), 2, 30), "s-dead")
-	grantedAt := metav1.NewMicroTime(sec(10))
-	dead.Status.GrantedAt = &grantedAt
-	live := withSession(grant("live", 2, 30), "s-live")
-	sessions := map[string]*fencing.Session{
-		"s-dead": session("s-dead", "owner-dead", 9.8), // renewed 0.2 s before its grant, never after
-		"s-live": session("s-live", "owner-live", 11),
-	}
-	due := sec(9.8).Add(5*time.Second/3 + fencing.SessionRenewalGrace)
-	before := Decide(Facts{Now: due.Add(-time.Millisecond), Resource: res, Counter: counter(2, &dead), Grants: []lockingv1alpha1.LockGrant{dead, live}, Sessions: sessions})
-	if statusOf(before, "dead") != nil || before.Counter != nil || before.RequeueAfter != time.Millisecond {
-		t.Fatalf("before its renewal is due: dead's status %+v, counter %+v, requeue %v; want no change but a requeue at the due instant", statusOf(before, "dead"), before.Counter, before.RequeueAfter)
-	}
-	p := Decide(Facts{Now: due, Resource: res, Counter: counter(2, &dead), Grants: []lockingv1alpha1.LockGrant{dead, live}, Sessions: sessions})
-	if s := statusOf(p, "dead"); s == nil || s.Phase != lockingv1alpha1.PhaseExpired || s.FenceToken != 2 || readyReason(s) != ReasonSessionExpired {
-		t.Fatalf("dead = %+v, want Expired (SESSION_EXPIRED) keeping fence 2", s)
-	}
-	if len(p.Granted) == 0 || p.Granted[0].Name != "live" || p.Counter.Fence != 3 {
-		t.Fatalf("granted %v, counter %+v; want live with fence 3", p.Granted, p.Counter)
-	}
-
-	// The same holder, seen renewing once after its grant, keeps its
-	// grant through a longer silence, until its session lapses.
-	sessions["s-dead"] = session("s-dead", "owner-dead", 10.5)
-	p = Decide(Facts{Now: sec(15), Resource: res, Counter: counter(2, &dead), Grants: []lockingv1alpha1.LockGrant{dead, live}, Sessions: sessions})
-	if statusOf(p, "dead") != nil || p.Counter != nil {
-		t.Fatalf("a holder renewed since its grant was ended %v s after its last renewal, before its session lapsed", 15-10.5)
+	if want := sec(13).Sub(sec(8)); p.RequeueAfter != want {
+		t.Fatalf("requeueAfter = %v, want %v to the live holder's session deadline", p.RequeueAfter, want)
 	}
 }
 

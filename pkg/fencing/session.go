@@ -61,14 +61,13 @@ func (s Session) RenewalDueAt() time.Time {
 
 // CheckSessionRenewing reports whether a session that keeps a request
 // alive (CheckSession passes) is still being renewed at now. It is for the
-// two decisions that must not wait for the session to lapse, because a
-// dead client would make every request behind it wait: whether to grant
-// the head of a queue, and whether a grant whose session has not been seen
-// renewed since it was granted is still followed. A client that renews on
-// its cadence passes it; one that missed its renewal by SessionRenewalGrace
-// is counted gone a few seconds before its session lapses. It returns nil,
-// or an *Error with ReasonSessionExpired when now is at or after
-// RenewalDueAt.
+// one decision that must not wait for the session to lapse, because a dead
+// client would make every request behind it wait: whether to grant the
+// head of a queue (a grant, once made, ends only when its session lapses;
+// see SessionLapse). A client that renews on its cadence passes it; one
+// that missed its renewal by SessionRenewalGrace is counted gone a few
+// seconds before its session lapses. It returns nil, or an *Error with
+// ReasonSessionExpired when now is at or after RenewalDueAt.
 func CheckSessionRenewing(s *Session, now time.Time) error {
 	if s == nil {
 		return refuse(ReasonSessionExpired, "the session Lease does not exist")
