@@ -245,7 +245,16 @@ const (
 	ConditionFenceRegression = "FenceRegression"
 )
 
-// LockGrantStatus is written only by the lockwarden controller.
+// LockGrantStatus is written only by the lockwarden controller. The API
+// server keeps a status that lands late (decided on an older fence record,
+// or sent before a newer one by another replica) from replacing a newer
+// one: a final phase, an issued fence and a published record never change,
+// and counterGeneration never decreases while the fence stays.
+//
+// +kubebuilder:validation:XValidation:rule="!has(oldSelf.phase) || !(oldSelf.phase in ['Expired', 'Released', 'TimedOut', 'Revoked']) || (has(self.phase) && self.phase == oldSelf.phase)",message="ALREADY_ENDED: a final phase never changes"
+// +kubebuilder:validation:XValidation:rule="(has(oldSelf.fenceToken) ? oldSelf.fenceToken : 0) == 0 || (has(self.fenceToken) ? self.fenceToken : 0) == oldSelf.fenceToken",message="FENCE_REGRESSION: a grant's fence never changes once issued"
+// +kubebuilder:validation:XValidation:rule="!has(oldSelf.proof) || (has(self.proof) && self.proof == oldSelf.proof)",message="FENCE_REGRESSION: a published record never changes"
+// +kubebuilder:validation:XValidation:rule="!has(self.counterGeneration) || !has(oldSelf.counterGeneration) || ((has(self.fenceToken) ? self.fenceToken : 0) == 0) != ((has(oldSelf.fenceToken) ? oldSelf.fenceToken : 0) == 0) || self.counterGeneration >= oldSelf.counterGeneration",message="FENCE_REGRESSION: counterGeneration never decreases while the fence stays"
 type LockGrantStatus struct {
 	// conditions are Ready, Renewed, WithinLimit and FenceRegression.
 	// +optional
@@ -310,6 +319,17 @@ type LockGrantStatus struct {
 	// endedAt is when the grant reached a final phase.
 	// +optional
 	EndedAt *metav1.MicroTime `json:"endedAt,omitempty"`
+
+	// counterGeneration is the metadata.generation of the FenceCounter
+	// this status was decided on: the counter of the slot the grant holds
+	// or held, the resource's own (slot 0) while it waits. Every change of
+	// holder or lease raises it, so a status decided on an older fence
+	// record than the one it would replace is refused. 0 (unset) on a
+	// status written by an earlier version, or before the resource had a
+	// counter.
+	// +optional
+	// +kubebuilder:validation:Minimum=0
+	CounterGeneration int64 `json:"counterGeneration,omitempty"`
 
 	// observedRenewals is the spec.renewals value the controller has
 	// answered, successfully or not.

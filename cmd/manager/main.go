@@ -166,12 +166,18 @@ func run(ctx context.Context, cfg *rest.Config, o options) error {
 	mgr, err := ctrl.NewManager(cfg, ctrl.Options{
 		Scheme: scheme,
 		// Secrets and ConfigMaps are read only in the manager's namespace.
-		Cache: cache.Options{ByObject: map[client.Object]cache.ByObject{
-			&corev1.Secret{}:    {Namespaces: map[string]cache.Config{o.namespace: {}}},
-			&corev1.ConfigMap{}: {Namespaces: map[string]cache.Config{o.namespace: {}}},
-			// Leases: only client sessions (spec.session of LockGrants).
-			&coordinationv1.Lease{}: {Label: labels.SelectorFromSet(labels.Set{lockingv1alpha1.SessionLabel: "true"})},
-		}},
+		Cache: cache.Options{
+			ByObject: map[client.Object]cache.ByObject{
+				&corev1.Secret{}:    {Namespaces: map[string]cache.Config{o.namespace: {}}},
+				&corev1.ConfigMap{}: {Namespaces: map[string]cache.Config{o.namespace: {}}},
+				// Leases: only client sessions (spec.session of LockGrants).
+				&coordinationv1.Lease{}: {Label: labels.SelectorFromSet(labels.Set{lockingv1alpha1.SessionLabel: "true"})},
+			},
+			// No reader of the cache uses managedFields (every write
+			// sends none, which keeps the stored ones): they are most of a
+			// small object's bytes, decoded and kept for every version.
+			DefaultTransform: cache.TransformStripManagedFields(),
+		},
 		Metrics:                       metricsOpts,
 		HealthProbeBindAddress:        o.probeAddr,
 		LeaderElection:                o.leaderElect,

@@ -5,9 +5,13 @@
 //
 // One reconcile request is one resource (namespace + FenceCounter name), so
 // every decision about a resource is taken by one worker at a time, on one
-// consistent set of facts: gather (grants from the cache, the counter by a
-// direct read), decide (the pure internal/grantplan), apply (the counter by
-// compare-and-swap first, then each changed status once).
+// consistent set of facts: gather (grants and counter from the cache, with
+// this replica's own writes in place of older copies; ownwrites.go),
+// decide (the pure internal/grantplan), apply (the counter by
+// compare-and-swap, which validates the cached counter; a Conflict decides
+// again on a direct read). Each changed status is then written once by the
+// resource's status writer, after the pass (statuses.go), under the
+// status's transition rules.
 //
 // Guarantees, given that only this controller writes FenceCounters and
 // LockGrant status:

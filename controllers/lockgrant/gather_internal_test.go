@@ -58,7 +58,7 @@ func TestGatherReadsTheClockAfterTheGrants(t *testing.T) {
 	s := &steps{}
 	r := &Reconciler{Client: stepReader{Client: c, s: s}, APIReader: c, Clock: stepClock{clocktesting.NewFakePassiveClock(time.Now()), s}}
 	req := reconcile.Request{NamespacedName: types.NamespacedName{Namespace: "billing", Name: lockingv1alpha1.FenceCounterName("invoice-batch/1")}}
-	if _, err := r.gather(t.Context(), req, c); err != nil {
+	if _, err := r.gather(t.Context(), req, directCounters); err != nil {
 		t.Fatal(err)
 	}
 	if len(s.log) < 2 || s.log[0] != "grants" || s.log[1] != "clock" {

@@ -109,7 +109,7 @@ func (r *Reconciler) leaveToPreferred(ctx context.Context, req reconcile.Request
 	case preferred:
 		return reconcile.Result{}, false
 	}
-	f, err := r.gather(ctx, req, r.Client)
+	f, err := r.gather(ctx, req, cacheOnly)
 	if err != nil || f.Resource == "" {
 		return reconcile.Result{}, false
 	}

@@ -15,17 +15,19 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/tools/events"
-	"k8s.io/client-go/util/retry"
+	"k8s.io/client-go/util/workqueue"
 	"k8s.io/utils/clock"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/builder"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller"
+	"sigs.k8s.io/controller-runtime/pkg/event"
 	"sigs.k8s.io/controller-runtime/pkg/handler"
 	logf "sigs.k8s.io/controller-runtime/pkg/log"
 	"sigs.k8s.io/controller-runtime/pkg/metrics"
 	"sigs.k8s.io/controller-runtime/pkg/predicate"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+	"sigs.k8s.io/controller-runtime/pkg/source"
 
 	lockingv1alpha1 "github.com/lockwarden/lockwarden/api/v1alpha1"
 	"github.com/lockwarden/lockwarden/internal/grantplan"
@@ -50,8 +52,10 @@ const PolicyField = "spec.policy"
 type Reconciler struct {
 	// Client reads grants from the cache and writes.
 	Client client.Client
-	// APIReader reads the counter and the holder grant directly from the
-	// API server before a compare-and-swap.
+	// APIReader reads directly from the API server: the counter after a
+	// compare-and-swap conflicted or before a plan no swap validates, the
+	// grant a swap is about to name, and the holder grant where the cache
+	// may mislead.
 	APIReader client.Reader
 	// Clock is the controller's clock, by which every lease is judged.
 	Clock clock.PassiveClock
@@ -76,8 +80,8 @@ type Reconciler struct {
 	RequestIDWindow time.Duration
 	// NeedLeaderElection, when false, runs this controller on every manager
 	// replica at once, not only on the elected leader: the counter's
-	// compare-and-swap and the resourceVersion preconditions on every
-	// status write serialize replicas (docs/ha.md), so a replica that dies
+	// compare-and-swap and the transition rules of every status write
+	// serialize replicas (docs/ha.md), so a replica that dies
 	// costs no failover wait. nil keeps controller-runtime's default (only
 	// the leader runs it).
 	NeedLeaderElection *bool
@@ -87,6 +91,13 @@ type Reconciler struct {
 
 	// sessionsSeen holds the controller's observations of session Leases.
 	sessionsSeen sessionTracker
+	// own holds this replica's writes its caches do not show yet
+	// (ownwrites.go).
+	own ownWrites
+	// statuses writes the passes' statuses off the passes (statuses.go);
+	// nil (a Reconciler not set up with a manager) writes them in the
+	// pass.
+	statuses *statusWriter
 }
 
 // Keyring is the issuer's state the controller issues grants with.
@@ -117,18 +128,21 @@ func (r *Reconciler) SetupWithManager(ctx context.Context, mgr ctrl.Manager) err
 	}); err != nil {
 		return fmt.Errorf("indexing lockgrants: %w", err)
 	}
+	r.statuses = newStatusWriter(r, r.NeedLeaderElection == nil || *r.NeedLeaderElection)
+	if err := mgr.Add(r.statuses); err != nil {
+		return fmt.Errorf("adding the status writer: %w", err)
+	}
 	return ctrl.NewControllerManagedBy(mgr).
 		Named("lockgrant").
-		For(&lockingv1alpha1.FenceCounter{}, builder.WithPredicates(predicate.GenerationChangedPredicate{}, predicate.NewPredicateFuncs(isSlotZero))).
-		// The counters of the other slots of a resource with permits are
-		// decided with their resource, under slot 0's counter name.
-		Watches(&lockingv1alpha1.FenceCounter{}, handler.EnqueueRequestsFromMapFunc(resourceOfCounter),
-			builder.WithPredicates(predicate.GenerationChangedPredicate{}, predicate.Not(predicate.NewPredicateFuncs(isSlotZero)))).
+		// Counters of every slot, decided with their resource (slot 0's
+		// counter name), except this replica's own writes.
+		Watches(&lockingv1alpha1.FenceCounter{}, r.counterEvents()).
 		// Grants: creation, deletion, and changes of spec (renew, release)
 		// or annotations (a reported fence regression). Status changes are
 		// this controller's own writes and need no second pass.
-		Watches(&lockingv1alpha1.LockGrant{}, handler.EnqueueRequestsFromMapFunc(resourceOf),
-			builder.WithPredicates(predicate.Or(predicate.GenerationChangedPredicate{}, predicate.AnnotationChangedPredicate{}))).
+		Watches(&lockingv1alpha1.LockGrant{}, r.grantEvents()).
+		// A status write that was refused or never got through.
+		WatchesRawSource(source.Channel(r.statuses.kick, &handler.TypedEnqueueRequestForObject[*lockingv1alpha1.FenceCounter]{})).
 		// A new epoch or revoked epoch can revoke grants of any resource.
 		Watches(&lockingv1alpha1.FenceIssuer{}, handler.EnqueueRequestsFromMapFunc(r.allResources),
 			builder.WithPredicates(predicate.GenerationChangedPredicate{})).
@@ -155,6 +169,68 @@ func resourceOf(_ context.Context, o client.Object) []reconcile.Request {
 func isSlotZero(o client.Object) bool {
 	_, k, _ := lockingv1alpha1.ParseSlotResource(o.(*lockingv1alpha1.FenceCounter).Spec.Resource)
 	return k == 0
+}
+
+// counterEvents reconciles the resource of a counter that was created,
+// deleted or changed in spec (its generation moved), unless the change is
+// this replica's own compare-and-swap: the pass that made it has already
+// decided on it, and a pass on it would only find its statuses not cached
+// yet (ownWrites).
+func (r *Reconciler) counterEvents() handler.EventHandler {
+	add := func(ctx context.Context, o client.Object, q workqueue.TypedRateLimitingInterface[reconcile.Request]) {
+		for _, req := range resourceOfCounter(ctx, o) {
+			q.Add(req)
+		}
+	}
+	return handler.Funcs{
+		CreateFunc: func(ctx context.Context, e event.CreateEvent, q workqueue.TypedRateLimitingInterface[reconcile.Request]) {
+			if !r.own.sawCounter(client.ObjectKeyFromObject(e.Object), "", e.Object.GetResourceVersion()) {
+				add(ctx, e.Object, q)
+			}
+		},
+		UpdateFunc: func(ctx context.Context, e event.UpdateEvent, q workqueue.TypedRateLimitingInterface[reconcile.Request]) {
+			own := r.own.sawCounter(client.ObjectKeyFromObject(e.ObjectNew), e.ObjectOld.GetResourceVersion(), e.ObjectNew.GetResourceVersion())
+			if own {
+				selfEvents.Inc()
+				return
+			}
+			if e.ObjectOld.GetGeneration() != e.ObjectNew.GetGeneration() {
+				add(ctx, e.ObjectNew, q)
+			}
+		},
+		DeleteFunc: func(ctx context.Context, e event.DeleteEvent, q workqueue.TypedRateLimitingInterface[reconcile.Request]) {
+			add(ctx, e.Object, q)
+		},
+	}
+}
+
+// grantEvents reconciles a grant's resource when the grant is created or
+// deleted, or its spec (a renew, a release) or annotations (a reported
+// fence regression) change; a status change is a controller's write and
+// starts no pass. Every version is noted, so that this replica stops
+// standing in for the cache once it shows this replica's status
+// (ownWrites).
+func (r *Reconciler) grantEvents() handler.EventHandler {
+	add := func(ctx context.Context, o client.Object, q workqueue.TypedRateLimitingInterface[reconcile.Request]) {
+		for _, req := range resourceOf(ctx, o) {
+			q.Add(req)
+		}
+	}
+	return handler.Funcs{
+		CreateFunc: func(ctx context.Context, e event.CreateEvent, q workqueue.TypedRateLimitingInterface[reconcile.Request]) {
+			add(ctx, e.Object, q)
+		},
+		UpdateFunc: func(ctx context.Context, e event.UpdateEvent, q workqueue.TypedRateLimitingInterface[reconcile.Request]) {
+			r.own.sawGrant(e.ObjectNew.GetUID(), e.ObjectOld.GetResourceVersion(), e.ObjectNew.GetResourceVersion())
+			if e.ObjectOld.GetGeneration() != e.ObjectNew.GetGeneration() || !maps.Equal(e.ObjectOld.GetAnnotations(), e.ObjectNew.GetAnnotations()) {
+				add(ctx, e.ObjectNew, q)
+			}
+		},
+		DeleteFunc: func(ctx context.Context, e event.DeleteEvent, q workqueue.TypedRateLimitingInterface[reconcile.Request]) {
+			r.own.sawGrant(e.Object.GetUID(), e.Object.GetResourceVersion(), "")
+			add(ctx, e.Object, q)
+		},
+	}
 }
 
 // resourceOfCounter maps a counter of any slot to its resource's
@@ -199,76 +275,138 @@ func (r *Reconciler) resourcesUnderPolicy(ctx context.Context, o client.Object) 
 }
 
 // Reconcile brings one resource's grants and counter up to date.
+//
+// A pass decides on the counter as this replica's cache shows it (with its
+// own writes the cache does not show yet): the compare-and-swap of each
+// counter it writes validates that read, and a Conflict decides the pass
+// again at once on a direct read. A plan that a compare-and-swap does not
+// stand behind (it writes statuses, but not every counter it was decided
+// on) is decided again on a direct read before it is written. The pass
+// returns after its counter writes; its statuses follow them (statuses.go).
 func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reconcile.Result, error) {
 	if res, left := r.leaveToPreferred(ctx, req); left {
 		return res, nil // another replica is preferred for it (ownership.go)
 	}
-	var p grantplan.Plan
-	var params issuer.Params
-	var revisions map[int32]string
-	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
-		f, plan, err := r.decide(ctx, req)
-		p = plan
+	mode := cachedCounters
+	for round := 1; ; round++ {
+		f, p, err := r.decide(ctx, req, mode)
+		if errors.Is(err, errCacheBehind) {
+			logf.FromContext(ctx).V(1).Info("Grants cache behind the API server; deciding again once it caught up")
+			return reconcile.Result{RequeueAfter: cacheCatchUp}, nil
+		}
 		if err != nil || f.Resource == "" {
-			p = grantplan.Plan{}
-			return err
+			return reconcile.Result{}, err
 		}
-		params = f.Params
-		revisions, err = r.writeCounters(ctx, req.Namespace, f, p)
-		return err
-	})
-	if errors.Is(err, errCacheBehind) {
-		logf.FromContext(ctx).V(1).Info("Grants cache behind the API server; deciding again once it caught up")
-		return reconcile.Result{RequeueAfter: cacheCatchUp}, nil
-	}
-	if err != nil {
-		return reconcile.Result{}, err
-	}
-	grantplan.SignSlots(p, params, func(k int32) string { return revisions[k] })
-	if err := r.writeStatuses(ctx, p); err != nil {
-		if apierrors.IsConflict(err) {
-			// A grant changed under us (a renew, a release): decide
-			// again on fresh facts, without an error in the log.
-			logf.FromContext(ctx).V(1).Info("Status write conflicted; deciding again", "error", err.Error())
-			return reconcile.Result{RequeueAfter: time.Millisecond}, nil
+		if mode != directCounters && !validated(f, p) {
+			mode = directCounters
+			continue
 		}
-		return reconcile.Result{}, err
+		counters, err := r.writeCounters(ctx, req.Namespace, f, p)
+		if apierrors.IsConflict(err) && round < maxPassRounds {
+			// The counter moved since it was read: decide again on a
+			// direct read, at once (a sleep would only delay the
+			// handoff; the other writer has already written).
+			counterConflicts.Inc()
+			mode = directCounters
+			continue
+		}
+		if err != nil {
+			return reconcile.Result{}, err
+		}
+		grantplan.SignSlots(p, f.Params, func(k int32) string {
+			if c := counters[k]; c != nil {
+				return c.ResourceVersion
+			}
+			return ""
+		})
+		for _, g := range p.Statuses {
+			if c := counters[g.HeldSlot()]; c != nil {
+				g.Status.CounterGeneration = c.Generation
+			}
+		}
+		if err := r.writeStatuses(ctx, req.NamespacedName, p); err != nil {
+			if refused(err) {
+				// A newer status is stored than the one decided on:
+				// decide again once the cache shows it.
+				logf.FromContext(ctx).V(1).Info("Status write refused; deciding again", "error", err.Error())
+				return reconcile.Result{RequeueAfter: statusAgainAfter}, nil
+			}
+			return reconcile.Result{}, err
+		}
+		if err := r.deleteFinished(ctx, p); err != nil {
+			return reconcile.Result{}, err
+		}
+		return reconcile.Result{RequeueAfter: p.RequeueAfter}, nil
 	}
-	if err := r.deleteFinished(ctx, p); err != nil {
-		return reconcile.Result{}, err
-	}
-	return reconcile.Result{RequeueAfter: p.RequeueAfter}, nil
 }
 
-// gather reads what decide needs: the resource's grants from the cache, and
-// the counter directly from the API server. The counter carries its
-// holder's live lease (spec.holder.expiresAt), so the holder's expiry is
-// judged on that one fresh read, and every change of the holder or its
-// lease is a compare-and-swap on it. The grants are read before the
-// counter, so the counter is never older than a status read with it (a
-// status is written after its counter). The holder grant is read directly
-// too only when the cache may mislead (refreshHolder): it is missing, its
+// maxPassRounds bounds how often one pass decides again after its
+// compare-and-swap conflicted; then it returns the Conflict, and the
+// controller retries it with its backoff.
+const maxPassRounds = 5
+
+// readMode says where a pass reads the counters it decides on.
+type readMode int
+
+const (
+	// cacheOnly reads everything from the cache, the holder grant
+	// included: ownership's check of another replica's work.
+	cacheOnly readMode = iota
+	// cachedCounters reads the counters from the cache, with this
+	// replica's own writes in place of older copies, for a plan that a
+	// compare-and-swap validates.
+	cachedCounters
+	// directCounters reads the counters directly from the API server.
+	directCounters
+)
+
+// validated reports whether p's compare-and-swaps validate every counter
+// p was decided on: p writes them all, or writes nothing but deletes.
+// Otherwise a counter decided on from the cache could be behind the API
+// server with nothing to refuse the statuses decided on it.
+func validated(f grantplan.Facts, p grantplan.Plan) bool {
+	if len(p.Statuses) == 0 {
+		return true
+	}
+	written := map[int32]bool{}
+	for _, w := range grantplan.CounterWrites(f, p) {
+		written[w.Slot] = true
+	}
+	for _, k := range slotsWanted(f.Grants) {
+		if !written[k] {
+			return false
+		}
+	}
+	return written[0]
+}
+
+// gather reads what decide needs: the resource's grants from the cache,
+// then its counters as mode says. The counter carries its holder's live
+// lease (spec.holder.expiresAt), so the holder's expiry is judged on it,
+// and every change of the holder or its lease is a compare-and-swap on it.
+// This replica's own writes stand in for copies the cache has not caught
+// up with (ownWrites): a pass never decides on a counter or a status older
+// than what this replica wrote. The holder grant is read directly too
+// only when the cache may mislead (refreshHolder): it is missing, its
 // lease is over, or the counter predates the lease it now carries.
-// reader is that direct reader (the cache, for ownership's check only).
-func (r *Reconciler) gather(ctx context.Context, req reconcile.Request, reader client.Reader) (grantplan.Facts, error) {
+func (r *Reconciler) gather(ctx context.Context, req reconcile.Request, mode readMode) (grantplan.Facts, error) {
 	f := grantplan.Facts{Retention: r.FinishedGrantRetention}
 	var list lockingv1alpha1.LockGrantList
-	if err := r.Client.List(ctx, &list, client.InNamespace(req.Namespace), client.MatchingFields{CounterNameField: req.Name}); err != nil {
+	// Decide copies every grant it changes: the cache's objects are
+	// listed as they are, not copied.
+	if err := r.Client.List(ctx, &list, client.InNamespace(req.Namespace), client.MatchingFields{CounterNameField: req.Name}, client.UnsafeDisableDeepCopy); err != nil {
 		return f, fmt.Errorf("listing grants: %w", err)
 	}
-	f.Grants = list.Items
 	// The clock is read after the grants: every create and renew the pass
 	// acts on was then sent before Now, so a lease the pass starts or
 	// extends from Now lasts at least its TTL from the send time the
 	// holder counts its deadline from (pkg/lock/holder), however long
 	// this process pauses between reading the clock and the grants.
 	f.Now = r.Clock.Now()
+	f.Grants = r.own.grants(list.Items, f.Now)
 
-	counter := &lockingv1alpha1.FenceCounter{}
-	switch err := reader.Get(ctx, req.NamespacedName, counter); {
-	case apierrors.IsNotFound(err):
-		counter = nil
-	case err != nil:
+	counter, err := r.readCounter(ctx, req.NamespacedName, mode, f.Now)
+	if err != nil {
 		return f, fmt.Errorf("reading fence counter: %w", err)
 	}
 	f.Counter = counter
@@ -280,7 +418,7 @@ func (r *Reconciler) gather(ctx context.Context, req reconcile.Request, reader c
 		}
 		f.Resource = counter.Spec.Resource
 		if h := counter.Spec.Holder; h != nil {
-			if err := r.refreshHolder(ctx, reader, &f, req.Namespace, h); err != nil {
+			if err := r.refreshHolder(ctx, mode, &f, req.Namespace, h); err != nil {
 				return f, err
 			}
 		}
@@ -290,7 +428,7 @@ func (r *Reconciler) gather(ctx context.Context, req reconcile.Request, reader c
 	if len(f.Grants) == 0 {
 		return f, nil // at most a stale holder to clear; no issuing
 	}
-	if err := r.gatherSlots(ctx, reader, &f, req.Namespace); err != nil {
+	if err := r.gatherSlots(ctx, mode, &f, req.Namespace); err != nil {
 		return f, err
 	}
 	params, err := r.Keyring.Params(ctx)
@@ -310,6 +448,22 @@ func (r *Reconciler) gather(ctx context.Context, req reconcile.Request, reader c
 		return f, err
 	}
 	return f, nil
+}
+
+// readCounter reads counter key as mode says: nil when it does not exist.
+func (r *Reconciler) readCounter(ctx context.Context, key types.NamespacedName, mode readMode, now time.Time) (*lockingv1alpha1.FenceCounter, error) {
+	var reader client.Reader = r.Client
+	if mode == directCounters {
+		reader = r.APIReader
+	}
+	c := &lockingv1alpha1.FenceCounter{}
+	switch err := reader.Get(ctx, key, c); {
+	case apierrors.IsNotFound(err):
+		c = nil
+	case err != nil:
+		return nil, err
+	}
+	return r.own.counter(key, c, mode == directCounters, now), nil
 }
 
 // errCacheBehind: the grants the pass would grant kept differing from
@@ -336,11 +490,11 @@ const (
 // read with it. So no swap names a grant that had ended before this pass
 // read it: the read a grant rests on is as fresh as the counter's,
 // whatever the cache's lag.
-func (r *Reconciler) decide(ctx context.Context, req reconcile.Request) (grantplan.Facts, grantplan.Plan, error) {
+func (r *Reconciler) decide(ctx context.Context, req reconcile.Request, mode readMode) (grantplan.Facts, grantplan.Plan, error) {
 	fresher := map[types.UID]*lockingv1alpha1.LockGrant{}
 	confirmed := map[types.UID]string{}
 	for range maxConfirmRounds {
-		f, err := r.gather(ctx, req, r.APIReader)
+		f, err := r.gather(ctx, req, mode)
 		if err != nil || f.Resource == "" {
 			return f, grantplan.Plan{}, err
 		}
@@ -380,14 +534,19 @@ func (r *Reconciler) decide(ctx context.Context, req reconcile.Request) (grantpl
 		for i := range toRead {
 			listed := &toRead[i]
 			g := fresh[i]
-			if g != nil && g.UID == listed.UID && g.ResourceVersion == listed.ResourceVersion {
+			if g != nil && g.UID == listed.UID && (g.ResourceVersion == listed.ResourceVersion || r.own.wrote(g.UID, g.ResourceVersion)) {
+				// As listed, or behind it only by this replica's own
+				// status write, which the listed copy already shows.
 				confirmed[listed.UID] = listed.ResourceVersion
 				continue
 			}
 			stale = true
 			staleGrants.Inc()
-			if g != nil && g.UID != listed.UID {
+			switch {
+			case g != nil && g.UID != listed.UID:
 				g = nil // another grant took the name: this one is gone
+			case g != nil:
+				g = r.own.overlay(g)
 			}
 			fresher[listed.UID] = g
 		}
@@ -411,14 +570,13 @@ func newHolders(f grantplan.Facts, p grantplan.Plan) []types.UID {
 	return uids
 }
 
-// gatherSlots reads the counters of slots 1 and above of a resource with
-// permits, directly like slot 0's, with their holders: every slot below the
-// largest permits a live grant names, and every slot a live grant's status
-// names. An exclusive lock reads none.
-func (r *Reconciler) gatherSlots(ctx context.Context, reader client.Reader, f *grantplan.Facts, ns string) error {
+// slotsWanted lists the slots, 1 and above, whose counters a pass over
+// grants reads: every slot below the largest permits a live grant names,
+// and every slot a live grant's status names. An exclusive lock has none.
+func slotsWanted(grants []lockingv1alpha1.LockGrant) []int32 {
 	want := map[int32]bool{}
-	for i := range f.Grants {
-		g := &f.Grants[i]
+	for i := range grants {
+		g := &grants[i]
 		if g.Status.Phase.Final() {
 			continue
 		}
@@ -429,23 +587,26 @@ func (r *Reconciler) gatherSlots(ctx context.Context, reader client.Reader, f *g
 			want[k] = true
 		}
 	}
-	if len(want) == 0 {
+	return slices.Sorted(maps.Keys(want))
+}
+
+// gatherSlots reads the counters of slots 1 and above of a resource with
+// permits (slotsWanted), as mode says, like slot 0's, with their holders.
+func (r *Reconciler) gatherSlots(ctx context.Context, mode readMode, f *grantplan.Facts, ns string) error {
+	slots := slotsWanted(f.Grants)
+	if len(slots) == 0 {
 		return nil
 	}
 	// The counters are read at once, like slot 0's counter and the grant
 	// in admission (facts.ReadRegistry): a resource with N permits costs
 	// one round trip more, not N-1.
-	slotsWanted := slices.Sorted(maps.Keys(want))
-	read := make([]*lockingv1alpha1.FenceCounter, len(slotsWanted))
+	read := make([]*lockingv1alpha1.FenceCounter, len(slots))
 	var reads errgroup.Group
-	for i, k := range slotsWanted {
+	for i, k := range slots {
 		reads.Go(func() error {
-			c := &lockingv1alpha1.FenceCounter{}
 			key := types.NamespacedName{Namespace: ns, Name: lockingv1alpha1.FenceCounterName(lockingv1alpha1.SlotResource(f.Resource, k))}
-			switch err := reader.Get(ctx, key, c); {
-			case apierrors.IsNotFound(err):
-				return nil
-			case err != nil:
+			c, err := r.readCounter(ctx, key, mode, f.Now)
+			if err != nil {
 				return fmt.Errorf("reading fence counter of permit %d: %w", k, err)
 			}
 			read[i] = c
@@ -455,14 +616,14 @@ func (r *Reconciler) gatherSlots(ctx context.Context, reader client.Reader, f *g
 	if err := reads.Wait(); err != nil {
 		return err
 	}
-	f.SlotCounters = make(map[int32]*lockingv1alpha1.FenceCounter, len(want))
+	f.SlotCounters = make(map[int32]*lockingv1alpha1.FenceCounter, len(slots))
 	for i, c := range read {
 		if c == nil {
 			continue
 		}
-		f.SlotCounters[slotsWanted[i]] = c
+		f.SlotCounters[slots[i]] = c
 		if h := c.Spec.Holder; h != nil {
-			if err := r.refreshHolder(ctx, reader, f, ns, h); err != nil {
+			if err := r.refreshHolder(ctx, mode, f, ns, h); err != nil {
 				return err
 			}
 		}
@@ -508,11 +669,17 @@ func (r *Reconciler) policies(ctx context.Context, grants []lockingv1alpha1.Lock
 }
 
 // refreshHolder replaces the holder's cached copy with a direct read when
-// the cache may mislead the decision about it (grantplan.HolderReadNeeded).
-// A live holder the cache has, the common case, costs no read.
-func (r *Reconciler) refreshHolder(ctx context.Context, reader client.Reader, f *grantplan.Facts, ns string, h *lockingv1alpha1.FenceHolder) error {
+// the cache may mislead the decision about it (grantplan.HolderReadNeeded),
+// with this replica's own status in place while it is not written yet.
+// A live holder the cache has, the common case, costs no read. In
+// cacheOnly mode the "direct" read is the cache's.
+func (r *Reconciler) refreshHolder(ctx context.Context, mode readMode, f *grantplan.Facts, ns string, h *lockingv1alpha1.FenceHolder) error {
 	if !grantplan.HolderReadNeeded(f.Grants, h, f.Now) {
 		return nil
+	}
+	reader := r.APIReader
+	if mode == cacheOnly {
+		reader = r.Client
 	}
 	fresh := &lockingv1alpha1.LockGrant{}
 	switch err := reader.Get(ctx, types.NamespacedName{Namespace: ns, Name: h.Name}, fresh); {
@@ -520,6 +687,8 @@ func (r *Reconciler) refreshHolder(ctx context.Context, reader client.Reader, f 
 		fresh = nil
 	case err != nil:
 		return fmt.Errorf("reading holder grant: %w", err)
+	default:
+		fresh = r.own.overlay(fresh)
 	}
 	f.Grants = grantplan.WithHolder(f.Grants, h, fresh)
 	return nil
@@ -535,76 +704,76 @@ func counterOf(f grantplan.Facts, k int32) *lockingv1alpha1.FenceCounter {
 
 // writeCounters applies the plan's counter writes, each by
 // compare-and-swap (writeCounter), in grantplan.CounterWrites' order. It
-// returns each slot's counter resourceVersion after the write or as read.
-func (r *Reconciler) writeCounters(ctx context.Context, ns string, f grantplan.Facts, p grantplan.Plan) (map[int32]string, error) {
-	revs := map[int32]string{}
+// returns each slot's counter after the write, or as read.
+func (r *Reconciler) writeCounters(ctx context.Context, ns string, f grantplan.Facts, p grantplan.Plan) (map[int32]*lockingv1alpha1.FenceCounter, error) {
+	counters := map[int32]*lockingv1alpha1.FenceCounter{}
 	if f.Counter != nil {
-		revs[0] = f.Counter.ResourceVersion
+		counters[0] = f.Counter
 	}
 	for k, c := range f.SlotCounters {
-		revs[k] = c.ResourceVersion
+		counters[k] = c
 	}
 	for _, w := range grantplan.CounterWrites(f, p) {
-		key := reconcile.Request{NamespacedName: types.NamespacedName{Namespace: ns, Name: lockingv1alpha1.FenceCounterName(w.Spec.Resource)}}
-		rev, err := r.writeCounter(ctx, key, counterOf(f, w.Slot), w.Spec)
+		key := types.NamespacedName{Namespace: ns, Name: lockingv1alpha1.FenceCounterName(w.Spec.Resource)}
+		c, err := r.writeCounter(ctx, key, counterOf(f, w.Slot), w.Spec)
 		if err != nil {
 			return nil, err
 		}
-		revs[w.Slot] = rev
+		counters[w.Slot] = c
 	}
-	return revs, nil
+	return counters, nil
 }
 
-// writeCounter applies the counter's new spec by compare-and-swap: an update
-// carries the resourceVersion read in gather, so a concurrent writer makes it
-// fail with Conflict and the whole pass is gathered again.
-//
-// It returns the counter's resourceVersion after the write (or as read,
-// when nothing changes): the backend revision of grants issued in this pass.
-func (r *Reconciler) writeCounter(ctx context.Context, req reconcile.Request, cur *lockingv1alpha1.FenceCounter, spec *lockingv1alpha1.FenceCounterSpec) (string, error) {
-	if spec == nil {
-		if cur == nil {
-			return "", nil
-		}
-		return cur.ResourceVersion, nil
+// writeCounter applies the counter's new spec by compare-and-swap: an
+// update carries the resourceVersion it was decided on, so a concurrent
+// writer (or a cache that was behind) makes it fail with Conflict and the
+// whole pass is decided again. It returns the counter as written: its
+// resourceVersion is the backend revision of grants issued in this pass,
+// its generation what their statuses were decided on.
+func (r *Reconciler) writeCounter(ctx context.Context, key types.NamespacedName, cur *lockingv1alpha1.FenceCounter, spec *lockingv1alpha1.FenceCounterSpec) (*lockingv1alpha1.FenceCounter, error) {
+	next := &lockingv1alpha1.FenceCounter{ObjectMeta: ctrlObjectMeta(reconcile.Request{NamespacedName: key})}
+	replaced := ""
+	if cur != nil {
+		next = cur.DeepCopy()
+		replaced = cur.ResourceVersion
 	}
-	if cur == nil {
-		c := &lockingv1alpha1.FenceCounter{
-			ObjectMeta: ctrlObjectMeta(req),
-			Spec:       *spec,
-		}
-		if err := r.Client.Create(ctx, c); err != nil {
-			if apierrors.IsAlreadyExists(err) {
-				// Someone created it since we looked: gather again.
-				return "", apierrors.NewConflict(lockingv1alpha1.GroupVersion.WithResource("fencecounters").GroupResource(), req.Name, err)
-			}
-			return "", fmt.Errorf("creating fence counter: %w", err)
-		}
-		return c.ResourceVersion, nil
-	}
-	next := cur.DeepCopy()
 	next.Spec = *spec
-	if err := r.Client.Update(ctx, next); err != nil {
-		if apierrors.IsConflict(err) {
-			return "", err
+	r.own.writingCounter(key, replaced, r.Clock.Now())
+	var err error
+	if cur == nil {
+		if err = r.Client.Create(ctx, next); apierrors.IsAlreadyExists(err) {
+			// Someone created it since it was read: decide again.
+			err = apierrors.NewConflict(lockingv1alpha1.GroupVersion.WithResource("fencecounters").GroupResource(), key.Name, err)
 		}
-		return "", fmt.Errorf("updating fence counter: %w", err)
+	} else {
+		err = r.Client.Update(ctx, next)
 	}
-	return next.ResourceVersion, nil
+	if err != nil {
+		r.own.wroteCounter(key, nil, r.Clock.Now())
+		if apierrors.IsConflict(err) {
+			return nil, err
+		}
+		return nil, fmt.Errorf("writing fence counter: %w", err)
+	}
+	r.own.wroteCounter(key, next, r.Clock.Now())
+	return next, nil
 }
 
-// writeStatuses writes each changed status once, after the counters, in the
-// plan's order: the ended holders, the new holders, the rest. Each update
-// carries the resourceVersion it was decided on; the first Conflict stops
-// the writes and requeues the resource, and the next pass converges on the
-// counter, which already says who holds.
-func (r *Reconciler) writeStatuses(ctx context.Context, p grantplan.Plan) error {
+// writeStatuses hands the plan's statuses, in its order (the ended
+// holders, the new holders, the rest), to the status writer, which writes
+// them after this pass (statuses.go). A Reconciler not set up with a
+// manager writes them here, in the same order, each once the one before
+// it succeeded; the first refused stops them.
+func (r *Reconciler) writeStatuses(ctx context.Context, resource types.NamespacedName, p grantplan.Plan) error {
+	if r.statuses != nil {
+		return r.statuses.enqueue(ctx, resource, p.Statuses, p.Events)
+	}
 	for _, g := range p.Statuses {
-		if err := r.Client.Status().Update(ctx, g); err != nil {
+		if err := r.patchStatus(ctx, g); err != nil {
 			if apierrors.IsNotFound(err) {
 				continue
 			}
-			return fmt.Errorf("writing status of grant %s: %w", g.Name, err)
+			return err
 		}
 		r.emit(ctx, g, p.Events)
 	}
@@ -673,4 +842,20 @@ var staleGrants = prometheus.NewCounter(prometheus.CounterOpts{
 	Help: "Grants a pass was about to grant whose cached copy was out of date (released, withdrawn, deleted or changed since the cache saw it); the pass decided again on a direct read.",
 })
 
-func init() { metrics.Registry.MustRegister(transitions, staleGrants) }
+// counterConflicts counts the passes whose counter compare-and-swap
+// conflicted and that were decided again on a direct read.
+var counterConflicts = prometheus.NewCounter(prometheus.CounterOpts{
+	Name: "lockwarden_grant_counter_conflicts_total",
+	Help: "Passes whose FenceCounter compare-and-swap conflicted (the counter had moved since the pass read it, from the cache or directly); each was decided again at once on a direct read.",
+})
+
+// selfEvents counts the counter watch events of this replica's own
+// compare-and-swaps, which start no pass.
+var selfEvents = prometheus.NewCounter(prometheus.CounterOpts{
+	Name: "lockwarden_grant_own_counter_events_total",
+	Help: "FenceCounter watch events that were this replica's own compare-and-swap, or moved the counter off the version such a write in flight was conditional on; they start no pass.",
+})
+
+func init() {
+	metrics.Registry.MustRegister(transitions, staleGrants, counterConflicts, selfEvents)
+}

@@ -40,21 +40,29 @@ type sessionTracker struct {
 type seenVersion struct {
 	resourceVersion string
 	at              time.Time
+	// period is how long before at the version before was first seen; 0
+	// when this is the first version seen.
+	period time.Duration
 }
 
 // observe records that l was seen at now and returns when its current
-// version was first seen.
-func (t *sessionTracker) observe(l *coordinationv1.Lease, now time.Time) time.Time {
+// version was first seen, and how long before that the one before.
+func (t *sessionTracker) observe(l *coordinationv1.Lease, now time.Time) seenVersion {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if t.seen == nil {
 		t.seen = map[types.UID]seenVersion{}
 	}
-	if s, ok := t.seen[l.UID]; ok && s.resourceVersion == l.ResourceVersion {
-		return s.at
+	s, ok := t.seen[l.UID]
+	if ok && s.resourceVersion == l.ResourceVersion {
+		return s
 	}
-	t.seen[l.UID] = seenVersion{resourceVersion: l.ResourceVersion, at: now}
-	return now
+	next := seenVersion{resourceVersion: l.ResourceVersion, at: now}
+	if ok {
+		next.period = now.Sub(s.at)
+	}
+	t.seen[l.UID] = next
+	return next
 }
 
 func (t *sessionTracker) forget(uid types.UID) {
@@ -65,7 +73,8 @@ func (t *sessionTracker) forget(uid types.UID) {
 
 // sessionFacts returns the fencing facts of a session Lease seen at now.
 func (t *sessionTracker) sessionFacts(l *coordinationv1.Lease, now time.Time) *fencing.Session {
-	s := &fencing.Session{UID: string(l.UID), ObservedAt: t.observe(l, now)}
+	seen := t.observe(l, now)
+	s := &fencing.Session{UID: string(l.UID), ObservedAt: seen.at, Period: seen.period}
 	if l.Spec.HolderIdentity != nil {
 		s.Holder = *l.Spec.HolderIdentity
 	}

@@ -112,6 +112,23 @@ func (f Facts) session(g *lockingv1alpha1.LockGrant) (time.Time, error) {
 	return s.LapsesAt(), nil
 }
 
+// renewing says whether g's session is still being renewed on its
+// cadence (fencing.CheckSessionRenewing), for the grant to the head of the
+// queue, which cannot wait for it to lapse: it returns when the next
+// renewal is due (zero for a grant without a session), or the refusal once
+// it is overdue.
+func (f Facts) renewing(g *lockingv1alpha1.LockGrant) (time.Time, error) {
+	ref := g.Spec.Session
+	if ref == nil {
+		return time.Time{}, nil
+	}
+	s := f.Sessions[ref.Name]
+	if err := fencing.CheckSessionRenewing(s, f.Now); err != nil {
+		return time.Time{}, err
+	}
+	return s.RenewalDueAt(), nil
+}
+
 // revocation says why a grant that is Held or waiting must be revoked, or
 // "" when it may go on: its epoch was revoked or superseded, or its policy
 // no longer allows it.
@@ -449,6 +466,17 @@ func Decide(f Facts) Plan {
 		}
 		next := waiting[0]
 		waiting = waiting[1:]
+		// The head's liveness is checked at its turn: a client that
+		// missed its session's renewal would keep everyone behind it
+		// waiting until its session lapsed (a grant to it lasts that
+		// long).
+		if _, err := f.renewing(next); err != nil {
+			p.Events = append(p.Events, end(next, lockingv1alpha1.PhaseReleased, ReasonSessionExpired, "Withdrawn at its turn: "+detail(err), now, true))
+			if !slices.Contains(p.Statuses, next) {
+				p.Statuses = append(p.Statuses, next)
+			}
+			continue
+		}
 		sl := slots[k]
 		if sl == nil {
 			sl = &slot{}

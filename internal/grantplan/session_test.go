@@ -44,6 +44,27 @@ func TestDecideDeadWaiterIsWithdrawnAndTheNextLiveOneGranted(t *testing.T) {
 	}
 }
 
+// At a handoff the head whose client missed a renewal is withdrawn, and
+// the next in line granted at once, instead of a grant that would hold
+// until the dead client's session lapsed.
+func TestDecideHeadThatMissedARenewalIsWithdrawnAtItsTurn(t *testing.T) {
+	a := held(grant("a", 0, 20), 1, 20)
+	a.Spec.Release = true
+	late := withSession(grant("late", 1, 20), "s-late")
+	live := withSession(grant("live", 2, 20), "s-live")
+	p := Decide(Facts{Now: sec(10), Resource: res, Counter: counter(1, &a), Grants: []lockingv1alpha1.LockGrant{a, late, live},
+		Sessions: map[string]*fencing.Session{
+			"s-late": session("s-late", "owner-late", 7.5), // renewal due at 9.67 s; its session lapses only at 13.5 s
+			"s-live": session("s-live", "owner-live", 9.5),
+		}})
+	if len(p.Granted) == 0 || p.Granted[0].Name != "live" || p.Counter.Fence != 2 {
+		t.Fatalf("granted %v with counter %+v, want live with fence 2", p.Granted, p.Counter)
+	}
+	if s := statusOf(p, "late"); s == nil || s.Phase != lockingv1alpha1.PhaseReleased || s.FenceToken != 0 || readyReason(s) != ReasonSessionExpired {
+		t.Fatalf("late = %+v, want Released (SESSION_EXPIRED) without a fence", s)
+	}
+}
+
 func TestDecideSlowButAliveWaiterKeepsItsPlace(t *testing.T) {
 	slow := withSession(grant("slow", 1, 20), "s")
 	other := grant("other", 2, 20)

@@ -42,10 +42,16 @@ func (c SkewedClock) Since(t time.Time) time.Duration { return c.Now().Sub(t) }
 func (e *Env) StartReplica(ctx context.Context, clk clock.PassiveClock) error {
 	mgr, err := ctrl.NewManager(e.Config, ctrl.Options{
 		Scheme: e.Scheme,
-		Cache: cache.Options{ByObject: map[client.Object]cache.ByObject{
-			&corev1.Secret{}:    {Namespaces: map[string]cache.Config{ManagerNamespace: {}}},
-			&corev1.ConfigMap{}: {Namespaces: map[string]cache.Config{ManagerNamespace: {}}},
-		}},
+		Cache: cache.Options{
+			ByObject: map[client.Object]cache.ByObject{
+				&corev1.Secret{}:    {Namespaces: map[string]cache.Config{ManagerNamespace: {}}},
+				&corev1.ConfigMap{}: {Namespaces: map[string]cache.Config{ManagerNamespace: {}}},
+			},
+			// No reader of the cache uses managedFields (every write
+			// sends none, which keeps the stored ones): they are most of a
+			// small object's bytes, decoded and kept for every version.
+			DefaultTransform: cache.TransformStripManagedFields(),
+		},
 		Metrics: metricsserver.Options{BindAddress: "0"},
 		// The same controller name as the first replica's, in one process.
 		Controller: config.Controller{SkipNameValidation: ptr.To(true)},

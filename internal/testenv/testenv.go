@@ -59,6 +59,10 @@ type Env struct {
 	Config *rest.Config
 	Admin  client.WithWatch
 	Scheme *runtime.Scheme
+	// Cache reads what the in-process manager's informers show: a test
+	// waits on it for the manager to have seen a change, before it moves
+	// the manager's clock on.
+	Cache  client.Reader
 	cancel context.CancelFunc
 }
 
@@ -205,12 +209,18 @@ func (e *Env) startManager(ctx context.Context, clk clock.PassiveClock, o Option
 	}
 	mgr, err := ctrl.NewManager(e.Config, ctrl.Options{
 		Scheme: e.Scheme,
-		Cache: cache.Options{ByObject: map[client.Object]cache.ByObject{
-			&corev1.Secret{}:    {Namespaces: map[string]cache.Config{ManagerNamespace: {}}},
-			&corev1.ConfigMap{}: {Namespaces: map[string]cache.Config{ManagerNamespace: {}}},
-			// Leases: only client sessions (spec.session of LockGrants).
-			&coordinationv1.Lease{}: {Label: labels.SelectorFromSet(labels.Set{lockingv1alpha1.SessionLabel: "true"})},
-		}},
+		Cache: cache.Options{
+			ByObject: map[client.Object]cache.ByObject{
+				&corev1.Secret{}:    {Namespaces: map[string]cache.Config{ManagerNamespace: {}}},
+				&corev1.ConfigMap{}: {Namespaces: map[string]cache.Config{ManagerNamespace: {}}},
+				// Leases: only client sessions (spec.session of LockGrants).
+				&coordinationv1.Lease{}: {Label: labels.SelectorFromSet(labels.Set{lockingv1alpha1.SessionLabel: "true"})},
+			},
+			// No reader of the cache uses managedFields (every write
+			// sends none, which keeps the stored ones): they are most of a
+			// small object's bytes, decoded and kept for every version.
+			DefaultTransform: cache.TransformStripManagedFields(),
+		},
 		Metrics: metricsserver.Options{BindAddress: "0"},
 		WebhookServer: webhook.NewServer(webhook.Options{
 			Host: wo.LocalServingHost, Port: wo.LocalServingPort, CertDir: wo.LocalServingCertDir,
@@ -219,6 +229,7 @@ func (e *Env) startManager(ctx context.Context, clk clock.PassiveClock, o Option
 	if err != nil {
 		return err
 	}
+	e.Cache = mgr.GetCache()
 	keyring := &issuer.Keyring{Reader: mgr.GetClient(), Namespace: ManagerNamespace}
 	if err := controllers.Setup(ctx, mgr, controllers.Options{
 		Clock: clk, Keyring: keyring, Namespace: ManagerNamespace,

@@ -32,6 +32,51 @@ type Session struct {
 	// that restarts observes every session afresh: it may keep a dead
 	// session a little longer, never drop a live one earlier.
 	ObservedAt time.Time
+	// Period is how long before ObservedAt the registry first observed
+	// the version before the current one, by its clock: the interval at
+	// which the client renews. 0 when the registry has seen one version
+	// only.
+	Period time.Duration
+}
+
+// SessionRenewalsPerDuration is how often a client renews its session per
+// session duration: pkg/lock renews every third of it, as etcd's lease
+// keepalive does.
+const SessionRenewalsPerDuration = 3
+
+// SessionRenewalGrace is how late past its cadence the registry may see a
+// session's renewal before a handoff counts its client gone (see
+// CheckSessionRenewing). It covers the delay between the client's renewal
+// being sent and the registry observing it, which varies by less on a
+// healthy control plane.
+const SessionRenewalGrace = 500 * time.Millisecond
+
+// RenewalDueAt is the instant by which the registry expects to have seen
+// the session's next version: ObservedAt, plus the interval the client
+// renews at (a third of Duration, or the longer Period it was seen to
+// renew at), plus SessionRenewalGrace.
+func (s Session) RenewalDueAt() time.Time {
+	return s.ObservedAt.Add(max(s.Duration/SessionRenewalsPerDuration, s.Period) + SessionRenewalGrace)
+}
+
+// CheckSessionRenewing reports whether a session that keeps a request
+// alive (CheckSession passes) is still being renewed at now. It is for the
+// one decision that must not wait for the session to lapse, because a dead
+// client would make every request behind it wait: whether to grant the
+// head of a queue (a grant, once made, ends only when its session lapses;
+// see SessionLapse). A client that renews on its cadence passes it; one
+// that missed its renewal by SessionRenewalGrace is counted gone a few
+// seconds before its session lapses. It returns nil, or an *Error with
+// ReasonSessionExpired when now is at or after RenewalDueAt.
+func CheckSessionRenewing(s *Session, now time.Time) error {
+	if s == nil {
+		return refuse(ReasonSessionExpired, "the session Lease does not exist")
+	}
+	if due := s.RenewalDueAt(); Expired(due, now) {
+		return refuse(ReasonSessionExpired, "the session Lease missed its renewal due at %s: no renewal seen for %s, where its client renews every %s",
+			due.UTC().Format(time.RFC3339Nano), now.Sub(s.ObservedAt).Round(time.Millisecond), max(s.Duration/SessionRenewalsPerDuration, s.Period).Round(time.Millisecond))
+	}
+	return nil
 }
 
 // LapsesAt is the instant from which the session is lapsed unless a newer

@@ -1,6 +1,7 @@
 package integration
 
 import (
+	"context"
 	"fmt"
 	"testing"
 	"time"
@@ -9,6 +10,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -40,6 +42,39 @@ func renewSession(t *testing.T, l *coordinationv1.Lease) {
 	if err := admin.Patch(t.Context(), &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Namespace: l.Namespace, Name: l.Name}}, client.RawPatch(types.MergePatchType, []byte(body))); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// waitObserved waits until the manager's informer shows l as it is now,
+// so that the manager sees the renewal at the clock's present time, or at
+// the latest in the next pass over a grant under it.
+func waitObserved(t *testing.T, l *coordinationv1.Lease) {
+	t.Helper()
+	cur := &coordinationv1.Lease{}
+	if err := admin.Get(t.Context(), client.ObjectKeyFromObject(l), cur); err != nil {
+		t.Fatal(err)
+	}
+	seen := &coordinationv1.Lease{}
+	err := wait.PollUntilContextTimeout(t.Context(), 10*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
+		if err := env.Cache.Get(ctx, client.ObjectKeyFromObject(l), seen); err != nil {
+			return false, err
+		}
+		return seen.ResourceVersion == cur.ResourceVersion, nil
+	})
+	if err != nil {
+		t.Fatalf("the manager never saw session %s at version %s: %v", l.Name, cur.ResourceVersion, err)
+	}
+}
+
+// probe makes a request for the resource and waits for it to be queued:
+// the pass that queues it decides the resource at the clock's present
+// time, and the statuses it writes before the probe's are stored by then.
+func probe(t *testing.T, ns string) {
+	t.Helper()
+	g, err := acquire(t, as(t, "probe"), ns, 30)
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitPhase(t, g, lockingv1alpha1.PhasePending)
 }
 
 func under(l *coordinationv1.Lease) func(*lockingv1alpha1.LockGrant) {
@@ -106,11 +141,12 @@ func TestDeadWaiterAheadOfALiveOneIsNeverGranted(t *testing.T) {
 	}
 }
 
-// A waiter that is alive but slow keeps its place until its session has
-// lapsed by the controller's clock (duration + 1 s margin after the last
-// renewal the controller saw), and not a moment before. A holder whose
-// session lapses ends then, its fence consumed, and the next is granted.
-func TestSlowWaiterIsDroppedOnlyOnceItsSessionLapsed(t *testing.T) {
+// A waiter that renews its session on its cadence keeps its place however
+// long it waits, and is granted at its turn. A grant ends when its session
+// lapses (duration + 1 s margin after the last renewal the controller
+// saw), not when a renewal is late: its fence is consumed, and the next
+// waiter gets a larger one.
+func TestWaiterRenewingItsSessionKeepsItsPlace(t *testing.T) {
 	ns := namespace(t)
 	tl := startTimeline()
 	a := mustAcquire(t, as(t, "a"), ns, 30)
@@ -127,7 +163,12 @@ func TestSlowWaiterIsDroppedOnlyOnceItsSessionLapsed(t *testing.T) {
 	}
 	waitPhase(t, next, lockingv1alpha1.PhasePending)
 
-	// 5.9 s without a renewal: inside duration + margin. Still first.
+	// Renewed every 1.5 s: still first after 5.9 s in line.
+	for _, at := range []float64{1.5, 3, 4.5} {
+		tl.at(at)
+		renewSession(t, s)
+		waitObserved(t, s)
+	}
 	tl.at(5.9)
 	if err := release(t, as(t, "a"), a); err != nil {
 		t.Fatal(err)
@@ -137,10 +178,19 @@ func TestSlowWaiterIsDroppedOnlyOnceItsSessionLapsed(t *testing.T) {
 		t.Fatalf("slow got fence %d, want %d", held.Status.FenceToken, a.Status.FenceToken+1)
 	}
 
-	// 6 s: the session lapsed (equality included). The grant ends, keeps
-	// its fence, and the next waiter gets a larger one.
-	tl.at(6)
-	wake(t, slow)
+	// It keeps its grant past its cadence (a renewal due at 6.2 + 5/3 +
+	// 0.5 s), until its session lapses (6.2 + 5 + 1 s, or later if the
+	// manager saw the renewal later).
+	tl.at(6.2)
+	renewSession(t, s)
+	waitObserved(t, s)
+	tl.at(11)
+	probe(t, ns)
+	if g := get(t, slow); g.Status.Phase != lockingv1alpha1.PhaseHeld {
+		t.Fatalf("slow is %s 4.8 s after its last renewal; it holds until its session lapses", g.Status.Phase)
+	}
+	tl.at(20)
+	wake(t, next)
 	ended := waitPhase(t, slow, lockingv1alpha1.PhaseExpired)
 	if readyReasonOf(ended) != fencing.ReasonSessionExpired.ConditionReason() || ended.Status.FenceToken != held.Status.FenceToken {
 		t.Fatalf("slow ended with reason %s and fence %d; want SessionExpired and fence %d", readyReasonOf(ended), ended.Status.FenceToken, held.Status.FenceToken)
@@ -151,6 +201,41 @@ func TestSlowWaiterIsDroppedOnlyOnceItsSessionLapsed(t *testing.T) {
 	}
 	// The ended grant's writes are refused.
 	wantReason(t, "a write under the ended grant", write(t, as(t, "slow"), ns, "slow-write", ended, fenceOf(ended), "late"), string(fencing.ReasonStaleOwner))
+}
+
+// At a handoff, the head whose client missed its session's renewal is
+// withdrawn without a fence, and the next in line granted at once, though
+// the session has not lapsed yet.
+func TestHeadThatMissedItsRenewalIsWithdrawnAtItsTurn(t *testing.T) {
+	ns := namespace(t)
+	tl := startTimeline()
+	a := mustAcquire(t, as(t, "a"), ns, 30)
+	s := newSession(t, ns, as(t, "late").name, 5, true)
+	late, err := acquire(t, as(t, "late"), ns, 30, under(s))
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitPhase(t, late, lockingv1alpha1.PhasePending)
+	// Requested later by the manager's clock, which stamps the queue
+	// order: two requests at one instant are ordered by UID.
+	tl.at(0.1)
+	next, err := acquire(t, as(t, "next"), ns, 30)
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitPhase(t, next, lockingv1alpha1.PhasePending)
+
+	tl.at(2.3)
+	if err := release(t, as(t, "a"), a); err != nil {
+		t.Fatal(err)
+	}
+	if n := waitPhase(t, next, lockingv1alpha1.PhaseHeld); n.Status.FenceToken != a.Status.FenceToken+1 {
+		t.Fatalf("next got fence %d, want %d", n.Status.FenceToken, a.Status.FenceToken+1)
+	}
+	l := waitFor(t, late, "ended", func(g *lockingv1alpha1.LockGrant) bool { return g.Status.Phase.Final() })
+	if l.Status.Phase != lockingv1alpha1.PhaseReleased || l.Status.FenceToken != 0 || readyReasonOf(l) != fencing.ReasonSessionExpired.ConditionReason() {
+		t.Fatalf("late is %s (reason %s) with fence %d; want Released (SessionExpired) without a fence", l.Status.Phase, readyReasonOf(l), l.Status.FenceToken)
+	}
 }
 
 // A request may name only a session Lease of its own requester, and never

@@ -61,6 +61,14 @@ func (w *world) scheduleAdversary() {
 			}
 			w.reg.restore(snap)
 			w.restoredAt = w.s.now
+			for _, rp := range w.replicas {
+				// The watches' resourceVersions are gone: the
+				// informers list again, and what was written before is
+				// no longer this replica's to stand in for.
+				rp.cache.relist(w.reg)
+				clear(rp.cache.ownCounters)
+				clear(rp.cache.ownStatuses)
+			}
 			for k, o := range objs {
 				*w.objects[k] = o // guarded objects live in the same etcd
 			}

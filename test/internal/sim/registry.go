@@ -66,6 +66,10 @@ type registry struct {
 	// out of date (replicas.go).
 	phantoms   []types.UID
 	staleReads int
+	// onGrant and onCounterWrite are told of every stored change of a
+	// grant and a counter, for the replicas' watches (caches.go).
+	onGrant        func(uid types.UID)
+	onCounterWrite func(resource string)
 }
 
 func newRegistry(seed uint64) *registry {
@@ -98,11 +102,10 @@ func (r *registry) create(owner, resource string, ttl int32, requestID string, n
 		return r.grants[uid]
 	}
 	r.uids++
-	r.rv++
 	uid := types.UID(fmt.Sprintf("uid-%d", r.uids))
 	g := &lockingv1alpha1.LockGrant{
 		ObjectMeta: metav1.ObjectMeta{
-			Namespace: namespace, Name: string(uid), UID: uid, ResourceVersion: strconv.FormatInt(r.rv, 10),
+			Namespace: namespace, Name: string(uid), UID: uid,
 			Annotations: map[string]string{lockingv1alpha1.RequestedAtAnnotation: r.wall(now).Format(time.RFC3339Nano)},
 		},
 		Spec: lockingv1alpha1.LockGrantSpec{Resource: resource, Owner: owner, LeaseDurationSeconds: ttl, RequestID: requestID},
@@ -112,6 +115,7 @@ func (r *registry) create(owner, resource string, ttl int32, requestID string, n
 	}
 	r.grants[uid] = g
 	r.byReq[requestID] = uid
+	r.stampGrant(g)
 	return g
 }
 
@@ -128,7 +132,7 @@ func (r *registry) renew(uid types.UID, caller string, target int64, now time.Du
 	}
 	if target > g.Spec.Renewals {
 		g.Spec.Renewals = target
-		r.rv++
+		r.stampGrant(g)
 	}
 	return nil
 }
@@ -145,7 +149,7 @@ func (r *registry) release(uid types.UID, caller string, _ time.Duration) error 
 		return err
 	}
 	g.Spec.Release = true
-	r.rv++
+	r.stampGrant(g)
 	return nil
 }
 
@@ -211,6 +215,10 @@ func (r *registry) writeCounter(resource string, p grantplan.Plan) string {
 	c.Spec = *p.Counter.DeepCopy()
 	r.forgetLockDelay(c)
 	c.ResourceVersion = strconv.FormatInt(r.rv, 10)
+	c.Generation++
+	if r.onCounterWrite != nil {
+		r.onCounterWrite(resource)
+	}
 	if r.onCounter != nil {
 		r.onCounter(resource, before, &c.Spec, endedPhase(p, before, r.grants))
 	}
@@ -241,7 +249,7 @@ func endedPhase(p grantplan.Plan, before *lockingv1alpha1.FenceCounterSpec, gran
 func (r *registry) setStatus(cur, g *lockingv1alpha1.LockGrant) {
 	wasHeld, wasFinal := cur.Status.Phase == lockingv1alpha1.PhaseHeld, cur.Status.Phase.Final()
 	cur.Status = *g.Status.DeepCopy()
-	r.rv++
+	r.stampGrant(cur)
 	if !wasHeld && cur.Status.Phase == lockingv1alpha1.PhaseHeld && r.onIssue != nil {
 		r.onIssue(cur)
 	}

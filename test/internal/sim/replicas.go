@@ -6,7 +6,6 @@ import (
 	"slices"
 	"time"
 
-	"k8s.io/apimachinery/pkg/api/equality"
 	"k8s.io/apimachinery/pkg/types"
 
 	lockingv1alpha1 "github.com/lockwarden/lockwarden/api/v1alpha1"
@@ -44,13 +43,11 @@ type replica struct {
 	// renewedAt is when the replica last renewed its Lease, by its clock
 	// (what its Lease's renewTime says); frozenUntil is when a freeze ends.
 	renewedAt, frozenUntil time.Duration
-	// cache is the replica's grants cache while it is behind the registry:
-	// the grants as they were when the replica froze, until cacheBehind,
-	// a moment after it thaws, when its watch has delivered what it
-	// missed. nil: the cache is current. The replica reads counters
-	// directly, always fresh.
-	cache       map[types.UID]*lockingv1alpha1.LockGrant
-	cacheBehind time.Duration
+	// cache is the replica's informers of grants and counters, its own
+	// writes they have not delivered yet, and its status writer
+	// (caches.go). Its watches deliver nothing while it is frozen, and
+	// what they missed within a moment after it thaws.
+	cache *replicaCache
 }
 
 // Timing of the ownership scheme, as the manager's defaults.
@@ -96,6 +93,7 @@ func (w *world) newReplicas() []*replica {
 		}
 		rp.skew = rp.between(-MaxReplicaSkew, MaxReplicaSkew)
 		rp.renewedAt = w.s.now + rp.skew
+		rp.cache = newReplicaCache(w.reg)
 		rs[i] = rp
 		w.s.after(replicaLeaseRenew, func() { w.renewReplica(rp) })
 	}
@@ -110,13 +108,10 @@ func (w *world) renewReplica(rp *replica) {
 		if rp.rng.Float64() < 0.01 {
 			rp.frozenUntil = w.s.now + rp.between(100*time.Millisecond, 3*replicaLeaseDuration)
 			w.rep.Faults["replica-freeze"]++
-			// Its watch stops with it: after the thaw, its cache shows
-			// the grants as they were now until the watch catches up.
-			rp.cache = map[types.UID]*lockingv1alpha1.LockGrant{}
-			for uid, g := range w.reg.grants {
-				rp.cache[uid] = g.DeepCopy()
-			}
-			rp.cacheBehind = rp.frozenUntil + rp.between(time.Millisecond, 300*time.Millisecond)
+			// Its watches stop with it: after the thaw, its caches show
+			// the grants and counters as they were now until the
+			// watches catch up.
+			rp.cache.catchUp = rp.between(time.Millisecond, 300*time.Millisecond)
 		}
 	}
 	w.s.after(replicaLeaseRenew, func() { w.renewReplica(rp) })
@@ -148,39 +143,46 @@ func (w *world) live(rp *replica) []string {
 type pass struct {
 	resource  string
 	counterRV string
-	read      map[types.UID]*lockingv1alpha1.LockGrant
+	f         grantplan.Facts
 	plan      grantplan.Plan
 	params    issuer.Params
+	// direct says the counter was read directly, not from the cache.
+	direct bool
 	// ended are the grants of the resource that had ended (final, asked
 	// to be released, or gone) in the registry when the pass read it: the
 	// oracle's view, not the replica's.
 	ended map[types.UID]bool
 }
 
-// grantsView returns the grants as rp's cache shows them at now: nil when
-// the cache is current.
-func (rp *replica) grantsView(now time.Duration) map[types.UID]*lockingv1alpha1.LockGrant {
-	if rp.cache != nil && now >= rp.cacheBehind {
-		rp.cache = nil
-	}
-	return rp.cache
-}
+// readMode says where a pass reads the counter, as the controller's
+// (controllers/lockgrant: readMode).
+type readMode int
 
-// gather reads a resource's grants (from view, a replica's cache that is
-// behind, or as they are when view is nil) and its counter (directly, as
-// it is), and decides on them at the replica's clock, now+skew, as the
-// controller's pass does: the holder's grant is read directly where the
-// cache may mislead (grantplan.HolderReadNeeded), and every grant a
-// counter write would name as a new holder is read directly before it is
-// granted; a cached copy that differs is replaced and the pass gathered
-// (the counter read again) and decided again (controllers/lockgrant:
-// decide). The replica observed each
-// session Lease by its own clock too, so their observation times carry
-// the same skew.
-func (r *registry) gather(resource string, now, skew time.Duration, view map[types.UID]*lockingv1alpha1.LockGrant) pass {
-	ps := pass{resource: resource, ended: map[types.UID]bool{}}
-	for uid, g := range view {
-		if cur := r.grants[uid]; g.Spec.Resource == resource && (cur == nil || cur.Spec.Release || cur.Status.Phase.Final()) {
+const (
+	// cacheOnly reads everything from rp's cache: ownership's check.
+	cacheOnly readMode = iota
+	// cachedCounters reads the counter from the cache, with rp's own
+	// write in place of an older copy.
+	cachedCounters
+	// directCounters reads the counter as stored.
+	directCounters
+)
+
+// gather reads a resource's grants from rp's cache (with its own statuses
+// in place of older copies) and its counter as mode says, and decides on
+// them at the replica's clock, now+skew, as the controller's pass does:
+// the holder's grant is read directly where the cache may mislead
+// (grantplan.HolderReadNeeded), and every grant a counter write would name
+// as a new holder is read directly before it is granted; a cached copy
+// that differs is replaced and the pass decided again (controllers/
+// lockgrant: decide). The replica observed each session Lease by its own
+// clock too, so their observation times carry the same skew.
+func (w *world) gather(rp *replica, resource string, mode readMode) pass {
+	r, now, skew := w.reg, w.s.now, rp.skew
+	cached := rp.cachedGrants(resource)
+	ps := pass{resource: resource, ended: map[types.UID]bool{}, direct: mode == directCounters}
+	for uid := range cached {
+		if cur := r.grants[uid]; cur == nil || cur.Spec.Release || cur.Status.Phase.Final() {
 			ps.ended[uid] = true
 		}
 	}
@@ -195,12 +197,12 @@ func (r *registry) gather(resource string, now, skew time.Duration, view map[typ
 	// those read directly and found as listed.
 	fresher := map[types.UID]*lockingv1alpha1.LockGrant{}
 	confirmed := map[types.UID]bool{}
-	var f grantplan.Facts
 	ps.plan = grantplan.Plan{RequeueAfter: replicaCacheCatchUp}
 	for range maxConfirmRounds {
-		f, ps.counterRV = r.passFacts(resource, now, skew, view, fresher)
+		f, rv := w.passFacts(rp, resource, now, skew, cached, fresher, mode)
 		p := grantplan.Decide(f)
-		if r.trustCache {
+		ps.f, ps.counterRV = f, rv
+		if r.trustCache || mode == cacheOnly {
 			ps.plan = p
 			break
 		}
@@ -211,43 +213,40 @@ func (r *registry) gather(resource string, now, skew time.Duration, view map[typ
 			}
 			i := slices.IndexFunc(f.Grants, func(g lockingv1alpha1.LockGrant) bool { return g.UID == uid })
 			cur := r.grants[uid]
-			if cur != nil && sameGrant(&f.Grants[i], cur) {
+			if cur != nil && (cur.ResourceVersion == f.Grants[i].ResourceVersion || rp.wrote(uid, cur.ResourceVersion)) {
 				confirmed[uid] = true
 				continue
 			}
 			stale = true
 			r.staleReads++
-			if cur != nil {
-				cur = cur.DeepCopy()
-			}
-			fresher[uid] = cur
+			fresher[uid] = rp.overlay(cur.DeepCopy())
 		}
 		if !stale {
 			ps.plan = p
 			break
 		}
 	}
-	ps.read = map[types.UID]*lockingv1alpha1.LockGrant{}
-	for i := range f.Grants {
-		ps.read[f.Grants[i].UID] = f.Grants[i].DeepCopy()
-	}
 	return ps
 }
 
+// wrote reports whether rv is the version rp's own status write of grant
+// uid produced.
+func (rp *replica) wrote(uid types.UID, rv string) bool {
+	o := rp.cache.ownStatuses[uid]
+	return o != nil && o.written != "" && o.written == rv
+}
+
 // passFacts reads what one decision of a pass rests on, in the controller's
-// order: the grants from the cache (view, or as they are when view is
-// nil), with the copies in fresher in place of the cached ones, then the
-// counter directly, then the holder's grant directly where the cache may
-// mislead (grantplan.HolderReadNeeded). It returns them with the counter's
-// resourceVersion as read.
-func (r *registry) passFacts(resource string, now, skew time.Duration, view, fresher map[types.UID]*lockingv1alpha1.LockGrant) (grantplan.Facts, string) {
-	cached := r.grants
-	if view != nil {
-		cached = view
-	}
+// order: the grants from the cache (cached), with the copies in fresher in
+// place of the cached ones, then the counter (from the cache, with rp's
+// own write in place of an older copy, or as stored), then the holder's
+// grant directly where the cache may mislead (grantplan.HolderReadNeeded).
+// It returns them with the counter's resourceVersion as read.
+func (w *world) passFacts(rp *replica, resource string, now, skew time.Duration, cached, fresher map[types.UID]*lockingv1alpha1.LockGrant, mode readMode) (grantplan.Facts, string) {
+	r := w.reg
 	var grants []lockingv1alpha1.LockGrant
 	for uid, g := range cached {
-		if _, replaced := fresher[uid]; g.Spec.Resource == resource && !replaced {
+		if _, replaced := fresher[uid]; !replaced {
 			grants = append(grants, *g.DeepCopy())
 		}
 	}
@@ -259,9 +258,18 @@ func (r *registry) passFacts(resource string, now, skew time.Duration, view, fre
 	byUID := func(a, b lockingv1alpha1.LockGrant) int { return compareUID(a.UID, b.UID) }
 	slices.SortFunc(grants, byUID)
 	var counter *lockingv1alpha1.FenceCounter
+	switch mode {
+	case directCounters:
+		counter = r.counters[resource]
+		if o := rp.cache.ownCounters[resource]; o != nil && (counter == nil || counter.ResourceVersion != o.ResourceVersion) {
+			delete(rp.cache.ownCounters, resource) // moved on since
+		}
+	default:
+		counter = rp.cachedCounter(resource)
+	}
 	rv := ""
-	if c := r.counters[resource]; c != nil {
-		counter, rv = c.DeepCopy(), c.ResourceVersion
+	if counter != nil {
+		counter, rv = counter.DeepCopy(), counter.ResourceVersion
 	}
 	sessions := r.sessionFacts(now)
 	for _, ss := range sessions {
@@ -274,16 +282,25 @@ func (r *registry) passFacts(resource string, now, skew time.Duration, view, fre
 		Sessions: sessions,
 	}
 	if h := counter; h != nil && h.Spec.Holder != nil && grantplan.HolderReadNeeded(f.Grants, h.Spec.Holder, f.Now) {
-		f.Grants = grantplan.WithHolder(f.Grants, h.Spec.Holder, r.grants[types.UID(h.Spec.Holder.UID)])
+		read := r.grants[types.UID(h.Spec.Holder.UID)]
+		if mode == cacheOnly {
+			read = rp.cache.grants[types.UID(h.Spec.Holder.UID)]
+		}
+		if read != nil {
+			read = rp.overlay(read.DeepCopy())
+		}
+		f.Grants = grantplan.WithHolder(f.Grants, h.Spec.Holder, read)
 		slices.SortFunc(f.Grants, byUID)
 	}
 	return f, rv
 }
 
-// Confirming a new holder, as the controller does (controllers/lockgrant).
+// Confirming a new holder, and conflicts, as the controller does
+// (controllers/lockgrant).
 const (
 	maxConfirmRounds    = 4
 	replicaCacheCatchUp = 100 * time.Millisecond
+	maxPassRounds       = 5
 )
 
 // newHolders lists the grants p's counter write names as a new holder.
@@ -297,40 +314,13 @@ func newHolders(f grantplan.Facts, p grantplan.Plan) []types.UID {
 	return uids
 }
 
-// sameGrant reports whether a grant as read is its stored version: what
-// equal resourceVersions say in the API (the registry keeps one
-// resourceVersion for all its objects).
-func sameGrant(read, cur *lockingv1alpha1.LockGrant) bool {
-	return equality.Semantic.DeepEqual(cur.Spec, read.Spec) && equality.Semantic.DeepEqual(cur.Status, read.Status) &&
-		equality.Semantic.DeepEqual(cur.Annotations, read.Annotations)
-}
-
-// unchanged is the resourceVersion precondition of a grant's status write:
-// the grant is as the pass read it.
-func (r *registry) unchanged(ps pass, uid types.UID) (*lockingv1alpha1.LockGrant, bool) {
-	cur, was := r.grants[uid], ps.read[uid]
-	if cur == nil || was == nil {
-		return cur, false
-	}
-	return cur, sameGrant(was, cur)
-}
-
-// writeStatus applies one status write if its precondition holds.
-func (r *registry) writeStatus(ps pass, g *lockingv1alpha1.LockGrant) bool {
-	cur, ok := r.unchanged(ps, g.UID)
-	if !ok {
-		return false
-	}
-	r.setStatus(cur, g)
-	return true
-}
-
 // apply writes a pass's plan as the LockGrant controller does: the counter
-// by compare-and-swap, then the statuses in the plan's order (the ended
-// holders, the new holder, the rest), each conditional on the grant as
-// read. A failed precondition ends the pass, as a Conflict does; it reports
-// whether the pass conflicted.
-func (r *registry) apply(ps pass) (requeue time.Duration, conflict bool) {
+// by compare-and-swap, then hands the statuses, in the plan's order (the
+// ended holders, the new holder, the rest), to the replica's status writer.
+// It reports whether the compare-and-swap conflicted: the pass is then
+// decided again on a direct read.
+func (w *world) applyPass(rp *replica, ps pass) (requeue time.Duration, conflict bool) {
+	r := w.reg
 	p := ps.plan
 	c := r.counters[ps.resource]
 	curRV := ""
@@ -340,23 +330,40 @@ func (r *registry) apply(ps pass) (requeue time.Duration, conflict bool) {
 	if p.Counter != nil && curRV != ps.counterRV {
 		return 0, true // the compare-and-swap fails: the counter moved
 	}
-	revision := ps.counterRV
+	revision, generation := ps.counterRV, int64(0)
+	if c != nil {
+		generation = c.Generation
+	}
 	if p.Counter != nil {
 		if h := p.Counter.Holder; h != nil && ps.ended[types.UID(h.UID)] && (c == nil || c.Spec.Holder == nil || c.Spec.Holder.UID != h.UID) {
 			r.phantoms = append(r.phantoms, types.UID(h.UID))
 		}
 		revision = r.writeCounter(ps.resource, p)
+		written := r.counters[ps.resource]
+		generation = written.Generation
+		rp.cache.ownCounters[ps.resource] = written.DeepCopy()
 	}
 	if r.crashNext {
+		// The process dies between the counter write and its statuses:
+		// what it planned and had not written is lost, and its
+		// informers list afresh when it comes back.
 		r.crashNext = false
+		for res := range rp.cache.writers {
+			for _, it := range rp.cache.writers[res] {
+				delete(rp.cache.ownStatuses, it.grant.UID)
+			}
+		}
+		clear(rp.cache.writers)
+		clear(rp.cache.ownStatuses)
+		clear(rp.cache.ownCounters)
+		rp.cache.relist(r)
 		return time.Millisecond, false
 	}
 	grantplan.Sign(p, ps.params, revision)
 	for _, g := range p.Statuses {
-		if !r.writeStatus(ps, g) {
-			return time.Millisecond, true
-		}
+		g.Status.CounterGeneration = generation
 	}
+	w.enqueueStatuses(rp, ps.resource, p.Statuses)
 	return p.RequeueAfter, false
 }
 
@@ -365,6 +372,7 @@ func (r *registry) apply(ps pass) (requeue time.Duration, conflict bool) {
 func (w *world) kickReplicas(resource string) {
 	if w.replicas == nil {
 		w.replicas = w.newReplicas()
+		w.reg.onGrant, w.reg.onCounterWrite = w.publishGrant, w.publishCounter
 		w.rep.Faults[string(FaultReplicas)]++
 	}
 	for _, rp := range w.replicas {
@@ -394,14 +402,14 @@ func (w *world) replicaStep(rp *replica, resource string) {
 	rp.pending[resource] = false
 	key := namespace + "/" + lockingv1alpha1.FenceCounterName(resource)
 	preferred := membership.Preferred(key, w.live(rp)) == rp.id
-	wait := rp.takeover.Wait(key, preferred, w.reg.state(resource), epochBase.Add(w.s.now+rp.skew))
+	wait := rp.takeover.Wait(key, preferred, rp.state(resource), epochBase.Add(w.s.now+rp.skew))
 	switch {
 	case wait > 0:
 		w.rep.Faults["replica-deferral"]++
 		w.scheduleReplica(rp, resource, wait)
 		return
 	case !preferred:
-		if ps := w.reg.gather(resource, w.s.now, rp.skew, rp.grantsView(w.s.now)); ps.plan.Counter == nil && len(ps.plan.Statuses) == 0 {
+		if ps := w.gather(rp, resource, cacheOnly); ps.plan.Counter == nil && len(ps.plan.Statuses) == 0 {
 			if ps.plan.RequeueAfter > 0 {
 				w.s.after(ps.plan.RequeueAfter, func() { w.kick(resource) })
 			}
@@ -412,19 +420,34 @@ func (w *world) replicaStep(rp *replica, resource string) {
 	w.replicaPass(rp, resource)
 }
 
-// replicaPass gathers and decides at the replica's clock, then applies the
-// plan after a network hop, during which the other replica may act, and
-// this one may freeze (its plan then lands when it thaws).
+// replicaPass gathers and decides at the replica's clock, on its caches,
+// then applies the plan after a network hop, during which the other
+// replica may act, and this one may freeze (its plan then lands when it
+// thaws). A plan no compare-and-swap validates is decided again on a
+// direct read of the counter first; a compare-and-swap that conflicts
+// decides the pass again at once on a direct read, up to maxPassRounds.
 func (w *world) replicaPass(rp *replica, resource string) {
 	if w.fault[FaultControllerCrash] && rp.rng.Float64() < 0.05 {
 		w.reg.crashNext = true
 		w.rep.Faults[string(FaultControllerCrash)]++
 	}
-	view := rp.grantsView(w.s.now)
-	if view != nil {
+	w.passRound(rp, resource, 1, cachedCounters)
+}
+
+func (w *world) passRound(rp *replica, resource string, round int, mode readMode) {
+	if rp.behind(w.reg, resource) {
 		w.rep.Faults["replica-stale-cache-pass"]++
 	}
-	ps := w.reg.gather(resource, w.s.now, rp.skew, view)
+	ps := w.gather(rp, resource, mode)
+	if mode == cachedCounters {
+		if c := w.reg.counters[resource]; rvOf(c) != ps.counterRV {
+			w.rep.Faults["replica-stale-counter-pass"]++
+		}
+		if !validated(ps.f, ps.plan) {
+			w.rep.Faults["replica-direct-read"]++
+			ps = w.gather(rp, resource, directCounters)
+		}
+	}
 	var apply func()
 	apply = func() {
 		if w.s.now < rp.frozenUntil {
@@ -432,10 +455,14 @@ func (w *world) replicaPass(rp *replica, resource string) {
 			w.s.at(rp.frozenUntil, apply)
 			return
 		}
-		requeue, conflict := w.reg.apply(ps)
+		requeue, conflict := w.applyPass(rp, ps)
 		w.notePhantoms()
 		if conflict {
 			w.rep.Faults["replica-conflict"]++
+			if round < maxPassRounds {
+				w.passRound(rp, resource, round+1, directCounters)
+				return
+			}
 			requeue = time.Millisecond
 		}
 		w.afterPass(resource, requeue)
@@ -455,19 +482,32 @@ func (w *world) notePhantoms() {
 	w.reg.staleReads = 0
 }
 
-// state fingerprints a resource as a replica's cache shows it: the
-// counter's resourceVersion and each grant's spec and status, summed so
-// that the order does not matter.
-func (r *registry) state(resource string) uint64 {
+// state fingerprints a resource as rp's cache shows it: the counter's
+// resourceVersion and each grant's, summed so that the order does not
+// matter.
+func (rp *replica) state(resource string) uint64 {
 	var sum uint64
-	if c := r.counters[resource]; c != nil {
+	if c := rp.cache.counters[resource]; c != nil {
 		sum = membership.PairHash("counter", c.ResourceVersion)
 	}
-	for _, g := range r.grants {
+	for uid, g := range rp.cache.grants {
+		if g.Spec.Resource == resource {
+			sum += membership.PairHash(string(uid), g.ResourceVersion)
+		}
+	}
+	return sum
+}
+
+// behind reports whether rp's cache shows an older version of one of
+// resource's grants than is stored, or misses one.
+func (rp *replica) behind(r *registry, resource string) bool {
+	for uid, g := range r.grants {
 		if g.Spec.Resource != resource {
 			continue
 		}
-		sum += membership.PairHash(string(g.UID), fmt.Sprintf("%v|%v|%d|%v|%v", g.Spec.Renewals, g.Spec.Release, g.Status.FenceToken, g.Status.Phase, g.Status.ExpiresAt))
+		if c := rp.cache.grants[uid]; c == nil || c.ResourceVersion != g.ResourceVersion {
+			return true
+		}
 	}
-	return sum
+	return false
 }

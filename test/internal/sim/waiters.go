@@ -74,14 +74,19 @@ func (w *world) scheduleWaiters() {
 		return
 	}
 	w.waiters = map[types.UID]*waiterProc{}
-	onIssue, onEnd := w.reg.onIssue, w.reg.onEnd
-	w.reg.onIssue = func(g *lockingv1alpha1.LockGrant) {
-		onIssue(g)
-		// A replica's grant was decided up to one hop before it landed;
-		// the decision is what the session rule judges.
-		if p := w.waiters[g.UID]; p != nil && p.killed && w.s.now >= p.lastRenewal+sessionTTL+fencing.SessionMargin+w.replicaHop() {
+	onCounter, onEnd := w.reg.onCounter, w.reg.onEnd
+	w.reg.onCounter = func(resource string, before, after *lockingv1alpha1.FenceCounterSpec, ended lockingv1alpha1.LockGrantPhase) {
+		onCounter(resource, before, after, ended)
+		h := after.Holder
+		if h == nil || (before != nil && before.Holder != nil && before.Holder.UID == h.UID) {
+			return
+		}
+		// Granted by this swap. A replica's grant was decided up to one
+		// hop before it landed; the decision is what the session rule
+		// judges.
+		if p := w.waiters[types.UID(h.UID)]; p != nil && p.killed && w.s.now >= p.lastRenewal+sessionTTL+fencing.SessionMargin+w.replicaHop() {
 			w.rep.DeadWaiterGranted++
-			w.rep.violate("seed %d: %s granted at %s, its session lapsed at %s", w.seed, g.UID, w.s.now, p.lastRenewal+sessionTTL+fencing.SessionMargin)
+			w.rep.violate("seed %d: %s granted at %s, its session lapsed at %s", w.seed, h.UID, w.s.now, p.lastRenewal+sessionTTL+fencing.SessionMargin)
 		}
 	}
 	w.reg.onEnd = func(g *lockingv1alpha1.LockGrant) {
@@ -106,6 +111,7 @@ func (w *world) startWaiter(i int) {
 	w.reg.createSession(p.session, p.owner, w.s.now)
 	g := w.reg.create(p.owner, w.resource, int32(10+w.rng.IntN(21)), fmt.Sprintf("waiter-%d", i), w.s.now)
 	g.Spec.Session = &lockingv1alpha1.SessionRef{Name: p.session, UID: w.reg.sessions[p.session].uid}
+	w.reg.stampGrant(g)
 	p.uid = g.UID
 	w.waiters[g.UID] = p
 	w.kick(w.resource)

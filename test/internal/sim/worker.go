@@ -195,7 +195,7 @@ func (k *worker) notify() {
 	g := w.reg.grants[k.uid]
 	rv := "gone"
 	if g != nil {
-		rv = g.ResourceVersion + string(g.Status.Phase) + fmt.Sprint(g.Status.ObservedRenewals, g.Status.FenceToken)
+		rv = string(g.UID) + string(g.Status.Phase) + fmt.Sprint(g.Status.ObservedRenewals, g.Status.FenceToken)
 	}
 	if rv == k.lastRV {
 		return

@@ -159,7 +159,6 @@ func newWorld(seed uint64, faults []Fault) *world {
 			// is granted now in a life of its own.
 			delete(w.h.endedAt, g.UID)
 		}
-		w.checkLockDelay(g)
 		w.h.heldSince[g.UID] = w.s.now
 		w.h.fenceOf[g.UID] = g.Status.FenceToken
 		w.h.issued[g.Spec.Resource] = max(w.h.issued[g.Spec.Resource], g.Status.FenceToken)
@@ -172,6 +171,19 @@ func newWorld(seed uint64, faults []Fault) *world {
 	}
 	w.reg.onCounter = func(resource string, before, after *lockingv1alpha1.FenceCounterSpec, ended lockingv1alpha1.LockGrantPhase) {
 		w.noteHolderEnd(resource, before, after, ended)
+		// The counter is the holder of record: a holder it stops naming
+		// has ended, whenever its status says so, and one it names anew
+		// is granted now.
+		if before != nil && before.Holder != nil && (after.Holder == nil || after.Holder.UID != before.Holder.UID) {
+			if _, ok := w.h.endedAt[types.UID(before.Holder.UID)]; !ok {
+				w.h.endedAt[types.UID(before.Holder.UID)] = w.s.now
+			}
+		}
+		if h := after.Holder; h != nil && (before == nil || before.Holder == nil || before.Holder.UID != h.UID) {
+			if g := w.reg.grants[types.UID(h.UID)]; g != nil {
+				w.checkLockDelay(g)
+			}
+		}
 		// The counter carries the live lease, and admission judges it
 		// there: the history's lease end is the latest either says.
 		if h := after.Holder; h != nil {
@@ -223,6 +235,15 @@ func (w *world) reconcile(resource string) {
 // afterPass updates the oracle's history after a controller pass, checks
 // that at most one grant holds, and notifies the owners.
 func (w *world) afterPass(resource string, requeue time.Duration) {
+	w.afterStatus(resource)
+	if requeue > 0 {
+		w.s.after(requeue, func() { w.kick(resource) })
+	}
+}
+
+// afterStatus updates the oracle's history after statuses were written,
+// checks that at most one grant holds, and notifies the owners.
+func (w *world) afterStatus(resource string) {
 	held := 0
 	for _, g := range w.reg.grants {
 		if g.Spec.Resource != resource || g.Status.Phase != lockingv1alpha1.PhaseHeld || g.Status.ExpiresAt == nil {
@@ -237,9 +258,6 @@ func (w *world) afterPass(resource string, requeue time.Duration) {
 	if held > 1 {
 		w.rep.TwoHolders++
 		w.rep.violate("seed %d: %d unexpired Held grants of %s at %s", w.seed, held, resource, w.s.now)
-	}
-	if requeue > 0 {
-		w.s.after(requeue, func() { w.kick(resource) })
 	}
 	for _, wk := range w.workers {
 		wk.notify()

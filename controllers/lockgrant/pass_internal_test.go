@@ -1,0 +1,436 @@
+package lockgrant
+
+import (
+	"context"
+	"crypto/ed25519"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
+	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
+	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/client-go/util/workqueue"
+	clocktesting "k8s.io/utils/clock/testing"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/client/fake"
+	"sigs.k8s.io/controller-runtime/pkg/event"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+
+	lockingv1alpha1 "github.com/lockwarden/lockwarden/api/v1alpha1"
+	"github.com/lockwarden/lockwarden/internal/issuer"
+)
+
+// These tests play one replica's pass against an API server (the fake
+// client, which enforces resourceVersion preconditions) and an informer
+// cache that may be behind it (laggingCache).
+
+const passNS = "billing"
+
+const passResource = "invoice-batch/2026-12-03"
+
+var passT0 = time.Date(2026, 12, 3, 10, 0, 0, 0, time.UTC)
+
+var counterKey = types.NamespacedName{Namespace: passNS, Name: lockingv1alpha1.FenceCounterName(passResource)}
+
+// fixedKeyring issues in epoch 0 with one key.
+type fixedKeyring struct{}
+
+func (fixedKeyring) Params(context.Context) (issuer.Params, error) {
+	return issuer.Params{KeyID: "k1", Key: ed25519.NewKeyFromSeed(make([]byte, ed25519.SeedSize))}, nil
+}
+
+// laggingCache is the informer cache of a replica: the API server's
+// objects, except the counters and the grant list it was told to show as
+// they were.
+type laggingCache struct {
+	client.Client
+	mu       sync.Mutex
+	counters map[types.NamespacedName]*lockingv1alpha1.FenceCounter
+	grants   []lockingv1alpha1.LockGrant
+}
+
+func (c *laggingCache) Get(ctx context.Context, key client.ObjectKey, obj client.Object, opts ...client.GetOption) error {
+	c.mu.Lock()
+	frozen := c.counters[key]
+	c.mu.Unlock()
+	if fc, ok := obj.(*lockingv1alpha1.FenceCounter); ok && frozen != nil {
+		frozen.DeepCopyInto(fc)
+		return nil
+	}
+	return c.Client.Get(ctx, key, obj, opts...)
+}
+
+func (c *laggingCache) List(ctx context.Context, list client.ObjectList, opts ...client.ListOption) error {
+	c.mu.Lock()
+	frozen := c.grants
+	c.mu.Unlock()
+	if gl, ok := list.(*lockingv1alpha1.LockGrantList); ok && frozen != nil {
+		gl.Items = nil
+		for i := range frozen {
+			gl.Items = append(gl.Items, *frozen[i].DeepCopy())
+		}
+		return nil
+	}
+	return c.Client.List(ctx, list, opts...)
+}
+
+// freeze makes the cache show the counter and the grants as they are now
+// in the API server, until the test says otherwise.
+func (c *laggingCache) freeze(t *testing.T) {
+	t.Helper()
+	fc := &lockingv1alpha1.FenceCounter{}
+	if err := c.Client.Get(t.Context(), counterKey, fc); err != nil {
+		t.Fatal(err)
+	}
+	var gl lockingv1alpha1.LockGrantList
+	if err := c.Client.List(t.Context(), &gl, client.InNamespace(passNS)); err != nil {
+		t.Fatal(err)
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.counters = map[types.NamespacedName]*lockingv1alpha1.FenceCounter{counterKey: fc}
+	c.grants = gl.Items
+}
+
+// countingReader counts the direct reads of FenceCounters.
+type countingReader struct {
+	client.Reader
+	mu       sync.Mutex
+	counters int
+}
+
+func (r *countingReader) Get(ctx context.Context, key client.ObjectKey, obj client.Object, opts ...client.GetOption) error {
+	if _, ok := obj.(*lockingv1alpha1.FenceCounter); ok {
+		r.mu.Lock()
+		r.counters++
+		r.mu.Unlock()
+	}
+	return r.Reader.Get(ctx, key, obj, opts...)
+}
+
+func (r *countingReader) counterReads() int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.counters
+}
+
+// passEnv is one replica over an API server.
+type passEnv struct {
+	api    client.Client
+	cache  *laggingCache
+	direct *countingReader
+	r      *Reconciler
+}
+
+func newPassEnv(t *testing.T, objs ...client.Object) *passEnv {
+	t.Helper()
+	scheme := runtime.NewScheme()
+	utilruntime.Must(lockingv1alpha1.AddToScheme(scheme))
+	api := fake.NewClientBuilder().WithScheme(scheme).
+		WithIndex(&lockingv1alpha1.LockGrant{}, CounterNameField, func(o client.Object) []string {
+			return []string{lockingv1alpha1.FenceCounterName(o.(*lockingv1alpha1.LockGrant).Spec.Resource)}
+		}).
+		WithStatusSubresource(&lockingv1alpha1.LockGrant{}).
+		WithObjects(objs...).Build()
+	e := &passEnv{api: api, cache: &laggingCache{Client: api}, direct: &countingReader{Reader: api}}
+	e.r = &Reconciler{Client: e.cache, APIReader: e.direct, Clock: clocktesting.NewFakePassiveClock(passT0.Add(10 * time.Second)), Keyring: fixedKeyring{}}
+	return e
+}
+
+// startStatuses starts the replica's status writer, as SetupWithManager
+// does, until the test ends.
+func (e *passEnv) startStatuses(t *testing.T) {
+	t.Helper()
+	e.r.statuses = newStatusWriter(e.r, true)
+	ctx, cancel := context.WithCancel(context.Background())
+	stopped := make(chan struct{})
+	go func() {
+		defer close(stopped)
+		_ = e.r.statuses.Start(ctx)
+	}()
+	t.Cleanup(func() { cancel(); <-stopped })
+}
+
+// pass runs one pass and waits for its statuses to be written.
+func (e *passEnv) pass(t *testing.T) {
+	t.Helper()
+	if _, err := e.r.Reconcile(t.Context(), reconcile.Request{NamespacedName: counterKey}); err != nil {
+		t.Fatalf("pass: %v", err)
+	}
+	if e.r.statuses == nil {
+		return
+	}
+	err := wait.PollUntilContextTimeout(t.Context(), time.Millisecond, 10*time.Second, true, func(context.Context) (bool, error) {
+		e.r.statuses.mu.Lock()
+		defer e.r.statuses.mu.Unlock()
+		return len(e.r.statuses.queues) == 0, nil
+	})
+	if err != nil {
+		t.Fatal("the pass's statuses were never written")
+	}
+}
+
+func (e *passEnv) grant(t *testing.T, name string) *lockingv1alpha1.LockGrant {
+	t.Helper()
+	g := &lockingv1alpha1.LockGrant{}
+	if err := e.api.Get(t.Context(), types.NamespacedName{Namespace: passNS, Name: name}, g); err != nil {
+		t.Fatal(err)
+	}
+	return g
+}
+
+func (e *passEnv) counter(t *testing.T) *lockingv1alpha1.FenceCounter {
+	t.Helper()
+	c := &lockingv1alpha1.FenceCounter{}
+	if err := e.api.Get(t.Context(), counterKey, c); err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+// moveCounter writes the counter as another replica would.
+func (e *passEnv) moveCounter(t *testing.T, fence int64, holder *lockingv1alpha1.LockGrant) {
+	t.Helper()
+	c := e.counter(t)
+	c.Spec = passCounter(fence, holder).Spec
+	if err := e.api.Update(t.Context(), c); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// passGrant is a request for passResource made at t0+requested seconds.
+func passGrant(name string, requested float64) *lockingv1alpha1.LockGrant {
+	return &lockingv1alpha1.LockGrant{
+		ObjectMeta: metav1.ObjectMeta{
+			Namespace: passNS, Name: name, UID: types.UID("uid-" + name),
+			Annotations: map[string]string{lockingv1alpha1.RequestedAtAnnotation: passT0.Add(time.Duration(requested * float64(time.Second))).Format(time.RFC3339Nano)},
+		},
+		Spec: lockingv1alpha1.LockGrantSpec{Resource: passResource, Owner: "owner-" + name, LeaseDurationSeconds: 30},
+	}
+}
+
+// passHeld is g Held with fence until t0+30 s.
+func passHeld(g *lockingv1alpha1.LockGrant, fence int64) *lockingv1alpha1.LockGrant {
+	at, until := metav1.NewMicroTime(passT0.Add(time.Second)), metav1.NewMicroTime(passT0.Add(31*time.Second))
+	g.Status.Phase, g.Status.FenceToken, g.Status.GrantedAt, g.Status.ExpiresAt = lockingv1alpha1.PhaseHeld, fence, &at, &until
+	return g
+}
+
+func passCounter(fence int64, holder *lockingv1alpha1.LockGrant) *lockingv1alpha1.FenceCounter {
+	c := &lockingv1alpha1.FenceCounter{
+		ObjectMeta: metav1.ObjectMeta{Namespace: passNS, Name: counterKey.Name},
+		Spec:       lockingv1alpha1.FenceCounterSpec{Resource: passResource, Fence: fence},
+	}
+	if holder != nil {
+		c.Spec.Holder = &lockingv1alpha1.FenceHolder{Name: holder.Name, UID: string(holder.UID), Owner: holder.Spec.Owner, Fence: fence,
+			ExpiresAt: lockingv1alpha1.FormatInstant(holder.Status.ExpiresAt.Time)}
+	}
+	return c
+}
+
+// A handoff decides on the counter the cache shows: the pass reads no
+// counter from the API server; its compare-and-swap stands behind it.
+func TestHandoffReadsNoCounterDirectly(t *testing.T) {
+	a := passHeld(passGrant("a", 0), 1)
+	a.Spec.Release = true
+	e := newPassEnv(t, a, passGrant("b", 1), passCounter(1, a))
+	e.startStatuses(t)
+	e.pass(t)
+	if c := e.counter(t); c.Spec.Holder == nil || c.Spec.Holder.Name != "b" || c.Spec.Fence != 2 {
+		t.Fatalf("counter %+v; want b holding fence 2", c.Spec)
+	}
+	if b := e.grant(t, "b"); b.Status.Phase != lockingv1alpha1.PhaseHeld || b.Status.FenceToken != 2 {
+		t.Fatalf("b is %s with fence %d; want Held with 2", b.Status.Phase, b.Status.FenceToken)
+	}
+	if a := e.grant(t, "a"); a.Status.Phase != lockingv1alpha1.PhaseReleased {
+		t.Fatalf("a is %s, want Released", a.Status.Phase)
+	}
+	if n := e.direct.counterReads(); n != 0 {
+		t.Fatalf("the handoff read the counter %d times from the API server; want none", n)
+	}
+}
+
+// A cached counter behind the API server (another replica granted b
+// meanwhile and has not written b's status yet) makes the pass's swap
+// conflict; the pass decides again at once on a direct read and finishes
+// the other replica's grant with the fence it issued, never another.
+func TestCachedCounterBehindIsCaughtByItsSwap(t *testing.T) {
+	a := passHeld(passGrant("a", 0), 1)
+	a.Spec.Release = true
+	b := passGrant("b", 1)
+	e := newPassEnv(t, a, b, passCounter(1, a))
+	e.startStatuses(t)
+	e.cache.freeze(t)
+	bHeld := passHeld(b.DeepCopy(), 2)
+	e.moveCounter(t, 2, bHeld)
+	e.pass(t)
+	c := e.counter(t)
+	if c.Spec.Holder == nil || c.Spec.Holder.Name != "b" || c.Spec.Fence != 2 {
+		t.Fatalf("counter %+v; want b holding fence 2 as the other replica wrote it", c.Spec)
+	}
+	if got := e.grant(t, "b"); got.Status.Phase != lockingv1alpha1.PhaseHeld || got.Status.FenceToken != 2 {
+		t.Fatalf("b is %s with fence %d; want Held with the counter's fence 2", got.Status.Phase, got.Status.FenceToken)
+	}
+	if e.direct.counterReads() == 0 {
+		t.Fatal("the pass never read the counter directly after its swap conflicted")
+	}
+}
+
+// A plan that writes statuses and no counter has no compare-and-swap to
+// validate the cached counter it was decided on: it is decided again on a
+// direct read. Here the cache shows the counter from before a's grant
+// while a's status already says Held: decided on the cache alone, a would
+// be ended as a holder the counter no longer names.
+func TestStatusOnlyPlanIsDecidedOnADirectRead(t *testing.T) {
+	a := passGrant("a", 0)
+	e := newPassEnv(t, a, passCounter(0, nil))
+	e.startStatuses(t)
+	e.cache.freeze(t) // the counter before a's grant
+	aHeld := passHeld(e.grant(t, "a"), 1)
+	e.moveCounter(t, 1, aHeld)
+	if err := e.api.Status().Update(t.Context(), aHeld); err != nil {
+		t.Fatal(err)
+	}
+	var gl lockingv1alpha1.LockGrantList
+	if err := e.api.List(t.Context(), &gl, client.InNamespace(passNS)); err != nil {
+		t.Fatal(err)
+	}
+	e.cache.mu.Lock()
+	e.cache.grants = gl.Items // the grants' informer has a's status
+	e.cache.mu.Unlock()
+
+	e.pass(t)
+	if got := e.grant(t, "a"); got.Status.Phase != lockingv1alpha1.PhaseHeld || got.Status.FenceToken != 1 {
+		t.Fatalf("a is %s with fence %d; the counter names it with fence 1", got.Status.Phase, got.Status.FenceToken)
+	}
+	if n := e.direct.counterReads(); n != 1 {
+		t.Fatalf("the pass read the counter %d times directly; want once, before its status-only plan", n)
+	}
+}
+
+// After a handoff, the replica's caches show neither its swap nor its
+// statuses for a while. A pass meanwhile decides on what the replica
+// wrote: it writes nothing (no second swap attempt, no status written
+// twice) and reads no counter directly. The watch event of its own swap
+// starts no pass; another writer's does.
+func TestPassAfterItsOwnWritesDecidesOnThem(t *testing.T) {
+	a := passHeld(passGrant("a", 0), 1)
+	a.Spec.Release = true
+	e := newPassEnv(t, a, passGrant("b", 1), passCounter(1, a))
+	e.startStatuses(t)
+	e.cache.freeze(t)
+	before := e.counter(t)
+	e.pass(t)
+	written := e.counter(t)
+	rvs := func() []string {
+		return []string{e.counter(t).ResourceVersion, e.grant(t, "a").ResourceVersion, e.grant(t, "b").ResourceVersion}
+	}
+	after := rvs()
+	reads := e.direct.counterReads()
+
+	e.pass(t)
+	if got := rvs(); !slices.Equal(got, after) {
+		t.Fatalf("a pass on a cache behind this replica's own writes wrote again: versions %v, then %v", after, got)
+	}
+	if n := e.direct.counterReads(); n != reads {
+		t.Fatalf("the pass read the counter directly %d times", n-reads)
+	}
+
+	q := workqueue.NewTypedRateLimitingQueue(workqueue.DefaultTypedControllerRateLimiter[reconcile.Request]())
+	defer q.ShutDown()
+	h := e.r.counterEvents()
+	before.Generation, written.Generation = 1, 2
+	h.Update(t.Context(), event.UpdateEvent{ObjectOld: before, ObjectNew: written}, q)
+	if q.Len() != 0 {
+		t.Fatal("the watch event of the replica's own swap started a pass")
+	}
+	theirs := written.DeepCopy()
+	theirs.ResourceVersion, theirs.Generation = theirs.ResourceVersion+"0", 3
+	h.Update(t.Context(), event.UpdateEvent{ObjectOld: written, ObjectNew: theirs}, q)
+	if q.Len() != 1 {
+		t.Fatal("another writer's change of the counter started no pass")
+	}
+}
+
+// gatedStatus holds every status write until the test opens the gate,
+// and records the order the writes were sent in.
+type gatedStatus struct {
+	*laggingCache
+	gate  chan struct{}
+	mu    sync.Mutex
+	order []string
+}
+
+func (c *gatedStatus) Status() client.SubResourceWriter {
+	return gatedWriter{SubResourceWriter: c.laggingCache.Status(), c: c}
+}
+
+type gatedWriter struct {
+	client.SubResourceWriter
+	c *gatedStatus
+}
+
+func (w gatedWriter) Patch(ctx context.Context, obj client.Object, patch client.Patch, opts ...client.SubResourcePatchOption) error {
+	select {
+	case <-w.c.gate:
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	w.c.mu.Lock()
+	w.c.order = append(w.c.order, obj.GetName())
+	w.c.mu.Unlock()
+	return w.SubResourceWriter.Patch(ctx, obj, patch, opts...)
+}
+
+// A pass returns after its swap, not after its statuses: the resource's
+// next swap never waits behind them. The statuses follow in the plan's
+// order, the ended holder before the new one.
+func TestPassReturnsBeforeItsStatusesAreWritten(t *testing.T) {
+	a := passHeld(passGrant("a", 0), 1)
+	a.Spec.Release = true
+	e := newPassEnv(t, a, passGrant("b", 1), passCounter(1, a))
+	gated := &gatedStatus{laggingCache: e.cache, gate: make(chan struct{})}
+	e.r.Client = gated
+	e.startStatuses(t)
+
+	done := make(chan error, 1)
+	go func() {
+		_, err := e.r.Reconcile(t.Context(), reconcile.Request{NamespacedName: counterKey})
+		done <- err
+	}()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(10 * time.Second):
+		close(gated.gate)
+		t.Fatal("the pass waited for its status writes")
+	}
+	if c := e.counter(t); c.Spec.Holder == nil || c.Spec.Holder.Name != "b" || c.Spec.Fence != 2 {
+		t.Fatalf("counter %+v when the pass returned; want b holding fence 2", c.Spec)
+	}
+	if b := e.grant(t, "b"); b.Status.Phase == lockingv1alpha1.PhaseHeld {
+		t.Fatal("b's status was written while the gate was closed")
+	}
+
+	close(gated.gate)
+	err := wait.PollUntilContextTimeout(t.Context(), 10*time.Millisecond, 10*time.Second, true, func(context.Context) (bool, error) {
+		return e.grant(t, "b").Status.Phase == lockingv1alpha1.PhaseHeld && e.grant(t, "a").Status.Phase == lockingv1alpha1.PhaseReleased, nil
+	})
+	if err != nil {
+		t.Fatalf("statuses never written: a %s, b %s", e.grant(t, "a").Status.Phase, e.grant(t, "b").Status.Phase)
+	}
+	gated.mu.Lock()
+	defer gated.mu.Unlock()
+	if !slices.Equal(gated.order, []string{"a", "b"}) {
+		t.Fatalf("statuses written in the order %v; want the ended holder a first", gated.order)
+	}
+	if g := e.grant(t, "b"); g.Status.CounterGeneration != e.counter(t).Generation {
+		t.Fatalf("b's status names counter generation %d, the counter is at %d", g.Status.CounterGeneration, e.counter(t).Generation)
+	}
+}

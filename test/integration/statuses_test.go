@@ -1,0 +1,54 @@
+package integration
+
+import (
+	"encoding/json"
+	"testing"
+
+	"k8s.io/apimachinery/pkg/types"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	lockingv1alpha1 "github.com/lockwarden/lockwarden/api/v1alpha1"
+)
+
+// statusPatch merges status into g's status as a controller writes it,
+// without a resourceVersion: the API server alone judges the transition.
+func statusPatch(t *testing.T, g *lockingv1alpha1.LockGrant, status map[string]any) error {
+	t.Helper()
+	body, err := json.Marshal(map[string]any{"status": status})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return admin.Status().Patch(t.Context(), &lockingv1alpha1.LockGrant{ObjectMeta: g.ObjectMeta}, client.RawPatch(types.MergePatchType, body))
+}
+
+// The controller writes statuses after the counter, from a writer that
+// may send one late (decided on an older fence record, or by a replica a
+// pass behind). The API server keeps such a status from replacing a newer
+// one: a final phase never changes, an issued fence never changes, and the
+// counter generation a status was decided on never goes back while the
+// fence stays.
+func TestLateStatusNeverReplacesANewerOne(t *testing.T) {
+	ns := namespace(t)
+	a := mustAcquire(t, as(t, "a"), ns, 30)
+	if a.Status.CounterGeneration == 0 {
+		t.Fatalf("a Held status names no counter generation: %+v", a.Status)
+	}
+
+	wantReason(t, "a status decided on an older counter generation",
+		statusPatch(t, a, map[string]any{"counterGeneration": a.Status.CounterGeneration - 1}), "FENCE_REGRESSION")
+	wantReason(t, "a status with another fence",
+		statusPatch(t, a, map[string]any{"fenceToken": a.Status.FenceToken + 1}), "FENCE_REGRESSION")
+	if err := statusPatch(t, a, map[string]any{"counterGeneration": a.Status.CounterGeneration + 1}); err != nil {
+		t.Fatalf("a status decided on a newer counter generation was refused: %v", err)
+	}
+
+	if err := release(t, as(t, "a"), a); err != nil {
+		t.Fatal(err)
+	}
+	ended := waitPhase(t, a, lockingv1alpha1.PhaseReleased)
+	wantReason(t, "a late Held over Released",
+		statusPatch(t, ended, map[string]any{"phase": string(lockingv1alpha1.PhaseHeld), "counterGeneration": ended.Status.CounterGeneration + 10}), "ALREADY_ENDED")
+	if g := get(t, a); g.Status.Phase != lockingv1alpha1.PhaseReleased || g.Status.FenceToken != a.Status.FenceToken {
+		t.Fatalf("a is %s with fence %d after the refused writes; want Released with %d", g.Status.Phase, g.Status.FenceToken, a.Status.FenceToken)
+	}
+}
