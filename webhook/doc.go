@@ -22,8 +22,9 @@
 //     Kubernetes objects labeled locking.lockwarden.io/guarded=true or
 //     covered by a GuardPolicy: a mutating webhook checks and consumes the
 //     claim of every create and update, a validating one checks deletes,
-//     and one without objectSelector refuses scale, eviction and binding
-//     requests on guarded objects (Shadow policies: record-only).
+//     one without objectSelector refuses scale, eviction and binding
+//     requests on guarded objects (Shadow policies: record-only), and one
+//     warns about a guard label that guards nothing.
 package webhook
 
 import (
@@ -52,6 +53,7 @@ const (
 	GuardMutatePath          = "/mutate-guarded"
 	GuardDeletePath          = "/validate-guarded"
 	GuardSubresourcePath     = "/validate-guarded-subresource"
+	GuardLabelWarningPath    = "/warn-guard-label"
 	ValidateGuardPolicyPath  = "/validate-locking-lockwarden-io-v1alpha1-guardpolicy"
 	ValidateFenceIssuerPath  = "/validate-locking-lockwarden-io-v1alpha1-fenceissuer"
 )
@@ -81,6 +83,7 @@ func Setup(mgr ctrl.Manager, clk clock.PassiveClock, bundle func(context.Context
 	srv.Register(GuardMutatePath, label)
 	srv.Register(GuardDeletePath, label)
 	srv.Register(GuardSubresourcePath, &admission.Webhook{Handler: &guard.SubresourceHandler{Metadata: meta, Policies: mgr.GetClient()}})
+	srv.Register(GuardLabelWarningPath, &admission.Webhook{Handler: guard.LabelWarner{}})
 	srv.Register(lockingv1alpha1.GuardPolicyEnforcePathPrefix, &admission.Webhook{
 		Handler:         &guard.PolicyHandler{Checker: checker, Policies: mgr.GetClient(), Recorder: recorder},
 		WithContextFunc: guard.WithPath,
