@@ -71,24 +71,26 @@ func Setup(mgr ctrl.Manager, clk clock.PassiveClock, bundle func(context.Context
 	}
 	reader := mgr.GetAPIReader()
 	srv := mgr.GetWebhookServer()
-	srv.Register(MutateLockGrantPath, lockgrant.NewDefaulter(mgr.GetScheme(), clk))
-	srv.Register(ValidateLockGrantPath, lockgrant.NewValidator(mgr.GetScheme(), clk, mgr.GetClient(), mgr.GetClient(), reader))
-	srv.Register(ValidateFenceCounterPath, fencecounter.NewValidator(mgr.GetScheme(), reader))
-	srv.Register(ValidateGuardPolicyPath, guardpolicy.NewValidator(mgr.GetScheme()))
-	srv.Register(ValidateFenceIssuerPath, fenceissuer.NewValidator(mgr.GetScheme()))
+	// Every webhook finishes what it accepted, also while the replica shuts
+	// down (finishing).
+	register := func(path string, w *admission.Webhook) { srv.Register(path, finish(w)) }
+	register(MutateLockGrantPath, lockgrant.NewDefaulter(mgr.GetScheme(), clk))
+	register(ValidateLockGrantPath, lockgrant.NewValidator(mgr.GetScheme(), clk, mgr.GetClient(), mgr.GetClient(), reader))
+	register(ValidateFenceCounterPath, fencecounter.NewValidator(mgr.GetScheme(), reader))
+	register(ValidateGuardPolicyPath, guardpolicy.NewValidator(mgr.GetScheme()))
+	register(ValidateFenceIssuerPath, fenceissuer.NewValidator(mgr.GetScheme()))
 
 	checker := &guard.Checker{Reader: reader, Clock: clk, Bundle: bundle}
 	recorder := mgr.GetEventRecorder("lockwarden-guard")
-	label := &admission.Webhook{Handler: &guard.LabelHandler{Checker: checker, Policies: mgr.GetClient()}}
-	srv.Register(GuardMutatePath, label)
-	srv.Register(GuardDeletePath, label)
-	srv.Register(GuardSubresourcePath, &admission.Webhook{Handler: &guard.SubresourceHandler{Metadata: meta, Policies: mgr.GetClient()}})
-	srv.Register(GuardLabelWarningPath, &admission.Webhook{Handler: guard.LabelWarner{}})
-	srv.Register(lockingv1alpha1.GuardPolicyEnforcePathPrefix, &admission.Webhook{
+	register(GuardMutatePath, &admission.Webhook{Handler: &guard.LabelHandler{Checker: checker, Policies: mgr.GetClient()}})
+	register(GuardDeletePath, &admission.Webhook{Handler: &guard.LabelHandler{Checker: checker, Policies: mgr.GetClient()}})
+	register(GuardSubresourcePath, &admission.Webhook{Handler: &guard.SubresourceHandler{Metadata: meta, Policies: mgr.GetClient()}})
+	register(GuardLabelWarningPath, &admission.Webhook{Handler: guard.LabelWarner{}})
+	register(lockingv1alpha1.GuardPolicyEnforcePathPrefix, &admission.Webhook{
 		Handler:         &guard.PolicyHandler{Checker: checker, Policies: mgr.GetClient(), Recorder: recorder},
 		WithContextFunc: guard.WithPath,
 	})
-	srv.Register(lockingv1alpha1.GuardPolicyShadowPathPrefix, &admission.Webhook{
+	register(lockingv1alpha1.GuardPolicyShadowPathPrefix, &admission.Webhook{
 		Handler:         &guard.PolicyHandler{Checker: checker, Policies: mgr.GetClient(), Recorder: recorder, Shadow: true},
 		WithContextFunc: guard.WithPath,
 	})
