@@ -66,6 +66,7 @@ check() {
 		local probe="lw-probe-$$"
 		if ip netns add "$probe" 2>/dev/null; then
 			ip netns delete "$probe"
+			rmdir /run/netns 2>/dev/null || true
 		else
 			why+=("it cannot create a network namespace here (ip netns add)")
 		fi
@@ -545,7 +546,7 @@ down() {
 	rm -rf /var/lib/cni/networks/"$netns"
 	# shellcheck disable=SC2086 # one word per socket
 	[[ -z "$sockets" ]] || rm -f $sockets
-	rmdir /var/lib/cni/results /var/lib/cni /run/containerd/s /run/containerd 2>/dev/null || true
+	rmdir /var/lib/cni/results /var/lib/cni /run/containerd/s /run/containerd /run/netns 2>/dev/null || true
 	rm -rf "$dir"
 	verify_down
 	log "down: $((SECONDS - t0))s"

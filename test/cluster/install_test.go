@@ -159,6 +159,7 @@ func installed(ctx context.Context) bool {
 func ensureRelease(t *testing.T) {
 	t.Helper()
 	if !installed(t.Context()) {
+		adoptCRDs(t)
 		helmInstall(t, *image)
 		return
 	}
@@ -180,12 +181,28 @@ func testInstallYAML(t *testing.T) {
 	}
 }
 
+// adoptCRDs gives the CRDs an earlier install.yaml left Helm's ownership
+// metadata, as the README says, so that the chart takes them over.
+func adoptCRDs(t *testing.T) {
+	t.Helper()
+	out := must(t)(kubectl(t.Context(), "get", "crd", "-o", "name"))
+	for _, crd := range strings.Fields(out) {
+		if !strings.HasSuffix(crd, ".locking.lockwarden.io") {
+			continue
+		}
+		must(t)(kubectl(t.Context(), "label", "--overwrite", crd, "app.kubernetes.io/managed-by=Helm"))
+		must(t)(kubectl(t.Context(), "annotate", "--overwrite", crd, "meta.helm.sh/release-name="+release, "meta.helm.sh/release-namespace="+releaseNamespace))
+	}
+}
+
 // testHelmInstall installs the chart with --wait and uninstalls it again,
 // -installs times from scratch; the last install stays for the tests after.
+// The CRDs install.yaml left behind are taken over as the README says.
 func testHelmInstall(t *testing.T) {
 	if installed(t.Context()) {
 		helmUninstall(t)
 	}
+	adoptCRDs(t)
 	for i := range *installs {
 		took := helmInstall(t, *image)
 		record(t, "helm install --wait -> Ready and served", took, installTarget)

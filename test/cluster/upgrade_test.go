@@ -25,6 +25,7 @@ func testRollingUpgrade(t *testing.T) {
 	if installed(t.Context()) {
 		helmUninstall(t)
 	}
+	adoptCRDs(t)
 	record(t, "helm install (previous image) -> Ready and served", helmInstall(t, *previousImage), installTarget)
 	ns := namespace(t, "upgrade")
 	since := time.Now()
