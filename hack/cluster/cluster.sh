@@ -66,7 +66,7 @@ check() {
 		local probe="lw-probe-$$"
 		if ip netns add "$probe" 2>/dev/null; then
 			ip netns delete "$probe"
-			rmdir /run/netns 2>/dev/null || true
+			netns_dir_down
 		else
 			why+=("it cannot create a network namespace here (ip netns add)")
 		fi
@@ -76,6 +76,14 @@ check() {
 		echo "the test cluster cannot run on this machine: ${why[*]}" >&2
 		return 1
 	fi
+}
+
+# netns_dir_down removes /run/netns once no namespace is left in it: `ip
+# netns add` makes it a mount point of its own.
+netns_dir_down() {
+	[[ -d /run/netns && -z "$(ls -A /run/netns)" ]] || return 0
+	while mountpoint -q /run/netns; do umount /run/netns || break; done
+	rmdir /run/netns 2>/dev/null || true
 }
 
 missing_packages() {
@@ -546,7 +554,8 @@ down() {
 	rm -rf /var/lib/cni/networks/"$netns"
 	# shellcheck disable=SC2086 # one word per socket
 	[[ -z "$sockets" ]] || rm -f $sockets
-	rmdir /var/lib/cni/results /var/lib/cni /run/containerd/s /run/containerd /run/netns 2>/dev/null || true
+	rmdir /var/lib/cni/results /var/lib/cni /run/containerd/s /run/containerd 2>/dev/null || true
+	netns_dir_down
 	rm -rf "$dir"
 	verify_down
 	log "down: $((SECONDS - t0))s"
