@@ -1,7 +1,8 @@
 // Package controllers wires lockwarden's reconcilers into a manager:
-// lockgrant (queues, fences, leases, records), issuer (signing keys and trust
-// bundle) and guardpolicy (the policies' admission webhooks). The manager
-// binary and the test suites call Setup, so both run the same controllers.
+// lockgrant (queues, fences, leases, records), podgate (lock-gated Pods),
+// issuer (signing keys and trust bundle) and guardpolicy (the policies'
+// admission webhooks). The manager binary and the test suites call Setup,
+// so both run the same controllers.
 package controllers
 
 import (
@@ -15,10 +16,12 @@ import (
 	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
+	"sigs.k8s.io/controller-runtime/pkg/manager"
 
 	"github.com/lockwarden/lockwarden/controllers/guardpolicy"
 	"github.com/lockwarden/lockwarden/controllers/issuer"
 	"github.com/lockwarden/lockwarden/controllers/lockgrant"
+	"github.com/lockwarden/lockwarden/controllers/podgate"
 	issuerkeys "github.com/lockwarden/lockwarden/internal/issuer"
 	"github.com/lockwarden/lockwarden/internal/membership"
 )
@@ -33,6 +36,8 @@ type Options struct {
 	Namespace string
 	// FinishedGrantRetention: see lockgrant.Reconciler.
 	FinishedGrantRetention time.Duration
+	// RequestIDWindow: see lockgrant.Reconciler.
+	RequestIDWindow time.Duration
 	// WebhookConfiguration is the ValidatingWebhookConfiguration of the
 	// static guarded-write webhook, which policy webhooks copy.
 	WebhookConfiguration string
@@ -73,10 +78,21 @@ func Setup(ctx context.Context, mgr ctrl.Manager, o Options) error {
 		Clock:                  o.Clock,
 		Recorder:               mgr.GetEventRecorder("lockwarden"),
 		Keyring:                o.Keyring,
+		FreshKeyring:           &issuerkeys.Keyring{Reader: mgr.GetAPIReader(), Namespace: o.Keyring.Namespace},
 		FinishedGrantRetention: o.FinishedGrantRetention,
+		RequestIDWindow:        o.RequestIDWindow,
 		NeedLeaderElection:     needLeader(o.GrantsOnEveryReplica),
 	}).SetupWithManager(ctx, mgr); err != nil {
 		return fmt.Errorf("setting up the LockGrant controller: %w", err)
+	}
+	if err := (&podgate.Reconciler{
+		Client:             mgr.GetClient(),
+		APIReader:          mgr.GetAPIReader(),
+		Clock:              o.Clock,
+		Recorder:           mgr.GetEventRecorder("lockwarden-podgate"),
+		NeedLeaderElection: needLeader(o.GrantsOnEveryReplica),
+	}).SetupWithManager(ctx, mgr); err != nil {
+		return fmt.Errorf("setting up the gated Pod controller: %w", err)
 	}
 	if err := (&issuer.Reconciler{Client: mgr.GetClient(), Namespace: o.Namespace}).SetupWithManager(mgr); err != nil {
 		return fmt.Errorf("setting up the FenceIssuer controller: %w", err)
@@ -109,8 +125,13 @@ func setupOwnership(ctx context.Context, mgr ctrl.Manager, o Options) (*lockgran
 	if _, err := members.GetInformer(ctx, &coordinationv1.Lease{}); err != nil {
 		return nil, fmt.Errorf("watching replica Leases: %w", err)
 	}
-	if err := mgr.Add(members); err != nil {
-		return nil, err
+	// A bare cache is a runnable that controller-runtime starts only on
+	// the elected leader (it does not say NeedLeaderElection), so every
+	// other replica would read an unstarted cache, act on every event at
+	// once and race the preferred replica. As one of the manager's caches
+	// it starts on every replica, and synced, before any controller.
+	if err := mgr.Add(memberCache{members}); err != nil {
+		return nil, fmt.Errorf("adding the replica Lease cache: %w", err)
 	}
 	lease := &lockgrant.ReplicaLease{
 		Client: mgr.GetClient(), Reader: mgr.GetAPIReader(), Namespace: o.Namespace, ID: ro.ID,
@@ -133,6 +154,20 @@ func setupOwnership(ctx context.Context, mgr ctrl.Manager, o Options) (*lockgran
 		Takeover: &membership.Takeover{Delay: ro.TakeoverDelay, MaxWait: ro.TakeoverDelay + ro.LeaseDuration},
 	}, nil
 }
+
+// memberCache puts the replica Lease cache in the manager's group of
+// caches (controller-runtime starts a runnable with GetCache with the
+// manager's own cache: on every replica, leader or not, and waits for it to
+// sync before it starts controllers).
+type memberCache struct{ cache.Cache }
+
+// GetCache returns the cache itself.
+func (c memberCache) GetCache() cache.Cache { return c.Cache }
+
+var _ interface {
+	manager.Runnable
+	GetCache() cache.Cache
+} = memberCache{}
 
 // needLeader is nil (the leader only) unless every replica runs it.
 func needLeader(everyReplica bool) *bool {

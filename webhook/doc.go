@@ -9,15 +9,22 @@
 // INVALID_SPEC or INVALID_POLICY.
 //
 //   - lockgrant: refuses a field of the wrong JSON type, defaults the owner
-//     to the requester, stamps the request time, checks the request
-//     against its session Lease and GuardPolicy, lets only the owner renew
-//     or release, and requires the force-release verb to delete someone
-//     else's live grant.
+//     to the requester, stamps the request time, refuses a request ID the
+//     namespace's RequestIDLedger holds as spent (and marks one reused
+//     after its window), checks the request against its session Lease and
+//     GuardPolicy, accepts a grant for another identity only from the
+//     manager for the gated Pod it names, lets only the owner (or that
+//     grant's steward, the manager) renew or release, and requires the
+//     force-release verb to delete someone else's live grant.
 //   - fencecounter: refuses a counter not named after its resource, any
 //     lowering of a fence (FENCE_REGRESSION), and deleting a counter while
 //     its namespace exists (COUNTER_PROTECTED).
 //   - fenceissuer: refuses to delete the FenceIssuer (COUNTER_PROTECTED).
 //   - guardpolicy: refuses a GuardPolicy that could not be installed.
+//   - gatedpod: holds back every Pod created with a lock annotation (and
+//     no other) behind a scheduling gate until the manager has its grant,
+//     after checking the annotations and that the Pod's ServiceAccount may
+//     acquire (docs/gated-workloads.md).
 //   - guard: the guarded-write webhooks, the enforcement point for
 //     Kubernetes objects labeled locking.lockwarden.io/guarded=true or
 //     covered by a GuardPolicy: a mutating webhook checks and consumes the
@@ -40,6 +47,7 @@ import (
 	"github.com/lockwarden/lockwarden/pkg/fencing"
 	"github.com/lockwarden/lockwarden/webhook/fencecounter"
 	"github.com/lockwarden/lockwarden/webhook/fenceissuer"
+	"github.com/lockwarden/lockwarden/webhook/gatedpod"
 	"github.com/lockwarden/lockwarden/webhook/guard"
 	"github.com/lockwarden/lockwarden/webhook/guardpolicy"
 	"github.com/lockwarden/lockwarden/webhook/lockgrant"
@@ -56,10 +64,13 @@ const (
 	GuardLabelWarningPath    = "/warn-guard-label"
 	ValidateGuardPolicyPath  = "/validate-locking-lockwarden-io-v1alpha1-guardpolicy"
 	ValidateFenceIssuerPath  = "/validate-locking-lockwarden-io-v1alpha1-fenceissuer"
+	MutateGatedPodPath       = "/mutate-gated-pod"
 )
 
 // +kubebuilder:rbac:groups=authorization.k8s.io,resources=subjectaccessreviews,verbs=create
 // +kubebuilder:rbac:groups="",resources=namespaces,verbs=get;list;watch
+// +kubebuilder:rbac:groups="",resources=pods,verbs=get
+// +kubebuilder:rbac:groups=authentication.k8s.io,resources=selfsubjectreviews,verbs=create
 
 // Setup registers every webhook with the manager's webhook server. clk is
 // the clock admission judges leases by; it must be the controller's clock.
@@ -74,16 +85,26 @@ func Setup(mgr ctrl.Manager, clk clock.PassiveClock, bundle func(context.Context
 	// Every webhook finishes what it accepted, also while the replica shuts
 	// down (finishing).
 	register := func(path string, w *admission.Webhook) { srv.Register(path, finish(w)) }
-	register(MutateLockGrantPath, lockgrant.NewDefaulter(mgr.GetScheme(), clk))
-	register(ValidateLockGrantPath, lockgrant.NewValidator(mgr.GetScheme(), clk, mgr.GetClient(), mgr.GetClient(), reader))
+	register(MutateLockGrantPath, lockgrant.NewDefaulter(mgr.GetScheme(), clk, reader))
+	self, err := lockgrant.SelfIdentity(mgr.GetConfig())
+	if err != nil {
+		return err
+	}
+	register(ValidateLockGrantPath, lockgrant.NewValidator(mgr.GetScheme(), clk, mgr.GetClient(), mgr.GetClient(), reader,
+		lockgrant.WithPodGrants(reader, self)))
 	register(ValidateFenceCounterPath, fencecounter.NewValidator(mgr.GetScheme(), reader))
 	register(ValidateGuardPolicyPath, guardpolicy.NewValidator(mgr.GetScheme()))
 	register(ValidateFenceIssuerPath, fenceissuer.NewValidator(mgr.GetScheme()))
 
-	checker := &guard.Checker{Reader: reader, Clock: clk, Bundle: bundle}
+	register(MutateGatedPodPath, &admission.Webhook{Handler: &gatedpod.Handler{
+		Decoder: admission.NewDecoder(mgr.GetScheme()), Authorizer: mgr.GetClient(), Clock: clk,
+	}})
+
 	recorder := mgr.GetEventRecorder("lockwarden-guard")
-	register(GuardMutatePath, &admission.Webhook{Handler: &guard.LabelHandler{Checker: checker, Policies: mgr.GetClient()}})
-	register(GuardDeletePath, &admission.Webhook{Handler: &guard.LabelHandler{Checker: checker, Policies: mgr.GetClient()}})
+	checker := &guard.Checker{Reader: reader, Clock: clk, Bundle: bundle, Authorizer: mgr.GetClient(), Recorder: recorder}
+	label := finish(&admission.Webhook{Handler: &guard.LabelHandler{Checker: checker, Policies: mgr.GetClient()}})
+	srv.Register(GuardMutatePath, label)
+	srv.Register(GuardDeletePath, label)
 	register(GuardSubresourcePath, &admission.Webhook{Handler: &guard.SubresourceHandler{Metadata: meta, Policies: mgr.GetClient()}})
 	register(GuardLabelWarningPath, &admission.Webhook{Handler: guard.LabelWarner{}})
 	register(lockingv1alpha1.GuardPolicyEnforcePathPrefix, &admission.Webhook{

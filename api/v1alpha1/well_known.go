@@ -58,6 +58,18 @@ const (
 	AcceptedProofAnnotation   = "locking.lockwarden.io/accepted-proof"
 	AcceptedWriteIDAnnotation = "locking.lockwarden.io/accepted-write-id"
 
+	// OverrideAnnotation is an administrator's override of a guarded
+	// object wedged in the last issuer epoch (its recorded fence is of
+	// epoch 8388607, above every fence the registry has issued): an update
+	// that sets it to a reason is accepted whatever else it changes (it may
+	// remove the guard label), and a delete by an administrator may follow
+	// with that update's resourceVersion as precondition. The caller needs
+	// the verb "override" on guardedobjects.locking.lockwarden.io in the
+	// object's namespace. Admission consumes it like a claim; the record
+	// keeps its fence, with accepted-intent "override". Any other object
+	// refuses it (OVERRIDE_REFUSED): see docs/runbook.md.
+	OverrideAnnotation = "locking.lockwarden.io/override"
+
 	// ShadowDenialAnnotation is set on an object by a GuardPolicy in Shadow
 	// mode when Enforce would have denied the write: "REASON: detail". It
 	// is removed by the next write Enforce would admit.
@@ -90,6 +102,23 @@ const (
 	// created without it (kubectl lockwarden acquire, kubectl create) are renewed
 	// by hand with kubectl lockwarden renew.
 	DriverAnnotation = "locking.lockwarden.io/driver"
+
+	// GeneratedRequestIDAnnotation ("true") marks a LockGrant whose request
+	// ID its client generated at random (pkg/lock without WithRequestID,
+	// kubectl lockwarden without --request-id): nobody else can know it,
+	// so the controller does not record it in the namespace's
+	// RequestIDLedger when it deletes the grant, and admission does not
+	// look it up.
+	GeneratedRequestIDAnnotation = "locking.lockwarden.io/generated-request-id"
+
+	// ReusedRequestIDAnnotation is stamped by admission on a LockGrant
+	// created with a request ID that an earlier grant spent, after that
+	// ID's window (RequestIDLedger) passed: "<phase> <endedAt>", how and
+	// when (RFC 3339) the earlier grant ended. Whoever saw the grant's name
+	// before saw that earlier acquisition, so kubectl lockwarden refuses to
+	// renew or release this one by name alone (UNKNOWN_GRANT; name its
+	// UID). A value sent by a client is removed; it is immutable.
+	ReusedRequestIDAnnotation = "locking.lockwarden.io/reused-request-id"
 
 	// RequestIDLabel carries LockGrantSpec.RequestID so that a client whose
 	// create response was lost can find its grant with a label selector:

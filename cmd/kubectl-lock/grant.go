@@ -2,18 +2,18 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"io"
 	"time"
 
 	"github.com/spf13/cobra"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/cli-runtime/pkg/genericclioptions"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	"sigs.k8s.io/yaml"
 
 	lockingv1alpha1 "github.com/lockwarden/lockwarden/api/v1alpha1"
 	"github.com/lockwarden/lockwarden/pkg/fencing"
@@ -48,35 +48,6 @@ func (o *acquireOptions) lockOptions() []lock.Option {
 	return opts
 }
 
-// validOutput checks an -o value.
-func validOutput(o string) error {
-	switch o {
-	case "", "json", "yaml":
-		return nil
-	}
-	return fmt.Errorf("unknown output format %q: use json or yaml", o)
-}
-
-// printObject writes obj as JSON or YAML.
-func printObject(w io.Writer, format string, obj any) error {
-	if o, ok := obj.(runtime.Object); ok {
-		setKind(o)
-	}
-	b, err := json.MarshalIndent(obj, "", "    ")
-	if err != nil {
-		return err
-	}
-	if format == "yaml" {
-		if b, err = yaml.JSONToYAML(b); err != nil {
-			return err
-		}
-		_, err = w.Write(b)
-		return err
-	}
-	_, err = fmt.Fprintf(w, "%s\n", b)
-	return err
-}
-
 // setKind fills in apiVersion and kind, which typed clients leave empty.
 func setKind(o runtime.Object) {
 	switch v := o.(type) {
@@ -100,24 +71,32 @@ func timestamp(t *metav1.MicroTime) string {
 
 func (a *app) acquireCmd() *cobra.Command {
 	var o acquireOptions
-	var output string
+	pf := genericclioptions.NewPrintFlags("")
 	cmd := &cobra.Command{
 		Use:   "acquire RESOURCE",
-		Short: "Take the lock on RESOURCE and print the grant and its fence",
-		Long: `Take the lock on RESOURCE, waiting in its queue, and print the grant's name
-and fence. The lock is not renewed after the command exits: renew it with
-'kubectl lockwarden renew GRANT' before the TTL runs out, or use 'kubectl lockwarden run'.
+		Short: "Take the lock on RESOURCE and print the grant, its fence and its UID",
+		Long: `Take the lock on RESOURCE, waiting in its queue, and print the grant's name,
+fence, expiry and UID. The lock is not renewed after the command exits: renew
+it with 'kubectl lockwarden renew GRANT --uid UID' before the TTL runs out, and
+release it with 'kubectl lockwarden release GRANT --uid UID', or use
+'kubectl lockwarden run'. The UID names exactly this acquisition: with it,
+renew and release never act on a later grant that reuses the name.
 Acquiring again with the same --request-id prints the same grant while it
-lasts.`,
+lasts; once it ended, the request ID is spent (exit code 3, with the reason
+it ended) for the registry's request-ID window (7 days by default), also
+after the grant itself is deleted. -o json|yaml|name|jsonpath|go-template
+print the LockGrant.`,
 		Example: `  kubectl lockwarden acquire reports/nightly --ttl 60s --wait 10s
   kubectl lockwarden acquire reports/nightly -o json
+  kubectl lockwarden acquire reports/nightly -o jsonpath='{.metadata.name} {.metadata.uid} {.status.fenceToken}'
 
   # One of 4 permits of render/farm: at most 4 holders at once.
   kubectl lockwarden acquire render/farm --permits 4`,
 		Args:              cobra.ExactArgs(1),
 		ValidArgsFunction: a.completeResources,
 		RunE: func(cmd *cobra.Command, args []string) error {
-			if err := validOutput(output); err != nil {
+			printer, err := toPrinter(pf)
+			if err != nil {
 				return err
 			}
 			locks, c, ns, err := a.locks()
@@ -136,26 +115,36 @@ lasts.`,
 				return classify(err)
 			}
 			p.finish(fmt.Sprintf("acquired %s", args[0]))
-			// The handle may hold by the resource's fence record a moment
-			// before the grant's status says so: print the grant once it
-			// does, with its fence and signed record.
-			if _, err := h.AwaitRecord(ctx); err != nil {
+			g, err := heldGrant(ctx, h, c)
+			if err != nil {
+				// Nobody but this command knows the grant yet: it must
+				// not outlive it.
+				rctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+				defer cancel()
+				_ = h.Release(rctx)
 				return classify(err)
 			}
-			g, err := lock.WaitForGrant(ctx, c, h.Grant(), func(g *lockingv1alpha1.LockGrant) bool { return g != nil })
-			if err != nil {
-				return err
+			if printer != nil {
+				setKind(g)
+				return printer.PrintObj(g, a.streams.Out)
 			}
-			if output != "" {
-				return printObject(a.streams.Out, output, g)
-			}
-			fmt.Fprintf(a.streams.Out, "grant %s%s fence %d expires %s\n", g.Name, permitText(g), g.Status.FenceToken, timestamp(g.Status.ExpiresAt))
+			fmt.Fprintf(a.streams.Out, "grant %s%s fence %d expires %s uid %s\n", g.Name, permitText(g), g.Status.FenceToken, timestamp(g.Status.ExpiresAt), g.UID)
 			return nil
 		},
 	}
 	o.addFlags(cmd)
-	cmd.Flags().StringVarP(&output, "output", "o", "", "Output format: json or yaml (the LockGrant).")
+	pf.AddFlags(cmd)
 	return cmd
+}
+
+// heldGrant returns h's grant once its status says Held, with its fence and
+// signed record: the handle may hold by the resource's fence record a
+// moment before.
+func heldGrant(ctx context.Context, h *lock.Handle, c client.WithWatch) (*lockingv1alpha1.LockGrant, error) {
+	if _, err := h.AwaitRecord(ctx); err != nil {
+		return nil, err
+	}
+	return lock.WaitForGrant(ctx, c, h.Grant(), func(g *lockingv1alpha1.LockGrant) bool { return g != nil })
 }
 
 func (a *app) renewCmd() *cobra.Command {
@@ -194,7 +183,7 @@ UNKNOWN_GRANT (exit code 3), as for release.`,
 			return nil
 		},
 	}
-	cmd.Flags().StringVar(&uid, "uid", "", "Renew only if the grant is this acquisition (its UID).")
+	cmd.Flags().StringVar(&uid, "uid", "", "Renew only if the grant is this acquisition (its UID, which acquire prints). Without it, the grant that has the name now, unless it reuses a spent request ID (see release --help).")
 	cmd.Flags().DurationVar(&timeout, "timeout", 30*time.Second, "How long to wait for the controller's answer.")
 	return cmd
 }
@@ -209,8 +198,15 @@ func (a *app) releaseCmd() *cobra.Command {
 never a later grant. Prints "released", or exits with code 3 and the reason:
 NOT_OWNER (another identity's grant), EXPIRED (the lease had run out),
 ALREADY_ENDED (released before, or timed out), REVOKED, or UNKNOWN_GRANT (no
-such grant, as for renew). Releasing the grant of a running
-'kubectl lockwarden run' stops it: its command is terminated.`,
+such grant or acquisition, as for renew). Releasing the grant of a running
+'kubectl lockwarden run' stops it: its command is terminated.
+
+--uid UID (acquire prints it) names the acquisition itself: the release acts
+on it or on nothing, whoever has the name now. Without --uid the release acts
+on the grant that has the name now, unless the registry marked that grant as
+made with a request ID an earlier grant had spent (once the request ID's
+window passed): whoever learned the name saw the earlier acquisition, so such
+a grant is refused by name alone (UNKNOWN_GRANT) and needs its --uid.`,
 		Args:              cobra.ExactArgs(1),
 		ValidArgsFunction: a.completeGrants,
 		RunE: func(cmd *cobra.Command, args []string) error {
@@ -234,14 +230,22 @@ such grant, as for renew). Releasing the grant of a running
 			return nil
 		},
 	}
-	cmd.Flags().StringVar(&uid, "uid", "", "Release only if the grant is this acquisition (its UID).")
+	cmd.Flags().StringVar(&uid, "uid", "", "Release only if the grant is this acquisition (its UID, which acquire prints).")
 	cmd.Flags().DurationVar(&timeout, "timeout", 30*time.Second, "How long to wait for an answer.")
 	return cmd
 }
 
 // acquisition returns the UID of the acquisition a command acts on: uid
-// when given, else the grant's that has the name now. A grant that does
-// not exist is an UNKNOWN_GRANT refusal, for renew and release alike.
+// when given, else the grant's that has the name now, if the caller can
+// have seen it. A grant that does not exist is an UNKNOWN_GRANT refusal, for
+// renew and release alike.
+//
+// The caller cannot have seen a grant the registry marked as made with a
+// request ID that an earlier grant had spent (ReusedRequestIDAnnotation):
+// whoever learned the name before learned that earlier acquisition, which
+// no longer exists, and a name alone must never reach a later one. Such a
+// grant is refused by name alone (UNKNOWN_GRANT, naming its UID); its UID
+// acts on it.
 func (a *app) acquisition(ctx context.Context, key types.NamespacedName, uid string) (types.UID, error) {
 	if uid != "" {
 		return types.UID(uid), nil
@@ -257,6 +261,11 @@ func (a *app) acquisition(ctx context.Context, key types.NamespacedName, uid str
 				Detail: "no such grant: it ended and was deleted, or never existed"})
 		}
 		return "", err
+	}
+	if ended, ok := g.Annotations[lockingv1alpha1.ReusedRequestIDAnnotation]; ok {
+		return "", fmt.Errorf("grant %s: %w", key, &fencing.Error{Reason: fencing.ReasonUnknownGrant, Detail: fmt.Sprintf(
+			"the name now belongs to a later acquisition (uid %s), made with request ID %q after the grant that spent it ended (%s); the acquisition a name alone can mean no longer exists. To act on the later one, pass --uid %s",
+			g.UID, g.Spec.RequestID, ended, g.UID)})
 	}
 	return g.UID, nil
 }
@@ -305,6 +314,14 @@ func (p *progress) update(g *lockingv1alpha1.LockGrant) {
 		}
 	}
 	line := fmt.Sprintf("waiting for %s: position %d in the queue", p.resource, pos)
+	if why := heldBack(g); why != "" {
+		// Next in line, but the issuer's epoch has no fence for the
+		// resource: only an operator can change that.
+		if line += "; " + why; line != p.last {
+			p.print(line)
+		}
+		return
+	}
 	var st *resourceStatus
 	if listed {
 		st = statusOf(p.ns, p.resource, list.Items, nil)
@@ -338,6 +355,21 @@ func (p *progress) update(g *lockingv1alpha1.LockGrant) {
 		return
 	}
 	p.print(line)
+}
+
+// heldBack is the message of a waiting grant that the issuer's epoch has
+// no fence for (Ready reason SequenceExhausted or EpochBehind), "" for any
+// other.
+func heldBack(g *lockingv1alpha1.LockGrant) string {
+	c := meta.FindStatusCondition(g.Status.Conditions, lockingv1alpha1.ConditionReady)
+	if c == nil {
+		return ""
+	}
+	switch fencing.Reason(fencing.CodeOf(c.Reason)) {
+	case fencing.ReasonSequenceExhausted, fencing.ReasonEpochBehind:
+		return fencing.CodeOf(c.Reason) + ": " + c.Message
+	}
+	return ""
 }
 
 // print shows line as the progress line.

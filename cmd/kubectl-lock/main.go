@@ -24,9 +24,12 @@
 // annotations locking.lockwarden.io/grant=$LOCKWARDEN_NAMESPACE/$LOCKWARDEN_GRANT
 // and locking.lockwarden.io/fence=$LOCKWARDEN_FENCE, and must be made as the
 // same Kubernetes user. When ownership becomes doubtful or is lost, the
-// command's process group gets SIGTERM, then SIGKILL after --grace, which
-// is bounded so that SIGKILL lands before the lease can expire; the fence
-// makes any write it still sends useless, since the webhook refuses it.
+// command and every process it started get SIGTERM, then SIGKILL after
+// --grace, which is bounded so that SIGKILL lands before the lease can
+// expire; the fence makes any write it still sends useless, since the
+// webhook refuses it. On Linux the command runs under a supervisor, this
+// binary re-executed (see supervise), that follows every process the
+// command starts and kills them all when the plugin dies.
 //
 // Exit codes:
 //
@@ -52,5 +55,9 @@ import (
 )
 
 func main() {
+	// The supervisor of a run command (Linux) is this binary too.
+	if code, ok := asSupervisor(os.Args[1:]); ok {
+		os.Exit(code)
+	}
 	os.Exit(execute(os.Args[1:], genericiooptions.IOStreams{In: os.Stdin, Out: os.Stdout, ErrOut: os.Stderr}))
 }

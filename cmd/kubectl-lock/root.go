@@ -18,6 +18,7 @@ import (
 	"k8s.io/cli-runtime/pkg/genericclioptions"
 	"k8s.io/cli-runtime/pkg/genericiooptions"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
+	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	logf "sigs.k8s.io/controller-runtime/pkg/log"
 
@@ -158,6 +159,9 @@ func (a *app) client() (client.WithWatch, error) {
 	if hc, err := lock.ConfigureTransport(cfg); err == nil {
 		cfg = hc
 	}
+	// Admission warnings (a request ID reused after its window, a forced
+	// release) go to stderr, as kubectl prints them.
+	cfg.WarningHandler = rest.NewWarningWriter(a.streams.ErrOut, rest.WarningWriterOptions{Deduplicate: true})
 	s := runtime.NewScheme()
 	if err := clientgoscheme.AddToScheme(s); err != nil {
 		return nil, err

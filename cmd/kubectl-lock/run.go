@@ -73,10 +73,11 @@ permit.
 
 COMMAND is always killed before the controller can expire the lease. The
 moment ownership becomes doubtful (renewals did not get through in time) or
-is lost, COMMAND is sent SIGTERM, then SIGKILL after --grace, and kubectl
-lock exits with code 123. SIGTERM is sent --grace before the local deadline
-(TTL minus a safety margin after the last confirmed renew was sent), so
-SIGKILL lands at that deadline at the latest, while the lease still runs.
+is lost, COMMAND and every process it started are sent SIGTERM, then
+SIGKILL after --grace, and kubectl lockwarden exits with code 123. SIGTERM
+is sent --grace before the local deadline (TTL minus a safety margin after
+the last confirmed renew was sent), so SIGKILL lands at that deadline at
+the latest, while the lease still runs.
 The grace therefore comes out of the lease: it can be at most
 TTL - margin - 2 x TTL/3 (the margin is a tenth of the TTL, at least 1 s,
 at most half of it), e.g. 2.3s for --ttl 10s, 7s for --ttl 30s, 14s for
@@ -93,7 +94,16 @@ runs hold one grant. A run that finds the grant of its request ID held or
 awaited by another run is refused with DRIVER_MISMATCH (exit code 3), and
 one that finds it ended is refused with the reason it ended. Unless stdin is a terminal, COMMAND runs
 in its own process group, and signals go to the whole group. SIGINT, SIGTERM
-and SIGHUP sent to kubectl lockwarden are passed on to COMMAND.`,
+and SIGHUP sent to kubectl lockwarden are passed on to COMMAND.
+
+On Linux, COMMAND runs under a supervisor (this binary again) that sees
+every process COMMAND starts, also one that calls setsid or double-forks.
+When COMMAND exits, what it left running gets SIGTERM, then SIGKILL after
+--grace, before the lock is released. If kubectl lockwarden itself dies
+(kill -9 included), everything COMMAND started is killed at once, while the
+lease still runs. On macOS and Windows only COMMAND's process group (macOS)
+or COMMAND itself (Windows) is stopped, and nothing when kubectl lockwarden
+dies: see docs/run.md.`,
 		Example: `  kubectl lockwarden run db/orders --ttl 30s --wait 5m -- ./migrate.sh
   kubectl lockwarden run reports/nightly -- sh -c 'generate-report --fence "$LOCKWARDEN_FENCE"'
 
@@ -241,9 +251,7 @@ func (a *app) run(resource string, argv []string, o acquireOptions, grace time.D
 		_ = release(releaseTimeout)
 		return exitLockLost, fmt.Errorf("lock on %s lost before the command started (grant %s): %w", resource, h.Grant().Name, err)
 	}
-	child := exec.Command(argv[0], argv[1:]...)
-	child.Stdin, child.Stdout, child.Stderr = a.streams.In, a.streams.Out, a.streams.ErrOut
-	child.Env = append(os.Environ(),
+	env := append(os.Environ(),
 		EnvFence+"="+fencing.FormatFence(h.Fence()),
 		EnvGrant+"="+h.Grant().Name,
 		EnvGrantUID+"="+string(h.UID()),
@@ -255,31 +263,17 @@ func (a *app) run(resource string, argv []string, o acquireOptions, grace time.D
 		EnvFencedResource+"="+h.FencedResource(),
 	)
 	interactive := isTerminal(a.streams.In)
-	if !interactive {
-		newProcessGroup(child)
-	}
-	if err := child.Start(); err != nil {
+	child, code, err := startCommand(argv, env, a.streams, interactive, grace)
+	if err != nil {
 		_ = release(releaseTimeout)
-		code := exitCannotExec
-		if errors.Is(err, exec.ErrNotFound) || errors.Is(err, os.ErrNotExist) {
-			code = exitNotFound
-		}
 		return code, err
 	}
-	signalChild := func(s syscall.Signal) {
-		if interactive {
-			_ = child.Process.Signal(s)
-		} else {
-			_ = signalGroup(child.Process, s)
-		}
-	}
-	exited := make(chan error, 1)
+	exited := make(chan int, 1)
 	go func() { exited <- child.Wait() }()
 
 	for {
 		select {
-		case err := <-exited:
-			code := exitCode(child.ProcessState, err)
+		case code := <-exited:
 			if rerr := release(releaseTimeout); rerr != nil {
 				fmt.Fprintf(a.streams.ErrOut, "kubectl-lockwarden: warning: %v\n", rerr)
 			}
@@ -287,15 +281,8 @@ func (a *app) run(resource string, argv []string, o acquireOptions, grace time.D
 		case <-h.Done():
 			cause := h.Err()
 			fmt.Fprintf(a.streams.ErrOut, "kubectl-lockwarden: %v; stopping the command (SIGTERM, SIGKILL after %s)\n", cause, grace)
-			signalChild(syscall.SIGTERM)
-			t := time.NewTimer(grace)
-			select {
-			case <-exited: //nolint:errcheck // the command's exit status no longer matters once the lock is lost
-			case <-t.C:
-				signalChild(syscall.SIGKILL)
-				<-exited //nolint:errcheck // as above
-			}
-			t.Stop()
+			child.Stop()
+			<-exited // the command's exit status no longer matters once the lock is lost
 			if rerr := release(lostReleaseTimeout); rerr != nil {
 				fmt.Fprintf(a.streams.ErrOut, "kubectl-lockwarden: %v\n", rerr)
 			}
@@ -303,10 +290,34 @@ func (a *app) run(resource string, argv []string, o acquireOptions, grace time.D
 		case s := <-sigs:
 			// A terminal's Ctrl-C already reached an interactive command.
 			if sig, ok := s.(syscall.Signal); ok && (!interactive || sig != syscall.SIGINT) {
-				signalChild(sig)
+				child.Signal(sig)
 			}
 		}
 	}
+}
+
+// command is COMMAND as run started it, with everything it starts. Each
+// platform has its own (startCommand).
+type command interface {
+	// Signal passes s on to the command: to its process group, or to the
+	// command alone when it shares the terminal's (interactive).
+	Signal(s syscall.Signal)
+	// Stop ends the command and everything it started because the lock
+	// is lost or in doubt: SIGTERM at once, SIGKILL after the grace.
+	Stop()
+	// Wait waits until the command has exited (on Linux, until nothing
+	// it started runs any more either), and returns the command's exit
+	// code (128+S when signal S killed it). Called once.
+	Wait() int
+}
+
+// startErrorCode is run's exit code when the command could not be
+// started: 127 when it was not found, else 126.
+func startErrorCode(err error) int {
+	if errors.Is(err, exec.ErrNotFound) || errors.Is(err, os.ErrNotExist) {
+		return exitNotFound
+	}
+	return exitCannotExec
 }
 
 // hold keeps h until a signal (release, exit 0) or until ownership is lost

@@ -23,6 +23,7 @@ import (
 
 	lockingv1alpha1 "github.com/lockwarden/lockwarden/api/v1alpha1"
 	"github.com/lockwarden/lockwarden/internal/grantplan"
+	"github.com/lockwarden/lockwarden/internal/podgate"
 )
 
 // resourceStatus is what `kubectl lockwarden status` reports about one resource.
@@ -72,6 +73,8 @@ type holderStatus struct {
 	GrantedAt *metav1.MicroTime `json:"grantedAt,omitempty"`
 	ExpiresAt *metav1.MicroTime `json:"expiresAt,omitempty"`
 	Renewals  int64             `json:"renewals"`
+	// Pod is the lock-gated Pod the grant was requested for, if any.
+	Pod string `json:"pod,omitempty"`
 }
 
 // slotFence is the highest fence issued for one permit.
@@ -90,6 +93,8 @@ type queuedRequest struct {
 	Permits int32 `json:"permits"`
 	// WaitTimeoutSeconds is the request's wait limit, in seconds; 0 none.
 	WaitTimeoutSeconds int32 `json:"waitTimeoutSeconds,omitempty"`
+	// Pod is the lock-gated Pod the request was made for, if any.
+	Pod string `json:"pod,omitempty"`
 }
 
 func (a *app) statusCmd() *cobra.Command {
@@ -101,7 +106,7 @@ func (a *app) statusCmd() *cobra.Command {
 		Short: "Show who holds RESOURCE, with which fence until when, and who waits",
 		Long: `Show the holder of RESOURCE (grant, owner, fence, expiry by the controller's
 clock), the highest fence ever issued for it, and the queue of waiting
-requests, next first. For a resource with permits (acquire or run
+requests, next first; for a lock-gated Pod's grant, the Pod too. For a resource with permits (acquire or run
 --permits N) it shows the limit in force and every holder with its permit,
 its fenced resource ID and its fence (each permit has its own fence
 sequence). -o json|yaml|jsonpath|go-template print it as an object of kind
@@ -252,7 +257,7 @@ func statusOf(ns, resource string, grants []lockingv1alpha1.LockGrant, fc *locki
 			st.Holders = append(st.Holders, holderStatus{Grant: g.Name, UID: g.UID, Owner: g.Spec.Owner,
 				Permit: permit, FencedResource: fenced, Fence: g.Status.FenceToken,
 				OverLimit: meta.IsStatusConditionFalse(g.Status.Conditions, lockingv1alpha1.ConditionWithinLimit),
-				GrantedAt: g.Status.GrantedAt, ExpiresAt: g.Status.ExpiresAt, Renewals: g.Status.ObservedRenewals})
+				GrantedAt: g.Status.GrantedAt, ExpiresAt: g.Status.ExpiresAt, Renewals: g.Status.ObservedRenewals, Pod: podOf(g)})
 		case lockingv1alpha1.PhasePending:
 			if g.Spec.Release {
 				continue // withdrawn; the controller ends it next
@@ -260,7 +265,7 @@ func statusOf(ns, resource string, grants []lockingv1alpha1.LockGrant, fc *locki
 			waiting = append(waiting, g)
 			st.Queue = append(st.Queue, queuedRequest{Position: live[g.UID], Grant: g.Name, Owner: g.Spec.Owner,
 				RequestedAt: g.Annotations[lockingv1alpha1.RequestedAtAnnotation], Permits: g.Spec.EffectivePermits(),
-				WaitTimeoutSeconds: g.Spec.WaitTimeoutSeconds})
+				WaitTimeoutSeconds: g.Spec.WaitTimeoutSeconds, Pod: podOf(g)})
 			continue
 		}
 		if permit == 0 {
@@ -309,19 +314,22 @@ func printStatus(a *app, st *resourceStatus) {
 		_ = w.Flush()
 		if len(st.Holders) > 0 {
 			tw := printers.GetNewTabWriter(a.streams.Out)
-			fmt.Fprintf(tw, "  PERMIT\tFENCED RESOURCE\tGRANT\tOWNER\tFENCE\tEXPIRES\n")
+			fmt.Fprintf(tw, "  PERMIT\tFENCED RESOURCE\tGRANT\tOWNER\tPOD\tFENCE\tEXPIRES\n")
 			for i := range st.Holders {
 				h := &st.Holders[i]
 				permit := fmt.Sprint(h.Permit)
 				if h.OverLimit {
 					permit += " (over the limit)"
 				}
-				fmt.Fprintf(tw, "  %s\t%s\t%s\t%s\t%d\t%s\n", permit, h.FencedResource, h.Grant, h.Owner, h.Fence, expires(h))
+				fmt.Fprintf(tw, "  %s\t%s\t%s\t%s\t%s\t%d\t%s\n", permit, h.FencedResource, h.Grant, h.Owner, orDash(h.Pod), h.Fence, expires(h))
 			}
 			_ = tw.Flush()
 		}
 	case h != nil:
 		fmt.Fprintf(w, "Holder:\t%s (owner %s)\n", h.Grant, h.Owner)
+		if h.Pod != "" {
+			fmt.Fprintf(w, "Pod:\t%s\n", h.Pod)
+		}
 		fmt.Fprintf(w, "Fence:\t%d\n", h.Fence)
 		fmt.Fprintf(w, "Expires:\t%s\n", expires(h))
 		fmt.Fprintf(w, "Renewals:\t%d\n", h.Renewals)
@@ -351,10 +359,25 @@ func printStatus(a *app, st *resourceStatus) {
 	_ = w.Flush()
 	tw := printers.GetNewTabWriter(a.streams.Out)
 	defer tw.Flush()
-	fmt.Fprintf(tw, "  POSITION\tGRANT\tOWNER\tREQUESTED AT\n")
+	fmt.Fprintf(tw, "  POSITION\tGRANT\tOWNER\tPOD\tREQUESTED AT\n")
 	for _, q := range st.Queue {
-		fmt.Fprintf(tw, "  %d\t%s\t%s\t%s\n", q.Position, q.Grant, q.Owner, q.RequestedAt)
+		fmt.Fprintf(tw, "  %d\t%s\t%s\t%s\t%s\n", q.Position, q.Grant, q.Owner, orDash(q.Pod), q.RequestedAt)
 	}
+}
+
+// podOf is the name of the lock-gated Pod grant g was requested for, or "".
+func podOf(g *lockingv1alpha1.LockGrant) string {
+	if ref := podgate.PodOf(g); ref != nil {
+		return ref.Name
+	}
+	return ""
+}
+
+func orDash(s string) string {
+	if s == "" {
+		return "-"
+	}
+	return s
 }
 
 // relative says "in 4s" or "3s ago", by the local clock: for display only.

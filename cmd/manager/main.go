@@ -20,12 +20,14 @@ import (
 	"github.com/open-policy-agent/cert-controller/pkg/rotator"
 	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
 	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
 	"k8s.io/client-go/kubernetes"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
+	"k8s.io/client-go/rest"
 	"k8s.io/utils/clock"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
@@ -40,6 +42,7 @@ import (
 	lockingv1alpha1 "github.com/lockwarden/lockwarden/api/v1alpha1"
 	"github.com/lockwarden/lockwarden/controllers"
 	"github.com/lockwarden/lockwarden/controllers/lockgrant"
+	"github.com/lockwarden/lockwarden/internal/clockskew"
 	"github.com/lockwarden/lockwarden/internal/issuer"
 	"github.com/lockwarden/lockwarden/internal/observe"
 	"github.com/lockwarden/lockwarden/internal/version"
@@ -49,7 +52,8 @@ import (
 // The manager's Secrets (webhook certificate, signing keys) live in its own
 // namespace: a Role there, not a ClusterRole. config/ and the Helm chart
 // bind it in the namespace they install into.
-// +kubebuilder:rbac:groups="",namespace=lockwarden-system,resources=secrets,verbs=get;list;watch;update;patch
+// The manager creates the webhook certificate Secret when it is missing.
+// +kubebuilder:rbac:groups="",namespace=lockwarden-system,resources=secrets,verbs=get;list;watch;create;update;patch
 // +kubebuilder:rbac:groups=admissionregistration.k8s.io,resources=validatingwebhookconfigurations;mutatingwebhookconfigurations,verbs=get;list;watch;update;patch
 // +kubebuilder:rbac:groups=coordination.k8s.io,resources=leases,verbs=get;list;watch;create;update;patch;delete
 // Secure metrics: the manager asks the API server who a scraper is and
@@ -72,6 +76,7 @@ type options struct {
 	mutatingConfig          string
 	validatingConfig        string
 	retention               time.Duration
+	requestIDWindow         time.Duration
 	namespace               string
 	leaseDuration           time.Duration
 	renewDeadline           time.Duration
@@ -81,6 +86,7 @@ type options struct {
 	takeoverDelay           time.Duration
 	replicaLeaseDuration    time.Duration
 	replicaLeaseRenew       time.Duration
+	maxClockSkew            time.Duration
 }
 
 func main() {
@@ -102,14 +108,16 @@ func main() {
 	flag.StringVar(&o.mutatingConfig, "mutating-webhook-configuration", "lockwarden-mutating-webhook-configuration", "MutatingWebhookConfiguration to inject the CA into.")
 	flag.StringVar(&o.validatingConfig, "validating-webhook-configuration", "lockwarden-validating-webhook-configuration", "ValidatingWebhookConfiguration to inject the CA into.")
 	flag.DurationVar(&o.retention, "finished-grant-retention", time.Hour, "How long a LockGrant is kept after it ended (Released, Expired, TimedOut) before it is deleted; 0 keeps them forever.")
+	flag.DurationVar(&o.requestIDWindow, "request-id-window", 7*24*time.Hour, "How long a request ID stays spent after its grant ended, however long the grant itself is kept: a new LockGrant with it is refused (ALREADY_ENDED, EXPIRED, REVOKED) for this long, and for as long again after it is admitted with a warning as a new attempt. The IDs are recorded in each namespace's RequestIDLedger before finished grants are deleted; 0 records none.")
 	flag.DurationVar(&o.leaseDuration, "leader-election-lease-duration", 15*time.Second, "How long a standby replica waits before taking over from a leader that stopped renewing: the longest pause in key generation and GuardPolicy webhook updates after a leader dies (and in granting, with --grants-on-every-replica=false).")
 	flag.DurationVar(&o.renewDeadline, "leader-election-renew-deadline", 10*time.Second, "How long the leader retries renewing its leadership before it stops leading.")
 	flag.DurationVar(&o.retryPeriod, "leader-election-retry-period", 2*time.Second, "How often replicas try to acquire or renew leadership.")
-	flag.BoolVar(&o.grantsOnEveryReplica, "grants-on-every-replica", true, "Run the LockGrant controller (grants, renewals, expiries, releases) on every replica, not only on the elected leader, so that a replica that dies or freezes does not pause granting until a failover (docs/ha.md). Key generation and GuardPolicy webhooks stay with the leader.")
+	flag.BoolVar(&o.grantsOnEveryReplica, "grants-on-every-replica", true, "Run the LockGrant controller (grants, renewals, expiries, releases) and the gated-Pod controller on every replica, not only on the elected leader, so that a replica that dies or freezes does not pause granting until a failover (docs/ha.md). Key generation and GuardPolicy webhooks stay with the leader.")
 	flag.StringVar(&o.replicaID, "replica-id", defaultReplicaID(), "This replica's identity among the replicas that grant: its Lease is lockwarden-replica-ID in --namespace (default: $POD_NAME, else the host name and process ID).")
 	flag.DurationVar(&o.takeoverDelay, "takeover-delay", 400*time.Millisecond, "With --grants-on-every-replica: how long a replica leaves a resource to the replica preferred for it (by hashing the resource over the replicas whose Lease is live) before acting itself, when the resource's state has not moved. The longest extra wait of a grant or expiry while a replica is frozen or cut off, until its Lease lapses. 0: every replica acts on every event at once (twice the work with two replicas). See docs/ha.md.")
 	flag.DurationVar(&o.replicaLeaseDuration, "replica-lease-duration", 2*time.Second, "How long a replica's own Lease lasts after each renewal (whole seconds): after a replica stops renewing it (frozen, killed, partitioned), the others act at once on its resources.")
 	flag.DurationVar(&o.replicaLeaseRenew, "replica-lease-renew-interval", 500*time.Millisecond, "How often a replica renews its own Lease; must be shorter than --replica-lease-duration.")
+	flag.DurationVar(&o.maxClockSkew, "max-clock-skew", 2*clockskew.DocumentedBound, "How far this replica's clock may be from the API server's before the replica reports not ready (/readyz check clock-skew), judged from the API server's Date headers with the measurement's uncertainty subtracted. The default is twice the 250ms lease judgments assume between replicas, so that a replica fails only when the assumption is surely broken even if the API server's own clock is 250ms off; past 250ms the replica logs it. The offset is the metric lockwarden_clock_skew_seconds. 0: never fail readiness for it.")
 	flag.StringVar(&o.namespace, "namespace", defaultNamespace(), "The manager's namespace, where the signing keys Secret and the trust bundle ConfigMap live (default: $POD_NAMESPACE, else lockwarden-system).")
 	zapOpts := zap.Options{}
 	zapOpts.BindFlags(flag.CommandLine)
@@ -119,14 +127,16 @@ func main() {
 		return
 	}
 	ctrl.SetLogger(zap.New(zap.UseFlagOptions(&zapOpts)))
+	metrics.Registry.MustRegister(version.BuildInfo())
 
-	if err := run(o); err != nil {
+	if err := run(ctrl.SetupSignalHandler(), ctrl.GetConfigOrDie(), o); err != nil {
 		ctrl.Log.Error(err, "Manager stopped")
 		os.Exit(1)
 	}
 }
 
-func run(o options) error {
+// run runs the manager against the API server cfg names until ctx ends.
+func run(ctx context.Context, cfg *rest.Config, o options) error {
 	scheme := runtime.NewScheme()
 	utilruntime.Must(clientgoscheme.AddToScheme(scheme))
 	utilruntime.Must(lockingv1alpha1.AddToScheme(scheme))
@@ -142,7 +152,6 @@ func run(o options) error {
 		defer os.RemoveAll(dir)
 		o.certDir = dir
 	}
-	cfg := ctrl.GetConfigOrDie()
 	tlsOpts := []func(*tls.Config){func(c *tls.Config) { c.MinVersion = tls.VersionTLS12 }}
 	if !o.enableHTTP2 {
 		tlsOpts = append(tlsOpts, func(c *tls.Config) { c.NextProtos = []string{"http/1.1"} })
@@ -154,7 +163,6 @@ func run(o options) error {
 		metricsOpts.FilterProvider = filters.WithAuthenticationAndAuthorization
 		metricsOpts.CertDir = o.metricsCertDir
 	}
-	metrics.Registry.MustRegister(version.BuildInfo())
 	mgr, err := ctrl.NewManager(cfg, ctrl.Options{
 		Scheme: scheme,
 		// Secrets and ConfigMaps are read only in the manager's namespace.
@@ -186,17 +194,28 @@ func run(o options) error {
 		return fmt.Errorf("creating manager: %w", err)
 	}
 
+	ctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
 	certsReady := make(chan struct{})
 	if o.certSecret != "" {
 		key, err := addCertRotator(mgr, o, certsReady)
 		if err != nil {
 			return err
 		}
+		cs, err := kubernetes.NewForConfig(mgr.GetConfig())
+		if err != nil {
+			return err
+		}
+		// The rotator cannot start without its Secret: create it first
+		// if it is missing, and again whenever it is deleted.
+		keeper := &certSecret{clientset: cs, key: key, webhookConfig: o.validatingConfig, recorder: mgr.GetEventRecorder("lockwarden")}
+		if _, err := keeper.ensure(ctx, metav1.ObjectMeta{}); err != nil {
+			return err
+		}
+		if err := mgr.Add(keeper); err != nil {
+			return err
+		}
 		if syncCerts {
-			cs, err := kubernetes.NewForConfig(mgr.GetConfig())
-			if err != nil {
-				return err
-			}
 			if err := mgr.Add(&certSync{clientset: cs, secret: key, dir: o.certDir}); err != nil {
 				return err
 			}
@@ -206,12 +225,10 @@ func run(o options) error {
 	}
 
 	clk := clock.RealClock{}
-	ctx, cancel := context.WithCancelCause(ctrl.SetupSignalHandler())
-	defer cancel(nil)
 	keyring := &issuer.Keyring{Reader: mgr.GetClient(), Namespace: o.namespace}
 	if err := controllers.Setup(ctx, mgr, controllers.Options{
 		Clock: clk, Keyring: keyring, Namespace: o.namespace,
-		FinishedGrantRetention: o.retention, WebhookConfiguration: o.validatingConfig,
+		FinishedGrantRetention: o.retention, RequestIDWindow: o.requestIDWindow, WebhookConfiguration: o.validatingConfig,
 		GrantsOnEveryReplica: o.grantsOnEveryReplica,
 		Replica: controllers.ReplicaOptions{
 			ID: o.replicaID, TakeoverDelay: o.takeoverDelay,
@@ -239,6 +256,19 @@ func run(o options) error {
 		}
 		close(webhooksUp)
 	}()
+	// Leases are judged by this replica's clock: measure it against the
+	// API server's, and leave the Service when it is surely far off.
+	probe, err := clockskew.APIServerProbe(cfg)
+	if err != nil {
+		return err
+	}
+	skew := &clockskew.Monitor{Probe: probe, Clock: clock.RealClock{}, Max: o.maxClockSkew}
+	if err := mgr.Add(skew); err != nil {
+		return err
+	}
+	if err := mgr.AddReadyzCheck("clock-skew", skew.Ready); err != nil {
+		return err
+	}
 	if err := mgr.AddHealthzCheck("healthz", healthz.Ping); err != nil {
 		return err
 	}
@@ -252,7 +282,7 @@ func run(o options) error {
 	}); err != nil {
 		return err
 	}
-	ctrl.Log.Info("Starting manager", "version", version.Get().Version, "revision", version.Get().Revision, "webhookPort", o.webhookPort, "leaderElection", o.leaderElect, "grantsOnEveryReplica", o.grantsOnEveryReplica, "replicaID", o.replicaID, "takeoverDelay", o.takeoverDelay)
+	ctrl.Log.Info("Starting manager", "version", version.Get().Version, "revision", version.Get().Revision, "webhookPort", o.webhookPort, "leaderElection", o.leaderElect, "grantsOnEveryReplica", o.grantsOnEveryReplica, "replicaID", o.replicaID, "takeoverDelay", o.takeoverDelay, "maxClockSkew", o.maxClockSkew)
 	if err := mgr.Start(ctx); err != nil {
 		return err
 	}

@@ -2,6 +2,7 @@ package lockgrant
 
 import (
 	"context"
+	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -14,6 +15,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	lockingv1alpha1 "github.com/lockwarden/lockwarden/api/v1alpha1"
+	"github.com/lockwarden/lockwarden/internal/clockskew"
 	"github.com/lockwarden/lockwarden/internal/grantplan"
 	"github.com/lockwarden/lockwarden/internal/membership"
 )
@@ -52,8 +54,15 @@ type Ownership struct {
 	// future: every replica runs with the same Lease duration, so a longer
 	// one (or a renew time ahead of our clock by more than that) is not a
 	// replica's, and must not keep a resource waiting for it. 0: trust
-	// the Leases as written.
+	// the Leases as written. A renew time ahead of our clock counts as
+	// now, and is reported (lockwarden_replica_lease_ahead_seconds, and
+	// the log): the peer's clock is at least that far ahead of ours.
 	MaxLeaseDuration time.Duration
+
+	mu sync.Mutex
+	// aheadLogged is when a peer's Lease renewed ahead of our clock was
+	// last logged, by peer.
+	aheadLogged map[string]time.Time
 }
 
 // Wait returns how long this replica leaves req's resource to its preferred
@@ -119,6 +128,7 @@ func (o *Ownership) live(ctx context.Context, now time.Time) ([]string, error) {
 		return nil, err
 	}
 	members := make([]membership.Member, 0, len(leases.Items))
+	var maxAhead time.Duration
 	for i := range leases.Items {
 		l := &leases.Items[i]
 		m := memberOf(l)
@@ -127,13 +137,40 @@ func (o *Ownership) live(ctx context.Context, now time.Time) ([]string, error) {
 		}
 		if o.MaxLeaseDuration > 0 {
 			m.Duration = min(m.Duration, o.MaxLeaseDuration)
-			if m.RenewTime.After(now) {
+			if ahead := m.RenewTime.Sub(now); ahead > 0 && m.ID != o.ID {
+				// Renewed "in the future": the peer's clock is at least
+				// this far ahead of ours (or the Lease is forged). It
+				// counts as renewed now, never later, and it is
+				// reported.
+				maxAhead = max(maxAhead, ahead)
+				o.aheadOf(ctx, m.ID, ahead, now)
 				m.RenewTime = now
 			}
 		}
 		members = append(members, m)
 	}
+	leaseAhead.Set(maxAhead.Seconds())
 	return membership.Live(members, o.ID, now), nil
+}
+
+// aheadOf logs a peer's Lease renewed further ahead of this replica's
+// clock than the clock-skew bound, at most once a minute per peer (the
+// metric lockwarden_replica_lease_ahead_seconds shows any lead).
+func (o *Ownership) aheadOf(ctx context.Context, peer string, ahead time.Duration, now time.Time) {
+	if ahead <= clockskew.DocumentedBound {
+		return
+	}
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if last, ok := o.aheadLogged[peer]; ok && now.Sub(last) < time.Minute {
+		return
+	}
+	if o.aheadLogged == nil {
+		o.aheadLogged = map[string]time.Time{}
+	}
+	o.aheadLogged[peer] = now
+	logf.FromContext(ctx).Info("A replica Lease was renewed further ahead of this replica's clock than the clock-skew bound: one of the two clocks is off (lockwarden_clock_skew_seconds on each says which), or the Lease is forged; it counts as renewed now",
+		"replica", peer, "ahead", ahead.String(), "bound", clockskew.DocumentedBound.String())
 }
 
 // memberOf reads a replica's Lease; a Lease without a renew time or a
@@ -193,4 +230,11 @@ var (
 	})
 )
 
-func init() { metrics.Registry.MustRegister(deferrals, checks, takeovers) }
+// leaseAhead is how far ahead of this replica's clock the peer Lease
+// renewed furthest in the future was, at the last check.
+var leaseAhead = prometheus.NewGauge(prometheus.GaugeOpts{
+	Name: "lockwarden_replica_lease_ahead_seconds",
+	Help: "How far ahead of this replica's clock the peer replica Lease renewed furthest in the future was, at the last ownership check (0: none): that peer's clock is at least that far ahead (or its Lease is forged). Such a Lease counts as renewed now.",
+})
+
+func init() { metrics.Registry.MustRegister(deferrals, checks, takeovers, leaseAhead) }

@@ -2,6 +2,7 @@ package lockgrant
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"maps"
 	"slices"
@@ -58,11 +59,21 @@ type Reconciler struct {
 	Recorder events.EventRecorder
 	// Keyring gives the issuer epoch and the Active signing key.
 	Keyring Keyring
+	// FreshKeyring reads the same directly from the API server. It is read
+	// only when a counter records a fence of a later epoch than Keyring
+	// says (another replica may have issued in an epoch this one's cache
+	// has not seen yet), before anyone is held back for it; nil: never.
+	FreshKeyring Keyring
 	// FinishedGrantRetention is how long a grant is kept after it ended
 	// (Released, Expired, TimedOut) before the controller deletes it; 0
 	// keeps finished grants forever. The FenceCounter is never deleted, so
 	// fences keep increasing after their grants are gone.
 	FinishedGrantRetention time.Duration
+	// RequestIDWindow is how long a request ID stays spent after its grant
+	// ended once the grant is deleted: the request ID is recorded in the
+	// namespace's RequestIDLedger before the grant goes (ledger.go). 0
+	// records nothing.
+	RequestIDWindow time.Duration
 	// NeedLeaderElection, when false, runs this controller on every manager
 	// replica at once, not only on the elected leader: the counter's
 	// compare-and-swap and the resourceVersion preconditions on every
@@ -196,16 +207,20 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reco
 	var params issuer.Params
 	var revisions map[int32]string
 	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
-		f, err := r.gather(ctx, req, r.APIReader)
+		f, plan, err := r.decide(ctx, req)
+		p = plan
 		if err != nil || f.Resource == "" {
 			p = grantplan.Plan{}
 			return err
 		}
 		params = f.Params
-		p = grantplan.Decide(f)
 		revisions, err = r.writeCounters(ctx, req.Namespace, f, p)
 		return err
 	})
+	if errors.Is(err, errCacheBehind) {
+		logf.FromContext(ctx).V(1).Info("Grants cache behind the API server; deciding again once it caught up")
+		return reconcile.Result{RequeueAfter: cacheCatchUp}, nil
+	}
 	if err != nil {
 		return reconcile.Result{}, err
 	}
@@ -236,12 +251,18 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reco
 // lease is over, or the counter predates the lease it now carries.
 // reader is that direct reader (the cache, for ownership's check only).
 func (r *Reconciler) gather(ctx context.Context, req reconcile.Request, reader client.Reader) (grantplan.Facts, error) {
-	f := grantplan.Facts{Now: r.Clock.Now(), Retention: r.FinishedGrantRetention}
+	f := grantplan.Facts{Retention: r.FinishedGrantRetention}
 	var list lockingv1alpha1.LockGrantList
 	if err := r.Client.List(ctx, &list, client.InNamespace(req.Namespace), client.MatchingFields{CounterNameField: req.Name}); err != nil {
 		return f, fmt.Errorf("listing grants: %w", err)
 	}
 	f.Grants = list.Items
+	// The clock is read after the grants: every create and renew the pass
+	// acts on was then sent before Now, so a lease the pass starts or
+	// extends from Now lasts at least its TTL from the send time the
+	// holder counts its deadline from (pkg/lock/holder), however long
+	// this process pauses between reading the clock and the grants.
+	f.Now = r.Clock.Now()
 
 	counter := &lockingv1alpha1.FenceCounter{}
 	switch err := reader.Get(ctx, req.NamespacedName, counter); {
@@ -276,6 +297,11 @@ func (r *Reconciler) gather(ctx context.Context, req reconcile.Request, reader c
 	if err != nil {
 		return f, err
 	}
+	if r.FreshKeyring != nil && counterAhead(f, params.Epoch) {
+		if params, err = r.FreshKeyring.Params(ctx); err != nil {
+			return f, err
+		}
+	}
 	f.Params, f.Epoch, f.Revoked = params, params.Epoch, params.Revoked
 	if f.Policies, err = r.policies(ctx, f.Grants); err != nil {
 		return f, err
@@ -284,6 +310,105 @@ func (r *Reconciler) gather(ctx context.Context, req reconcile.Request, reader c
 		return f, err
 	}
 	return f, nil
+}
+
+// errCacheBehind: the grants the pass would grant kept differing from
+// their cached copies; the pass waits for the cache to catch up.
+var errCacheBehind = errors.New("the grants cache is behind the API server")
+
+const (
+	// maxConfirmRounds bounds how often one pass decides again on grants
+	// read directly because their cached copies were out of date.
+	maxConfirmRounds = 4
+	// cacheCatchUp is how long a pass whose cache was far behind waits
+	// before it is decided again.
+	cacheCatchUp = 100 * time.Millisecond
+)
+
+// decide gathers and plans the pass. Before a counter's swap names a new
+// holder, that grant is read directly (newHolders), after the counter: if
+// it is still the version the pass listed, the pass rests on its current
+// state. A cached copy that is out of date (the grant was released,
+// withdrawn, deleted, or changed since the cache last saw it: a replica
+// resumed after a freeze, a watch that lagged) is replaced by the fresh
+// one, and the pass is gathered and decided again: the counters are read
+// again too, so that, as in any pass, no counter is older than a grant
+// read with it. So no swap names a grant that had ended before this pass
+// read it: the read a grant rests on is as fresh as the counter's,
+// whatever the cache's lag.
+func (r *Reconciler) decide(ctx context.Context, req reconcile.Request) (grantplan.Facts, grantplan.Plan, error) {
+	fresher := map[types.UID]*lockingv1alpha1.LockGrant{}
+	confirmed := map[types.UID]string{}
+	for range maxConfirmRounds {
+		f, err := r.gather(ctx, req, r.APIReader)
+		if err != nil || f.Resource == "" {
+			return f, grantplan.Plan{}, err
+		}
+		for uid, g := range fresher {
+			f.Grants = grantplan.WithHolder(f.Grants, &lockingv1alpha1.FenceHolder{UID: string(uid)}, g)
+		}
+		p := grantplan.Decide(f)
+		var toRead []lockingv1alpha1.LockGrant
+		for _, uid := range newHolders(f, p) {
+			i := slices.IndexFunc(f.Grants, func(g lockingv1alpha1.LockGrant) bool { return g.UID == uid })
+			if i >= 0 && confirmed[uid] != f.Grants[i].ResourceVersion {
+				toRead = append(toRead, f.Grants[i])
+			}
+		}
+		if len(toRead) == 0 {
+			return f, p, nil
+		}
+		fresh := make([]*lockingv1alpha1.LockGrant, len(toRead))
+		var reads errgroup.Group
+		for i := range toRead {
+			reads.Go(func() error {
+				g := &lockingv1alpha1.LockGrant{}
+				switch err := r.APIReader.Get(ctx, client.ObjectKeyFromObject(&toRead[i]), g); {
+				case apierrors.IsNotFound(err):
+					return nil
+				case err != nil:
+					return fmt.Errorf("reading grant %s before granting it: %w", toRead[i].Name, err)
+				}
+				fresh[i] = g
+				return nil
+			})
+		}
+		if err := reads.Wait(); err != nil {
+			return f, grantplan.Plan{}, err
+		}
+		stale := false
+		for i := range toRead {
+			listed := &toRead[i]
+			g := fresh[i]
+			if g != nil && g.UID == listed.UID && g.ResourceVersion == listed.ResourceVersion {
+				confirmed[listed.UID] = listed.ResourceVersion
+				continue
+			}
+			stale = true
+			staleGrants.Inc()
+			if g != nil && g.UID != listed.UID {
+				g = nil // another grant took the name: this one is gone
+			}
+			fresher[listed.UID] = g
+		}
+		if !stale {
+			return f, p, nil
+		}
+	}
+	return grantplan.Facts{}, grantplan.Plan{}, errCacheBehind
+}
+
+// newHolders lists the grants p's counter writes name as a new holder:
+// those the pass grants.
+func newHolders(f grantplan.Facts, p grantplan.Plan) []types.UID {
+	var uids []types.UID
+	for _, w := range grantplan.CounterWrites(f, p) {
+		cur := counterOf(f, w.Slot)
+		if h := w.Spec.Holder; h != nil && (cur == nil || cur.Spec.Holder == nil || cur.Spec.Holder.UID != h.UID) {
+			uids = append(uids, types.UID(h.UID))
+		}
+	}
+	return uids
 }
 
 // gatherSlots reads the counters of slots 1 and above of a resource with
@@ -343,6 +468,20 @@ func (r *Reconciler) gatherSlots(ctx context.Context, reader client.Reader, f *g
 		}
 	}
 	return nil
+}
+
+// counterAhead reports whether a counter of f records a fence of a later
+// issuer epoch than epoch.
+func counterAhead(f grantplan.Facts, epoch int64) bool {
+	if f.Counter != nil && fencing.EpochOf(f.Counter.Spec.Fence) > epoch {
+		return true
+	}
+	for _, c := range f.SlotCounters {
+		if fencing.EpochOf(c.Spec.Fence) > epoch {
+			return true
+		}
+	}
+	return false
 }
 
 // policies reads the GuardPolicies the grants name, from the cache.
@@ -467,7 +606,7 @@ func (r *Reconciler) writeStatuses(ctx context.Context, p grantplan.Plan) error 
 			}
 			return fmt.Errorf("writing status of grant %s: %w", g.Name, err)
 		}
-		r.emit(g, p.Events)
+		r.emit(ctx, g, p.Events)
 	}
 	return nil
 }
@@ -476,7 +615,11 @@ func (r *Reconciler) writeStatuses(ctx context.Context, p grantplan.Plan) error 
 // UID and resourceVersion precondition so that only the decided-on version
 // goes.
 func (r *Reconciler) deleteFinished(ctx context.Context, p grantplan.Plan) error {
-	for _, g := range p.Deletes {
+	deletes, err := r.recordSpent(ctx, p.Deletes)
+	if err != nil {
+		return err
+	}
+	for _, g := range deletes {
 		uid, rv := g.UID, g.ResourceVersion
 		err := r.Client.Delete(ctx, g, client.Preconditions{UID: &uid, ResourceVersion: &rv})
 		if err != nil && !apierrors.IsNotFound(err) {
@@ -492,7 +635,9 @@ func (r *Reconciler) deleteFinished(ctx context.Context, p grantplan.Plan) error
 // not written is decided again, and announced then. Granted, Renewed and
 // Released are the grant path's every step: each would cost an API write
 // per acquisition, and the grant's status and conditions already say them.
-func (r *Reconciler) emit(g *lockingv1alpha1.LockGrant, events []grantplan.Event) {
+// An Event the operator must act on at the issuer (a grant held back until
+// the epoch is raised) is sent regarding the FenceIssuer too.
+func (r *Reconciler) emit(ctx context.Context, g *lockingv1alpha1.LockGrant, events []grantplan.Event) {
 	for _, e := range events {
 		if e.Grant.UID != g.UID {
 			continue
@@ -502,6 +647,15 @@ func (r *Reconciler) emit(g *lockingv1alpha1.LockGrant, events []grantplan.Event
 			continue
 		}
 		r.Recorder.Eventf(e.Grant, nil, corev1.EventTypeWarning, e.Reason, e.Reason, "%s", e.Note)
+		if !e.Issuer {
+			continue
+		}
+		iss := &lockingv1alpha1.FenceIssuer{}
+		if err := r.Client.Get(ctx, types.NamespacedName{Name: lockingv1alpha1.DefaultFenceIssuerName}, iss); err != nil {
+			logf.FromContext(ctx).Error(err, "Reading the FenceIssuer for an Event")
+			continue
+		}
+		r.Recorder.Eventf(iss, e.Grant, corev1.EventTypeWarning, e.Reason, e.Reason, "LockGrant %s/%s: %s", e.Grant.Namespace, e.Grant.Name, e.Note)
 	}
 }
 
@@ -512,4 +666,11 @@ var transitions = prometheus.NewCounterVec(prometheus.CounterOpts{
 	Help: "LockGrant transitions (Granted, Renewed, RELEASED, EXPIRED, TIMED_OUT, REVOKED_EPOCH, PolicyDenied, FENCE_REGRESSION, ...), by reason: the reason code of the catalog when there is one.",
 }, []string{"reason"})
 
-func init() { metrics.Registry.MustRegister(transitions) }
+// staleGrants counts grants a pass was about to grant whose cached copy was
+// out of date.
+var staleGrants = prometheus.NewCounter(prometheus.CounterOpts{
+	Name: "lockwarden_grant_cache_stale_total",
+	Help: "Grants a pass was about to grant whose cached copy was out of date (released, withdrawn, deleted or changed since the cache saw it); the pass decided again on a direct read.",
+})
+
+func init() { metrics.Registry.MustRegister(transitions, staleGrants) }

@@ -7,9 +7,10 @@
 //	charts/lockwarden/templates/generated/webhooks.yaml  config/webhook/manifests.yaml
 //	charts/lockwarden/templates/generated/prometheusrule.yaml  config/prometheus/rules.yaml
 //
-// Names get config/default's prefix "lockwarden-", the namespace "system"
+// Names get config/default's prefix "lockwarden-" (a
+// ValidatingAdmissionPolicyBinding's policyName too), the namespace "system"
 // becomes the release's (and so does "lockwarden-system" where a webhook's
-// namespaceSelector skips the manager's namespace), CRDs carry "helm.sh/resource-policy: keep" unless
+// namespaceSelector names the manager's namespace), CRDs carry "helm.sh/resource-policy: keep" unless
 // crds.keep is false, and the webhook configurations carry cert-manager's
 // CA injection annotation when webhook.certManager.enabled. Everything else
 // is copied as it is. Run by `make manifests` and `make chart`; the chart's
@@ -217,6 +218,9 @@ func webhooks(root string) (string, error) {
 	for _, d := range ds {
 		meta := d["metadata"].(map[string]any)
 		meta["name"] = prefix + meta["name"].(string)
+		if spec, ok := d["spec"].(map[string]any); ok && d["kind"] == "ValidatingAdmissionPolicyBinding" {
+			spec["policyName"] = prefix + spec["policyName"].(string)
+		}
 		hooks, _ := d["webhooks"].([]any)
 		for _, h := range hooks {
 			cc := h.(map[string]any)["clientConfig"].(map[string]any)
@@ -224,7 +228,7 @@ func webhooks(root string) (string, error) {
 				svc["name"] = prefix + svc["name"].(string)
 				svc["namespace"] = namespace
 			}
-			exemptReleaseNamespace(h.(map[string]any))
+			releaseNamespaceSelector(h.(map[string]any))
 		}
 		inject := "    {{- include \"lockwarden.webhookAnnotations\" . | nindent 4 }}\n"
 		if err := emit(&w, d, inject); err != nil {
@@ -234,10 +238,10 @@ func webhooks(root string) (string, error) {
 	return finish(&w), nil
 }
 
-// exemptReleaseNamespace makes a webhook that skips config/default's
-// namespace skip the release's instead.
-func exemptReleaseNamespace(hook map[string]any) {
-	sel, _ := hook["namespaceSelector"].(map[string]any)
+// releaseNamespaceSelector makes a webhook's namespaceSelector that names
+// config/default's namespace name the release's instead.
+func releaseNamespaceSelector(obj map[string]any) {
+	sel, _ := obj["namespaceSelector"].(map[string]any)
 	exprs, _ := sel["matchExpressions"].([]any)
 	for _, e := range exprs {
 		values, _ := e.(map[string]any)["values"].([]any)

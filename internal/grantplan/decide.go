@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"maps"
-	"math"
 	"slices"
 	"time"
 
@@ -55,6 +54,14 @@ const (
 	ReasonOverLimit = "OverLimit"
 	// ReasonWithinLimit means the limit covers the grant's slot again.
 	ReasonWithinLimit = "WithinLimit"
+	// ReasonSequenceExhausted means the next in line waits because the
+	// resource's fences of the issuer's epoch are used up: it is granted
+	// once the issuer's epoch is raised (fencing.NextFence).
+	ReasonSequenceExhausted = "SequenceExhausted"
+	// ReasonEpochBehind means the next in line waits because the resource
+	// recorded a fence of a later epoch than the issuer's: it is granted
+	// once the issuer's epoch is raised to that epoch.
+	ReasonEpochBehind = "EpochBehind"
 )
 
 // Facts is what one decision about a resource needs.
@@ -109,9 +116,17 @@ func (f Facts) session(g *lockingv1alpha1.LockGrant) (time.Time, error) {
 // "" when it may go on: its epoch was revoked or superseded, or its policy
 // no longer allows it.
 func (f Facts) revocation(g *lockingv1alpha1.LockGrant) (reason, msg string) {
-	if g.Status.FenceToken > 0 {
-		if err := fencing.CheckFenceEpoch(g.Status.FenceToken, f.Epoch, f.Revoked); err != nil {
+	if fence := g.Status.FenceToken; fence > 0 {
+		if err := fencing.CheckFenceEpoch(fence, f.Epoch, f.Revoked); err != nil {
 			return ReasonRevokedEpoch, detail(err)
+		}
+		// A fence of a later epoch than the issuer's, or of sequence 0,
+		// was never issued in its epoch: an earlier version carried a
+		// full sequence into the epoch bits. Revoking the epoch it was
+		// issued in would miss it, so it ends now.
+		if fencing.EpochOf(fence) > f.Epoch || fencing.CheckIssued(fence, nil) != nil {
+			return ReasonRevokedEpoch, fmt.Sprintf("fence %s names issuer epoch %d but was never issued in it (the issuer is at epoch %d)",
+				fencing.FormatFence(fence), fencing.EpochOf(fence), f.Epoch)
 		}
 	}
 	if name := g.Spec.Policy; name != "" {
@@ -132,6 +147,9 @@ type Event struct {
 	Warning bool
 	Reason  string
 	Note    string
+	// Issuer says the Event is sent regarding the FenceIssuer too: the
+	// operator must act there (raise the epoch) for the grant to go on.
+	Issuer bool
 }
 
 // Plan is the outcome of Decide: what to write, in order.
@@ -202,16 +220,17 @@ type slot struct {
 	fence   int64
 	// live: the holder's grant goes on holding after this pass.
 	live bool
-	// end is how the holder ended, when it did and its grant is listed: a
-	// release ends it without lock-delay.
-	end lockingv1alpha1.LockGrantPhase
-	// stray: the counter names a grant that holds another slot (two
-	// deciders raced to grant one waiter two slots); it is freed.
-	stray bool
+	// released: the grant the counter names is listed and ends released
+	// by its owner (in this pass or before), so the slot is freed without
+	// lock-delay. Any other end frees it with the holder's lock-delay.
+	released bool
 	// next is the counter's new spec, if it changes.
 	next *lockingv1alpha1.FenceCounterSpec
 	// delayUntil is the end of the slot's lock-delay, zero without one.
 	delayUntil time.Time
+	// noFence is why the issuer's epoch has no fence for the slot above
+	// its counter's (fencing.NextFence); nil when it has one.
+	noFence error
 }
 
 // Decide computes, from the facts alone, every change for one resource: who
@@ -264,12 +283,8 @@ func Decide(f Facts) Plan {
 
 	for i := range grants {
 		own, isHolder := ownSlot(&grants[i], named[string(grants[i].UID)], slots)
-		for _, k := range named[string(grants[i].UID)] {
-			if !isHolder || k != own {
-				slots[k].stray = true
-			}
-		}
 		if quiet(&grants[i], f) {
+			noteRelease(slots, named[string(grants[i].UID)], &grants[i])
 			continue // a finished grant with nothing left to do: no copy
 		}
 		g := grants[i].DeepCopy()
@@ -279,9 +294,6 @@ func Decide(f Facts) Plan {
 		case st.Phase.Final():
 			// Nothing ever changes a final grant; it is deleted once its
 			// retention has passed.
-			if isHolder {
-				slots[own].end = st.Phase
-			}
 			if f.Retention > 0 && st.EndedAt != nil {
 				gone := st.EndedAt.Add(f.Retention)
 				if fencing.Expired(gone, f.Now) {
@@ -320,7 +332,6 @@ func Decide(f Facts) Plan {
 				deadlines = append(deadlines, st.ExpiresAt.Time, lapses)
 			}
 			if !sl.live {
-				sl.end = st.Phase
 				endedHolders = append(endedHolders, g.UID)
 			} else if leaseMoved(sl.holder, leaseBefore, st.ExpiresAt) {
 				// A renew (or a counter written before it carried the
@@ -365,14 +376,20 @@ func Decide(f Facts) Plan {
 		if !equalStatus(old, st) {
 			p.Statuses = append(p.Statuses, g)
 		}
+		noteRelease(slots, named[string(g.UID)], g)
 	}
 
-	// Lock-delay, per slot: a holder whose lease ended without a release
-	// (expired, session lapsed, revoked, its grant deleted) keeps its slot
-	// from being granted for its delay, counted from when this pass saw it
-	// end, so that its in-flight effects on resources that cannot check a
-	// fence can drain. The counter keeps the instant, so the delay
-	// survives the grant's deletion and a restart.
+	// Lock-delay, per slot: a holder that leaves its slot without a
+	// release keeps the slot from being granted for its delay, counted
+	// from when this pass saw it leave, so that its in-flight effects on
+	// resources that cannot check a fence can drain. Whatever frees the
+	// slot: its lease expired, its session lapsed, it was revoked or
+	// superseded, its grant was deleted, or the counter names it beside
+	// another slot it holds (two deciders raced to grant it two, and the
+	// pass that frees one cannot know whether the other decider's status
+	// write, naming this slot, landed after its read and was seen by the
+	// holder). The counter keeps the instant, so the delay survives the
+	// grant's deletion and a restart.
 	for _, sl := range slots {
 		if sl.counter != nil && sl.counter.Spec.LockDelayUntil != "" {
 			t, err := time.Parse(time.RFC3339Nano, sl.counter.Spec.LockDelayUntil)
@@ -383,7 +400,7 @@ func Decide(f Facts) Plan {
 			}
 			sl.delayUntil = t
 		}
-		if h := sl.holder; !sl.live && h != nil && !sl.stray && h.LockDelaySeconds > 0 && sl.end != lockingv1alpha1.PhaseReleased {
+		if h := sl.holder; !sl.live && h != nil && h.LockDelaySeconds > 0 && !sl.released {
 			if until := f.Now.Add(time.Duration(h.LockDelaySeconds) * time.Second); until.After(sl.delayUntil) {
 				sl.delayUntil = until
 			}
@@ -393,15 +410,22 @@ func Decide(f Facts) Plan {
 		}
 	}
 
+	// A slot whose counter the issuer's epoch cannot pass (its sequence
+	// of the epoch used up, a fence of a later epoch, the int64 end) is
+	// granted to nobody: never a fence that carries into the epoch bits,
+	// wraps around, or names an epoch other than the issuer's.
+	for _, sl := range slots {
+		_, sl.noFence = fencing.NextFence(sl.fence, f.Epoch)
+	}
+
 	// Hand free slots to the waiters, head first: the head gets the
 	// lowest-numbered free slot below the limit and below its own permits,
 	// while fewer grants hold than the limit allows. A request is never
 	// granted a slot it did not ask for: an exclusive request only ever
 	// holds slot 0, the resource itself, whose fences it takes for the
 	// resource's, even after a newer request raised the limit. A slot is
-	// free when its holder ended or is gone, its lock-delay is over and its
-	// fence space is not exhausted (a counter raised to the int64 limit by
-	// hand: nobody is granted it, rather than a fence that wraps around).
+	// free when its holder ended or is gone, its lock-delay is over and the
+	// issuer's epoch has a fence for it.
 	// Nor does a grant ever get more company than it asked for: the head
 	// is granted only while fewer grants hold than every holder's own
 	// permits (and its own), so an exclusive holder is never joined by a
@@ -415,10 +439,12 @@ func Decide(f Facts) Plan {
 		room = min(room, g.Spec.EffectivePermits())
 	}
 	var headDelay time.Time
+	var headNoFence error
 	for len(waiting) > 0 && count < min(room, waiting[0].Spec.EffectivePermits()) {
 		k, delay, ok := freeSlot(slots, min(limit, waiting[0].Spec.EffectivePermits()), f.Now)
 		if !ok {
 			headDelay = delay
+			headNoFence = noFence(slots, min(limit, waiting[0].Spec.EffectivePermits()))
 			break
 		}
 		next := waiting[0]
@@ -428,7 +454,7 @@ func Decide(f Facts) Plan {
 			sl = &slot{}
 			slots[k] = sl
 		}
-		fence := fencing.NextFence(sl.fence, f.Epoch)
+		fence, _ := fencing.NextFence(sl.fence, f.Epoch) // freeSlot took only a slot that has one
 		sl.fence, sl.live = fence, true
 		sl.next = &lockingv1alpha1.FenceCounterSpec{
 			Resource: lockingv1alpha1.SlotResource(f.Resource, k),
@@ -495,9 +521,12 @@ func Decide(f Facts) Plan {
 		if joins || pos == 0 || g.Status.QueuePosition == nil {
 			g.Status.QueuePosition = &pos
 		}
-		if !headDelay.IsZero() && i == 0 {
+		switch {
+		case !headDelay.IsZero() && i == 0:
 			setReady(g, metav1.ConditionFalse, ReasonLockDelay, "Next in line; the last holder's lease ended without a release, so the resource is granted again at "+headDelay.UTC().Format(time.RFC3339Nano)+" (lock-delay)", now)
-		} else {
+		case headNoFence != nil && i == 0:
+			p.Events = append(p.Events, heldBack(g, f.Resource, headNoFence, now)...)
+		default:
 			setReady(g, metav1.ConditionFalse, ReasonPending, "Waiting in the queue for the resource", now)
 		}
 		if !equalStatus(old, &g.Status) && !slices.Contains(p.Statuses, g) {
@@ -556,6 +585,18 @@ func ownSlot(g *lockingv1alpha1.LockGrant, named []int32, slots map[int32]*slot)
 	return named[0], true
 }
 
+// noteRelease records, on each slot whose counter names g (named), whether
+// g ends released by its owner as this pass leaves it: only then is a slot
+// it leaves freed without its lock-delay. A release ends every slot the
+// grant is named by; a request withdrawn because its session lapsed was not
+// released by its owner.
+func noteRelease(slots map[int32]*slot, named []int32, g *lockingv1alpha1.LockGrant) {
+	released := g.Spec.Release && g.Status.Phase == lockingv1alpha1.PhaseReleased
+	for _, k := range named {
+		slots[k].released = released
+	}
+}
+
 // freeSlot returns the lowest-numbered slot below limit that may be granted
 // now. When none may, it returns the earliest end of a lock-delay that
 // holds one back (zero when none does).
@@ -566,7 +607,7 @@ func freeSlot(slots map[int32]*slot, limit int32, now time.Time) (int32, time.Ti
 		if sl == nil {
 			return k, time.Time{}, true
 		}
-		if sl.live || sl.fence == math.MaxInt64 {
+		if sl.live || sl.noFence != nil {
 			continue
 		}
 		if sl.delayed(now) {
@@ -578,6 +619,34 @@ func freeSlot(slots map[int32]*slot, limit int32, now time.Time) (int32, time.Ti
 		return k, time.Time{}, true
 	}
 	return 0, delay, false
+}
+
+// noFence is why the lowest slot below limit that does not hold cannot be
+// granted: the issuer's epoch has no fence for it. nil when there is none
+// such.
+func noFence(slots map[int32]*slot, limit int32) error {
+	for k := range limit {
+		if sl := slots[k]; sl != nil && !sl.live && sl.noFence != nil {
+			return sl.noFence
+		}
+	}
+	return nil
+}
+
+// heldBack says on the head of the queue g why it is not granted although
+// the resource is free: the issuer's epoch has no fence above the
+// resource's (err, from fencing.NextFence). The Warning Event, also sent
+// regarding the FenceIssuer where the operator acts, is emitted when the
+// condition first says so.
+func heldBack(g *lockingv1alpha1.LockGrant, resource string, err error, now metav1.MicroTime) []Event {
+	reason := fencing.ReasonOf(err).ConditionReason()
+	msg := fmt.Sprintf("Next in line, but resource %q cannot be granted: %s", resource, detail(err))
+	was := meta.FindStatusCondition(g.Status.Conditions, lockingv1alpha1.ConditionReady)
+	setReady(g, metav1.ConditionFalse, reason, msg, now)
+	if was != nil && was.Reason == reason && was.Message == msg {
+		return nil
+	}
+	return []Event{{Grant: g, Warning: true, Reason: reason, Note: msg, Issuer: true}}
 }
 
 func (sl *slot) delayed(now time.Time) bool {

@@ -2,7 +2,6 @@ package grantplan
 
 import (
 	"fmt"
-	"math"
 	"testing"
 	"time"
 
@@ -263,13 +262,6 @@ func TestEqualStatusSeesEveryField(t *testing.T) {
 	same := *base.DeepCopy()
 	if !equalStatus(&base, &same) {
 		t.Error("a copy differs")
-	}
-}
-
-func TestDecideNeverWrapsAnExhaustedFence(t *testing.T) {
-	p := Decide(Facts{Now: sec(1), Resource: res, Counter: counter(math.MaxInt64, nil), Grants: []lockingv1alpha1.LockGrant{grant("b", 0, 5)}})
-	if p.Counter != nil || len(p.Granted) != 0 {
-		t.Fatalf("granted past the int64 limit: counter %+v", p.Counter)
 	}
 }
 

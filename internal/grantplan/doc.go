@@ -9,7 +9,10 @@
 //   - at most one grant is the holder; a new holder is chosen only when no
 //     holder is live, first in FIFO order of admission;
 //   - the new fence is fencing.NextFence of the counter's, so it is larger
-//     than every fence issued before, in any epoch;
+//     than every fence issued before, in any epoch, and of the issuer's
+//     epoch; when the epoch has no such fence (its sequence used up, a
+//     counter of a later epoch) nobody is granted, and the head of the
+//     queue is told why (SequenceExhausted, EpochBehind);
 //   - a grant is expired at its expiresAt (equality included), a waiter past
 //     its wait limit is never granted, a renew after expiry fails;
 //   - a holder recorded in the counter but not yet marked Held converges to

@@ -216,7 +216,8 @@ func TestPermitsNoBargingPastTheHead(t *testing.T) {
 
 // Two deciders that raced granted one waiter two slots: the slot its
 // status does not name is freed, with its fence kept, and given to the
-// next waiter with a higher fence.
+// next waiter with a higher fence (at once: the waiter asked for no
+// lock-delay; TestLockDelayOnEveryWayASlotIsFreed has one that did).
 func TestPermitsDoublyGrantedSlotIsFreed(t *testing.T) {
 	w := heldIn(withPermits(grant("w", 0.1, 60), 3), 1, 4, 60)
 	x := withPermits(grant("x", 0.2, 60), 3)

@@ -12,12 +12,14 @@ import (
 // code again.
 func TestReasonsAreTheCodesInCamelCase(t *testing.T) {
 	for reason, code := range map[string]fencing.Reason{
-		ReasonExpired:         fencing.ReasonExpired,
-		ReasonAlreadyEnded:    fencing.ReasonAlreadyEnded,
-		ReasonNotHeld:         fencing.ReasonNotHeld,
-		ReasonRevokedEpoch:    fencing.ReasonRevokedEpoch,
-		ReasonFenceRegression: fencing.ReasonFenceRegression,
-		ReasonSessionExpired:  fencing.ReasonSessionExpired,
+		ReasonExpired:           fencing.ReasonExpired,
+		ReasonAlreadyEnded:      fencing.ReasonAlreadyEnded,
+		ReasonNotHeld:           fencing.ReasonNotHeld,
+		ReasonRevokedEpoch:      fencing.ReasonRevokedEpoch,
+		ReasonFenceRegression:   fencing.ReasonFenceRegression,
+		ReasonSessionExpired:    fencing.ReasonSessionExpired,
+		ReasonSequenceExhausted: fencing.ReasonSequenceExhausted,
+		ReasonEpochBehind:       fencing.ReasonEpochBehind,
 	} {
 		if want := code.ConditionReason(); reason != want {
 			t.Errorf("reason of %s = %q, want %q", code, reason, want)
@@ -28,7 +30,7 @@ func TestReasonsAreTheCodesInCamelCase(t *testing.T) {
 	}
 	for _, r := range []string{ReasonPending, ReasonGranted, ReasonRenewed, ReasonReleased, ReasonCancelled,
 		ReasonExpired, ReasonAlreadyEnded, ReasonTimedOut, ReasonSuperseded, ReasonNotHeld, ReasonRevokedEpoch,
-		ReasonPolicyDenied, ReasonFenceRegression, ReasonSessionExpired} {
+		ReasonPolicyDenied, ReasonFenceRegression, ReasonSessionExpired, ReasonSequenceExhausted, ReasonEpochBehind} {
 		if r == "" || r[0] < 'A' || r[0] > 'Z' || strings.ContainsAny(r, "_ ") {
 			t.Errorf("reason %q is not CamelCase", r)
 		}

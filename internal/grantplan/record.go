@@ -36,9 +36,11 @@ func SignSlots(p Plan, params issuer.Params, revision func(slot int32) string) {
 			BackendRevision:  revision(g.HeldSlot()),
 			Policy:           g.Spec.Policy,
 			PolicyGeneration: p.PolicyGenerations[g.Spec.Policy],
-			IssuerEpoch:      fencing.EpochOf(st.FenceToken),
-			TTLSeconds:       int64(g.Spec.LeaseDurationSeconds),
-			KeyID:            params.KeyID,
+			// A fence's epoch bits are the epoch that issued it:
+			// fencing.NextFence never carries a sequence into them.
+			IssuerEpoch: fencing.EpochOf(st.FenceToken),
+			TTLSeconds:  int64(g.Spec.LeaseDurationSeconds),
+			KeyID:       params.KeyID,
 		}
 		st.Proof = string(fencing.Sign(r, params.Key))
 		st.Record = &lockingv1alpha1.GrantRecord{

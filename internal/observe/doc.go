@@ -9,7 +9,10 @@
 //     someone waited.
 //   - lockwarden_admission_duration_seconds{webhook}: how long the manager
 //     took to answer an admission request, by registered webhook path (all
-//     GuardPolicies share one path per mode).
+//     GuardPolicies share one path per mode). Server-side dry runs are
+//     timed too: the API server waits for their answer as for any write,
+//     and the histogram counts answers, not decisions (the guard's
+//     decision and Shadow counters leave dry runs out).
 //
 // No histogram has a per-resource or per-object label: their cardinality
 // is fixed. Times are the API server's and the controller's timestamps, not

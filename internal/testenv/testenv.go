@@ -57,12 +57,25 @@ type Env struct {
 	cancel context.CancelFunc
 }
 
+// Options are the manager's settings that a suite may choose; the zero
+// value keeps finished grants forever.
+type Options struct {
+	// FinishedGrantRetention and RequestIDWindow are the manager's
+	// --finished-grant-retention and --request-id-window.
+	FinishedGrantRetention, RequestIDWindow time.Duration
+}
+
 // Start starts the control plane and the in-process manager on clk. root is
 // the repository root (bin/ holds the control plane, unless
 // KUBEBUILDER_ASSETS says otherwise). Log output goes to stderr at the
 // error level, or at debug level when LOCKWARDEN_TEST_VERBOSE is set. On
 // error nothing is left running.
 func Start(root string, clk clock.PassiveClock) (*Env, error) {
+	return StartWith(root, clk, Options{})
+}
+
+// StartWith is Start with the manager's settings o.
+func StartWith(root string, clk clock.PassiveClock, o Options) (*Env, error) {
 	level := zapcore.DPanicLevel
 	if os.Getenv("LOCKWARDEN_TEST_VERBOSE") != "" {
 		level = zapcore.DebugLevel
@@ -92,7 +105,7 @@ func Start(root string, clk clock.PassiveClock) (*Env, error) {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	e.cancel = cancel
-	if err := e.startManager(ctx, clk); err != nil {
+	if err := e.startManager(ctx, clk, o); err != nil {
 		e.Stop()
 		return nil, err
 	}
@@ -111,7 +124,7 @@ func (e *Env) Stop() {
 
 // startManager runs the controllers and the webhooks as cmd/manager does,
 // and waits until the webhook server answers.
-func (e *Env) startManager(ctx context.Context, clk clock.PassiveClock) error {
+func (e *Env) startManager(ctx context.Context, clk clock.PassiveClock, o Options) error {
 	wo := &e.Env.WebhookInstallOptions
 	if err := e.Admin.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ManagerNamespace}}); err != nil {
 		return err
@@ -135,6 +148,7 @@ func (e *Env) startManager(ctx context.Context, clk clock.PassiveClock) error {
 	keyring := &issuer.Keyring{Reader: mgr.GetClient(), Namespace: ManagerNamespace}
 	if err := controllers.Setup(ctx, mgr, controllers.Options{
 		Clock: clk, Keyring: keyring, Namespace: ManagerNamespace,
+		FinishedGrantRetention: o.FinishedGrantRetention, RequestIDWindow: o.RequestIDWindow,
 		WebhookConfiguration: "validating-webhook-configuration",
 	}); err != nil {
 		return err

@@ -30,6 +30,10 @@ type Grant struct {
 	Resource string
 	// Owner is the workload identity that holds it.
 	Owner string
+	// Steward is the identity that drives the grant on its owner's behalf
+	// (renews and releases it), or "" when only the owner does: the
+	// manager, for the grant of a lock-gated Pod (CheckGrantCreate).
+	Steward string
 	// State is the grant's state.
 	State State
 	// Fence is the fencing token issued to the grant; 0 before it is Held.
@@ -51,12 +55,19 @@ type Counter struct {
 // end instant itself is expired: a lease of 5 s granted at t=0 is over at t=5.
 func Expired(expiresAt, now time.Time) bool { return !now.Before(expiresAt) }
 
-// CheckRenew reports whether caller may renew grant g at now. It returns nil,
-// or an *Error with ReasonNotOwner (another identity), ReasonExpired (the
-// lease is over: a renew never re-acquires), ReasonAlreadyEnded (released or
-// timed out) or ReasonNotHeld (still queued).
+// drives reports whether caller may renew or release grant g: its owner, or
+// its steward when it has one.
+func (g Grant) drives(caller string) bool {
+	return caller == g.Owner || (g.Steward != "" && caller == g.Steward)
+}
+
+// CheckRenew reports whether caller (the owner, or the grant's steward) may
+// renew grant g at now. It returns nil, or an *Error with ReasonNotOwner
+// (another identity), ReasonExpired (the lease is over: a renew never
+// re-acquires), ReasonAlreadyEnded (released or timed out) or
+// ReasonNotHeld (still queued).
 func CheckRenew(g Grant, caller string, now time.Time) error {
-	if caller != g.Owner {
+	if !g.drives(caller) {
 		return refuse(ReasonNotOwner, "%q cannot renew a grant owned by %q", caller, g.Owner)
 	}
 	switch g.State {
@@ -76,11 +87,11 @@ func CheckRenew(g Grant, caller string, now time.Time) error {
 }
 
 // CheckRelease reports whether caller may release grant g at now: the owner
-// may release a Held, unexpired grant or withdraw a Pending request. It
+// (or its steward) may release a Held, unexpired grant or withdraw a Pending request. It
 // returns nil, or an *Error with ReasonNotOwner, ReasonExpired or
 // ReasonAlreadyEnded.
 func CheckRelease(g Grant, caller string, now time.Time) error {
-	if caller != g.Owner {
+	if !g.drives(caller) {
 		return refuse(ReasonNotOwner, "%q cannot release a grant owned by %q", caller, g.Owner)
 	}
 	switch g.State {

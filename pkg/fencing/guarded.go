@@ -171,6 +171,11 @@ type GuardedRequest struct {
 	RequireProof     bool
 	Policy           string
 	PolicyGeneration int64
+	// Override is the administrator's override the request asserts (an
+	// update that sets the override annotation), or, for a delete of an
+	// object whose record has intent IntentOverride, the caller's
+	// authorization to make one; nil otherwise.
+	Override *Override
 	// Bundle is the trust bundle proofs are verified with. Its current and
 	// revoked epochs also judge every fence, proof or not: a fence of a
 	// revoked or superseded issuer epoch is refused at once, before the
@@ -258,11 +263,20 @@ func validName(s string) bool {
 //  2. Delete: ReasonNoFence unless the delete carries a resourceVersion
 //     precondition equal to the stored version and the stored object's
 //     record (written by this enforcement point) has intent "delete"; then
-//     the recorded grant and fence are judged by CheckWrite as of now.
-//  3. Create, update: ReasonNoFence when the request claims nothing, or only
+//     the recorded grant and fence are judged by CheckWrite as of now. A
+//     record of intent IntentOverride instead admits the delete of an
+//     administrator (ReasonNotOwner for anyone else) while the object is
+//     still wedged (ReasonOverrideRefused once it is not; see Override).
+//  3. A create or update that asserts an Override: ReasonNotOwner unless the
+//     caller is authorized, ReasonOverrideRefused unless the object is
+//     Wedged and the override gives a reason; accepted as it is otherwise,
+//     the record kept with intent IntentOverride.
+//  4. Other creates and updates: ReasonNoFence when the request claims nothing, or only
 //     what the stored object already carried (an inherited claim is not an
 //     assertion); ParseClaim's refusals; ReasonNoFence when a proof is
-//     required and missing; ReasonRevokedEpoch when, by the Bundle, the
+//     required and missing; ReasonFenceNotIssued when the fence is not
+//     one an issuer issued to the claimed grant (CheckIssued);
+//     ReasonRevokedEpoch when, by the Bundle, the
 //     fence's issuer epoch is revoked or superseded (deletes: the recorded
 //     fence's); then CheckProvenWrite (with a proof) or
 //     CheckWrite, against the stored record when the stored object was
@@ -294,6 +308,9 @@ func CheckGuardedRequest(r GuardedRequest) (Accepted, error) {
 	if r.Operation == OpDelete {
 		return Accepted{}, checkDelete(r, recorded)
 	}
+	if r.Override != nil {
+		return checkOverride(r, recorded)
+	}
 	claim := r.Claim
 	switch {
 	case claim.IsZero():
@@ -307,6 +324,12 @@ func CheckGuardedRequest(r GuardedRequest) (Accepted, error) {
 	}
 	if r.RequireProof && a.Proof == "" {
 		return Accepted{}, refuse(ReasonNoFence, "objects under GuardPolicy %q need the grant's proof with every write", r.Policy)
+	}
+	// A fence that was never issued (rounded by a JSON tool, say) is
+	// refused as such before its epoch is judged: its epoch bits may say
+	// anything.
+	if err := CheckIssued(a.Fence, r.Grant); err != nil {
+		return Accepted{}, err
 	}
 	if err := checkEpoch(r.Bundle, a.Fence); err != nil {
 		return Accepted{}, err
@@ -333,6 +356,8 @@ func checkDelete(r GuardedRequest, recorded int64) error {
 		return refuse(ReasonNoFence, "a delete of a guarded object must carry the resourceVersion precondition of the version your pre-delete write made (the object is at %q, the delete names %q)", r.StoredVersion, r.Precondition)
 	case recorded == 0:
 		return refuse(ReasonNoFence, "the object has no accepted write to delete under; write your grant with intent %q first", IntentDelete)
+	case r.Record.Intent == IntentOverride:
+		return checkOverrider(r, recorded)
 	case r.Record.Intent != IntentDelete:
 		return refuse(ReasonNoFence, "the last accepted write did not claim intent %q; write your grant with that intent, then delete with its resourceVersion as precondition", IntentDelete)
 	}

@@ -65,9 +65,12 @@ func TestCheckGuardedRequest(t *testing.T) {
 		{"a record on an unguarded object is nobody's", with(update(claimA2, a2()), func(r *fencing.GuardedRequest) {
 			r.StoredGuarded, r.Record = false, fencing.Accepted{Grant: "billing/x", Fence: 1 << 62}
 		}), ""},
-		{"the guard's own record still refuses an older fence", with(update(claimA2, a2()), func(r *fencing.GuardedRequest) {
+		{"the guard's own record still refuses an older fence", with(update(claimA1, a1()), func(r *fencing.GuardedRequest) {
 			r.Record = fencing.Accepted{Grant: "billing/x", Fence: 3}
 		}), fencing.ReasonStaleOwner},
+		{"a record above every fence the registry issued: the registry lost fences", with(update(claimA2, a2()), func(r *fencing.GuardedRequest) {
+			r.Record = fencing.Accepted{Grant: "billing/x", Fence: 3}
+		}), fencing.ReasonFenceRegression},
 		{"a record naming a grant of another namespace is nobody's", with(update(claimA2, a2()), func(r *fencing.GuardedRequest) {
 			r.Record = fencing.Accepted{Grant: "other/x", Fence: 1 << 40}
 		}), ""},

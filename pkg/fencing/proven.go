@@ -30,7 +30,9 @@ type ProvenWrite struct {
 //  1. ReasonBadSignature: the proof does not verify under the trust bundle
 //     (malformed, unknown or retired key, or a record changed after signing).
 //  2. ReasonBindingMismatch: the record is not for exactly this write: another
-//     namespace, resource, grant, fence, operation root or policy, or a
+//     namespace, resource, grant, fence (ReasonFenceNotIssued when the
+//     write's fence is the record's rounded, see CheckIssued), operation
+//     root or policy, or a
 //     policy generation newer than the policy's (a proof replayed for
 //     another resource, or a record forged around a real signature).
 //  3. ReasonNotOwner: the caller is not the record's owner.
@@ -76,6 +78,9 @@ func checkBinding(r Record, w ProvenWrite) error {
 	case w.GrantName != "" && r.Grant != w.GrantName:
 		return mismatch("grant", r.Grant, w.GrantName)
 	case r.Fence != w.Fence:
+		if err := CheckIssued(w.Fence, &Grant{Fence: r.Fence}); err != nil {
+			return err
+		}
 		return mismatch("fence", FormatFence(r.Fence), FormatFence(w.Fence))
 	case w.OperationRoot != "" && r.OperationRoot != w.OperationRoot:
 		return mismatch("operation root", r.OperationRoot, w.OperationRoot)

@@ -41,6 +41,25 @@ const (
 	// ReasonRevoked means the issuer ended the grant before its lease ran out
 	// (its epoch was revoked or superseded, or its policy stopped allowing it).
 	ReasonRevoked Reason = "REVOKED"
+	// ReasonFenceNotIssued means the write carries a fence no issuer ever
+	// issued to its grant: sequence 0 of an epoch, or a value that is not
+	// the grant's fence but equals it as a floating-point number (a JSON
+	// tool such as jq rounded it: integers above 2^53 do not survive a
+	// float64). Copy fences as text.
+	ReasonFenceNotIssued Reason = "FENCE_NOT_ISSUED"
+
+	// Issuing (NextFence): why a waiting request is held back.
+
+	// ReasonSequenceExhausted means the resource's fences of the current
+	// issuer epoch are used up (its recorded fence is the epoch's last): it
+	// is granted again only once the issuer's epoch is raised, never with a
+	// fence that carries into the epoch bits.
+	ReasonSequenceExhausted Reason = "SEQUENCE_EXHAUSTED"
+	// ReasonEpochBehind means the resource has recorded a fence of a later
+	// issuer epoch than the issuer's (a counter raised by hand, an issuer
+	// behind its counters): it is granted again only once the issuer's
+	// epoch is raised to that epoch.
+	ReasonEpochBehind Reason = "EPOCH_BEHIND"
 
 	// Proof checks (CheckProvenWrite).
 
@@ -104,6 +123,11 @@ const (
 	// deleted: a new one would start again from fence 1 or epoch 0 and
 	// reissue fences that guarded objects and stores have already seen.
 	ReasonCounterProtected Reason = "COUNTER_PROTECTED"
+	// ReasonOverrideRefused means an administrator's override of a guarded
+	// object (annotation locking.lockwarden.io/override) was refused: it
+	// gives no reason, or the object is not wedged (its recorded fence can
+	// still be passed by raising the issuer epoch or by the next grant).
+	ReasonOverrideRefused Reason = "OVERRIDE_REFUSED"
 	// ReasonInternal means lockwarden could not decide (an API read failed, the
 	// request could not be decoded); nothing changed and the request may be
 	// retried. Admission metrics count such answers under this code.
@@ -112,24 +136,27 @@ const (
 
 // Sentinel errors, one per Reason, matched with errors.Is.
 var (
-	ErrNoFence         = errors.New("fencing: no fence")
-	ErrNoResource      = errors.New("fencing: no resource")
-	ErrUnknownGrant    = errors.New("fencing: unknown grant")
-	ErrBindingMismatch = errors.New("fencing: binding mismatch")
-	ErrNotOwner        = errors.New("fencing: not owner")
-	ErrStaleOwner      = errors.New("fencing: stale owner")
-	ErrExpired         = errors.New("fencing: expired")
-	ErrNotHeld         = errors.New("fencing: not held")
-	ErrAlreadyEnded    = errors.New("fencing: already ended")
-	ErrFenceRegression = errors.New("fencing: fence regression")
-	ErrRevoked         = errors.New("fencing: revoked")
-	ErrBadSignature    = errors.New("fencing: bad signature")
-	ErrRevokedEpoch    = errors.New("fencing: revoked epoch")
-	ErrInvalidSegment  = errors.New("fencing: invalid segment")
-	ErrSequenceGap     = errors.New("fencing: sequence gap")
-	ErrSegmentConflict = errors.New("fencing: segment conflict")
-	ErrMutationUnknown = errors.New("fencing: mutation outcome unknown")
-	ErrSessionExpired  = errors.New("fencing: session expired")
+	ErrNoFence           = errors.New("fencing: no fence")
+	ErrNoResource        = errors.New("fencing: no resource")
+	ErrUnknownGrant      = errors.New("fencing: unknown grant")
+	ErrBindingMismatch   = errors.New("fencing: binding mismatch")
+	ErrNotOwner          = errors.New("fencing: not owner")
+	ErrStaleOwner        = errors.New("fencing: stale owner")
+	ErrExpired           = errors.New("fencing: expired")
+	ErrNotHeld           = errors.New("fencing: not held")
+	ErrAlreadyEnded      = errors.New("fencing: already ended")
+	ErrFenceRegression   = errors.New("fencing: fence regression")
+	ErrRevoked           = errors.New("fencing: revoked")
+	ErrFenceNotIssued    = errors.New("fencing: fence not issued")
+	ErrSequenceExhausted = errors.New("fencing: sequence of the issuer epoch exhausted")
+	ErrEpochBehind       = errors.New("fencing: issuer epoch behind a recorded fence")
+	ErrBadSignature      = errors.New("fencing: bad signature")
+	ErrRevokedEpoch      = errors.New("fencing: revoked epoch")
+	ErrInvalidSegment    = errors.New("fencing: invalid segment")
+	ErrSequenceGap       = errors.New("fencing: sequence gap")
+	ErrSegmentConflict   = errors.New("fencing: segment conflict")
+	ErrMutationUnknown   = errors.New("fencing: mutation outcome unknown")
+	ErrSessionExpired    = errors.New("fencing: session expired")
 
 	ErrTimedOut         = errors.New("fencing: wait limit passed before the grant")
 	ErrReleased         = errors.New("fencing: released")
@@ -137,28 +164,32 @@ var (
 	ErrInvalidSpec      = errors.New("fencing: invalid spec")
 	ErrInvalidPolicy    = errors.New("fencing: invalid policy")
 	ErrCounterProtected = errors.New("fencing: counter protected")
+	ErrOverrideRefused  = errors.New("fencing: override refused")
 	ErrInternal         = errors.New("fencing: internal error")
 )
 
 var sentinels = map[Reason]error{
-	ReasonNoFence:         ErrNoFence,
-	ReasonNoResource:      ErrNoResource,
-	ReasonUnknownGrant:    ErrUnknownGrant,
-	ReasonBindingMismatch: ErrBindingMismatch,
-	ReasonNotOwner:        ErrNotOwner,
-	ReasonStaleOwner:      ErrStaleOwner,
-	ReasonExpired:         ErrExpired,
-	ReasonNotHeld:         ErrNotHeld,
-	ReasonAlreadyEnded:    ErrAlreadyEnded,
-	ReasonFenceRegression: ErrFenceRegression,
-	ReasonRevoked:         ErrRevoked,
-	ReasonBadSignature:    ErrBadSignature,
-	ReasonRevokedEpoch:    ErrRevokedEpoch,
-	ReasonInvalidSegment:  ErrInvalidSegment,
-	ReasonSequenceGap:     ErrSequenceGap,
-	ReasonSegmentConflict: ErrSegmentConflict,
-	ReasonMutationUnknown: ErrMutationUnknown,
-	ReasonSessionExpired:  ErrSessionExpired,
+	ReasonNoFence:           ErrNoFence,
+	ReasonNoResource:        ErrNoResource,
+	ReasonUnknownGrant:      ErrUnknownGrant,
+	ReasonBindingMismatch:   ErrBindingMismatch,
+	ReasonNotOwner:          ErrNotOwner,
+	ReasonStaleOwner:        ErrStaleOwner,
+	ReasonExpired:           ErrExpired,
+	ReasonNotHeld:           ErrNotHeld,
+	ReasonAlreadyEnded:      ErrAlreadyEnded,
+	ReasonFenceRegression:   ErrFenceRegression,
+	ReasonRevoked:           ErrRevoked,
+	ReasonFenceNotIssued:    ErrFenceNotIssued,
+	ReasonSequenceExhausted: ErrSequenceExhausted,
+	ReasonEpochBehind:       ErrEpochBehind,
+	ReasonBadSignature:      ErrBadSignature,
+	ReasonRevokedEpoch:      ErrRevokedEpoch,
+	ReasonInvalidSegment:    ErrInvalidSegment,
+	ReasonSequenceGap:       ErrSequenceGap,
+	ReasonSegmentConflict:   ErrSegmentConflict,
+	ReasonMutationUnknown:   ErrMutationUnknown,
+	ReasonSessionExpired:    ErrSessionExpired,
 
 	ReasonTimedOut:         ErrTimedOut,
 	ReasonReleased:         ErrReleased,
@@ -166,6 +197,7 @@ var sentinels = map[Reason]error{
 	ReasonInvalidSpec:      ErrInvalidSpec,
 	ReasonInvalidPolicy:    ErrInvalidPolicy,
 	ReasonCounterProtected: ErrCounterProtected,
+	ReasonOverrideRefused:  ErrOverrideRefused,
 	ReasonInternal:         ErrInternal,
 }
 

@@ -18,6 +18,7 @@ func TestEveryCodeHasItsSentinel(t *testing.T) {
 		fencing.ReasonSegmentConflict, fencing.ReasonMutationUnknown, fencing.ReasonSessionExpired,
 		fencing.ReasonTimedOut, fencing.ReasonReleased, fencing.ReasonDriverMismatch, fencing.ReasonInvalidSpec,
 		fencing.ReasonInvalidPolicy, fencing.ReasonCounterProtected, fencing.ReasonInternal,
+		fencing.ReasonFenceNotIssued, fencing.ReasonSequenceExhausted, fencing.ReasonEpochBehind, fencing.ReasonOverrideRefused,
 	}
 	seen := map[error]fencing.Reason{}
 	for _, r := range codes {
@@ -71,12 +72,15 @@ func TestEndsGrant(t *testing.T) {
 
 func TestConditionReason(t *testing.T) {
 	for r, want := range map[fencing.Reason]string{
-		fencing.ReasonExpired:         "Expired",
-		fencing.ReasonRevokedEpoch:    "RevokedEpoch",
-		fencing.ReasonFenceRegression: "FenceRegression",
-		fencing.ReasonSessionExpired:  "SessionExpired",
-		fencing.ReasonAlreadyEnded:    "AlreadyEnded",
-		fencing.ReasonNotHeld:         "NotHeld",
+		fencing.ReasonExpired:           "Expired",
+		fencing.ReasonRevokedEpoch:      "RevokedEpoch",
+		fencing.ReasonFenceRegression:   "FenceRegression",
+		fencing.ReasonSessionExpired:    "SessionExpired",
+		fencing.ReasonAlreadyEnded:      "AlreadyEnded",
+		fencing.ReasonNotHeld:           "NotHeld",
+		fencing.ReasonSequenceExhausted: "SequenceExhausted",
+		fencing.ReasonEpochBehind:       "EpochBehind",
+		fencing.ReasonFenceNotIssued:    "FenceNotIssued",
 	} {
 		if got := r.ConditionReason(); got != want {
 			t.Errorf("%s.ConditionReason() = %q, want %q", r, got, want)

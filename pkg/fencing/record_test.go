@@ -180,18 +180,3 @@ func TestParseProofRejectsMalformed(t *testing.T) {
 		}
 	}
 }
-
-func TestNextFenceAcrossEpochs(t *testing.T) {
-	tests := []struct{ highest, epoch, want int64 }{
-		{0, 0, 1},
-		{7, 0, 8},
-		{7, 1, 1<<fencing.EpochBits | 1},
-		{1<<fencing.EpochBits | 5, 1, 1<<fencing.EpochBits | 6},
-		{2<<fencing.EpochBits | 5, 1, 2<<fencing.EpochBits | 6}, // never goes back
-	}
-	for _, tc := range tests {
-		if got := fencing.NextFence(tc.highest, tc.epoch); got != tc.want || got <= tc.highest {
-			t.Errorf("NextFence(%d, %d) = %d, want %d", tc.highest, tc.epoch, got, tc.want)
-		}
-	}
-}

@@ -1,6 +1,9 @@
 package fencing
 
-import "time"
+import (
+	"fmt"
+	"time"
+)
 
 // Write is everything CheckWrite needs to decide on one guarded write,
 // gathered by the enforcement point before it decides.
@@ -30,10 +33,17 @@ type Write struct {
 //  0. ReasonNoFence: the fence is not a valid token (below 1).
 //  1. ReasonUnknownGrant: the registry has no such grant or no fence record
 //     for the resource.
-//  2. ReasonBindingMismatch: the grant is for another resource, or the write
-//     carries a fence larger than the grant's (a forged or copied token).
+//  2. ReasonBindingMismatch: the grant is for another resource.
+//     ReasonFenceNotIssued: the fence is not one an issuer issues (see
+//     CheckIssued). ReasonBindingMismatch: the write carries a fence
+//     larger than the grant's (a forged or copied token).
 //  3. ReasonNotOwner: the caller is not the grant's owner.
-//  4. ReasonStaleOwner: the fence is lower than one the object already
+//  4. ReasonFenceRegression: the registry names the grant as the holder of
+//     the resource with its newest fence, and the object already accepted
+//     a larger one (the registry lost fences: a reinstall, a restore from
+//     an old snapshot); the refusal says which epoch the issuer must be
+//     raised to.
+//     ReasonStaleOwner: the fence is lower than one the object already
 //     accepted, than the resource's highest issued fence, or than the
 //     grant's own fence. A superseded grant is STALE_OWNER even when it has
 //     also expired: the resource has moved on to a newer owner.
@@ -57,6 +67,9 @@ func CheckWrite(w Write) error {
 	if g.Resource != w.Resource {
 		return refuse(ReasonBindingMismatch, "the grant is for resource %q, the object is guarded by %q", g.Resource, w.Resource)
 	}
+	if err := CheckIssued(w.Fence, g); err != nil {
+		return err
+	}
 	if w.Fence > g.Fence {
 		return refuse(ReasonBindingMismatch, "fence %d is not the grant's fence", w.Fence)
 	}
@@ -64,6 +77,9 @@ func CheckWrite(w Write) error {
 		return refuse(ReasonNotOwner, "%q is not the grant's owner %q", w.Caller, g.Owner)
 	}
 	switch {
+	case w.Fence < w.Recorded && c.Fence == w.Fence && c.HolderUID == g.UID:
+		return refuse(ReasonFenceRegression, "the object accepted fence %s, above fence %s, the newest the registry has issued for resource %q: the registry lost fences (a reinstall, or a restore from an old snapshot), %s",
+			FormatFence(w.Recorded), FormatFence(c.Fence), w.Resource, recoverAdvice(w.Recorded))
 	case w.Fence < w.Recorded:
 		return refuse(ReasonStaleOwner, "fence %d is older than fence %d already accepted by the object", w.Fence, w.Recorded)
 	case w.Fence < c.Fence:
@@ -100,4 +116,36 @@ func CheckHolderOfRecord(c Counter, resource, uid string, fence int64) error {
 		return refuse(ReasonExpired, "the registry no longer names the grant as the holder of resource %q", resource)
 	}
 	return nil
+}
+
+// CheckIssued refuses (ReasonFenceNotIssued) a fence that no issuer ever
+// issued to grant g (nil: only the fence's shape is judged): a value other
+// than the grant's fence that equals it as a float64, or sequence 0 of an
+// epoch (NextFence never issues it) below the grant's fence. The latter is what a JSON tool that
+// reads numbers as floating point (jq, JavaScript) makes of a fence above
+// 2^53: rounded, it may even fall into an earlier epoch, which would
+// otherwise be refused as REVOKED_EPOCH and mislead.
+func CheckIssued(fence int64, g *Grant) error {
+	if g == nil {
+		g = &Grant{}
+	}
+	if g.Fence > 0 && fence != g.Fence && float64(fence) == float64(g.Fence) {
+		return refuse(ReasonFenceNotIssued, "fence %s is not the grant's fence %s, but equals it as a floating-point number: a tool that reads JSON numbers as float64 (jq, JavaScript) rounded it; copy the fence as text (kubectl get lockgrant -o jsonpath='{.status.fenceToken}')",
+			FormatFence(fence), FormatFence(g.Fence))
+	}
+	// A fence above the grant's is a forged or copied one
+	// (ReasonBindingMismatch), whatever its shape.
+	if fence > 0 && SequenceOf(fence) == 0 && (g.Fence == 0 || fence < g.Fence) {
+		return refuse(ReasonFenceNotIssued, "fence %s has sequence 0 in issuer epoch %d, which is never issued", FormatFence(fence), EpochOf(fence))
+	}
+	return nil
+}
+
+// recoverAdvice says how an operator lets a resource that accepted fence
+// recorded take grants again after the registry lost its fences.
+func recoverAdvice(recorded int64) string {
+	if e, ok := EpochAbove(recorded); ok {
+		return fmt.Sprintf("raise the FenceIssuer's spec.epoch to %d or more (hack/next-epoch.sh; docs/runbook.md, \"LockwardenFenceRegression\")", e)
+	}
+	return fmt.Sprintf("and no issuer epoch is above %d, the last: an administrator must retire the object (docs/runbook.md, \"An object wedged in the last epoch\")", MaxEpoch)
 }

@@ -32,7 +32,12 @@ func TestCheckWrite(t *testing.T) {
 		{"grant for another resource", fencing.Write{Resource: "other", Caller: "A", Fence: 1, Grant: heldA(), Counter: holderA, Now: at(5)}, fencing.ReasonBindingMismatch},
 		{"forged huge fence", fencing.Write{Resource: res, Caller: "A", Fence: 1 << 62, Grant: heldA(), Counter: holderA, Now: at(5)}, fencing.ReasonBindingMismatch},
 		{"another identity", fencing.Write{Resource: res, Caller: "B", Fence: 1, Grant: heldA(), Counter: holderA, Now: at(5)}, fencing.ReasonNotOwner},
-		{"object accepted a newer fence", fencing.Write{Resource: res, Caller: "A", Fence: 1, Recorded: 2, Grant: heldA(), Counter: holderA, Now: at(5)}, fencing.ReasonStaleOwner},
+		{"object accepted a newer fence", fencing.Write{Resource: res, Caller: "A", Fence: 1, Recorded: 2, Grant: heldA(), Counter: &fencing.Counter{Fence: 2, HolderUID: "uid-b"}, Now: at(5)}, fencing.ReasonStaleOwner},
+		// The registry lost fences (CRDs reinstalled, an old snapshot
+		// restored): it names A with its newest fence, 1, as the holder,
+		// but the object accepted 2. A is not stale; the registry is behind.
+		{"object accepted a fence above the registry's newest", fencing.Write{Resource: res, Caller: "A", Fence: 1, Recorded: 2, Grant: heldA(), Counter: holderA, Now: at(5)}, fencing.ReasonFenceRegression},
+		{"a fence rounded by a JSON tool", fencing.Write{Resource: res, Caller: "A", Fence: 9223370937343148000, Grant: &fencing.Grant{UID: "uid-a", Resource: res, Owner: "A", State: fencing.StateHeld, Fence: 9223370937343148033, ExpiresAt: at(10)}, Counter: &fencing.Counter{Fence: 9223370937343148033, HolderUID: "uid-a"}, Now: at(5)}, fencing.ReasonFenceNotIssued},
 		{"expiry is at expiresAt, equality included", fencing.Write{Resource: res, Caller: "A", Fence: 1, Grant: heldA(), Counter: holderA, Now: at(10)}, fencing.ReasonExpired},
 		{
 			// A holder paused past its lease: B was granted fence 2 but has not written yet.
@@ -93,6 +98,10 @@ func TestCheckRenewAndRelease(t *testing.T) {
 		{"released", func() fencing.Grant { g := *heldA(); g.State = fencing.StateReleased; return g }(), "A", at(4), fencing.ReasonAlreadyEnded, fencing.ReasonAlreadyEnded},
 		{"timed out", fencing.Grant{Owner: "A", State: fencing.StateTimedOut}, "A", at(4), fencing.ReasonAlreadyEnded, fencing.ReasonAlreadyEnded},
 		{"pending: renew refused, withdraw allowed", fencing.Grant{Owner: "A", State: fencing.StatePending}, "A", at(4), fencing.ReasonNotHeld, ""},
+		{"its steward", func() fencing.Grant { g := *heldA(); g.Steward = "M"; return g }(), "M", at(4), "", ""},
+		{"its steward, after expiry", func() fencing.Grant { g := *heldA(); g.Steward = "M"; return g }(), "M", at(10), fencing.ReasonExpired, fencing.ReasonExpired},
+		{"another grant's steward", *heldA(), "M", at(4), fencing.ReasonNotOwner, fencing.ReasonNotOwner},
+		{"no steward is nobody's", *heldA(), "", at(4), fencing.ReasonNotOwner, fencing.ReasonNotOwner},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

@@ -30,9 +30,13 @@ import (
 //
 // A create whose response was lost is retried under the same request ID
 // and finds the same grant (AlreadyExists, then a read): an acquisition has
-// exactly one identity. A grant found that way, or granted after waiting
-// longer than TTL - margin, is confirmed by a renew before Acquire returns,
-// because the holder cannot know when it was granted.
+// exactly one identity. A grant found that way, or granted a renew interval
+// (WithRenewInterval, a third of the TTL by default) or more after its
+// create was sent, is confirmed by a renew before Acquire returns, because
+// the holder cannot know when it was granted: a long wait costs one more
+// round trip, and the Handle returned has at least TTL - margin -
+// max(renew interval, that round trip) of validity left however long it
+// waited (package holder).
 //
 // The grant is bound to this call's driver token (WithDriverToken): only this
 // Handle renews and releases it. Another Acquire that finds it by the same
@@ -40,7 +44,8 @@ import (
 // instead of becoming a second holder of one grant.
 //
 // Errors: ErrWaitTimeout when the wait limit passed; ctx's error when ctx
-// ended first (the request is then withdrawn); ErrWithdrawn;
+// ended first (the request is then withdrawn, also when ctx cut its create
+// off before any answer came); ErrWithdrawn;
 // ErrRequestIDConflict; ErrInvalidOption; a refusal matching its fencing
 // sentinel when the grant of this request ID is driven by another process
 // (fencing.ErrDriverMismatch) or ended before this call could confirm it
@@ -71,7 +76,8 @@ func (c *Client) acquire(ctx context.Context, resource string, try bool, opts []
 	if !lockingv1alpha1.ValidResourceID(resource) {
 		return nil, fmt.Errorf("%w: resource ID %q does not match %s", ErrInvalidOption, resource, lockingv1alpha1.ResourcePattern)
 	}
-	if s.requestID == "" {
+	generated := s.requestID == ""
+	if generated {
 		s.requestID = newRequestID()
 	}
 	if s.driver == "" && !s.detached {
@@ -98,6 +104,14 @@ func (c *Client) acquire(ctx context.Context, resource string, try bool, opts []
 	}
 	if len(s.annotations) > 0 {
 		g.Annotations = maps.Clone(s.annotations)
+	}
+	if generated {
+		// Nobody else knows a random ID: the registry need not remember
+		// it once the grant is gone.
+		if g.Annotations == nil {
+			g.Annotations = map[string]string{}
+		}
+		g.Annotations[lockingv1alpha1.GeneratedRequestIDAnnotation] = "true"
 	}
 	if s.driver != "" {
 		if g.Annotations == nil {
@@ -148,6 +162,11 @@ func (c *Client) acquire(ctx context.Context, resource string, try bool, opts []
 	sess, err = c.createUnder(ctx, h, g, s, sess)
 	if err != nil {
 		h.cancel(err)
+		if unknownOutcome(err) {
+			// The create may have made the grant, or may still make it:
+			// nobody but this call knows its name. End it now.
+			h.withdrawUnknown(ctx, g)
+		}
 		return nil, err
 	}
 	// The loop outlives Done: after ownership is lost it keeps watching the
@@ -214,6 +233,10 @@ func (h *Handle) create(ctx context.Context, g *lockingv1alpha1.LockGrant, s *se
 			}
 			// This request made the grant, so it was granted after sentAt.
 			h.m.Created(sentAt)
+			if ended, ok := obj.Annotations[lockingv1alpha1.ReusedRequestIDAnnotation]; ok {
+				h.log.Info("The request ID was spent by an earlier grant whose window passed; this acquisition runs as a new attempt",
+					"grant", h.key, "requestID", g.Spec.RequestID, "earlierGrantEnded", ended)
+			}
 			return nil
 		case apierrors.IsAlreadyExists(err):
 			cur, gerr := h.c.get(ctx, h.key)
@@ -221,10 +244,15 @@ func (h *Handle) create(ctx context.Context, g *lockingv1alpha1.LockGrant, s *se
 			case gerr != nil:
 				err = gerr
 			case cur == nil:
-				continue // deleted meanwhile (garbage-collected): create again
-			case cur.Spec.RequestID != g.Spec.RequestID || cur.Spec.Resource != g.Spec.Resource ||
-				cur.Spec.OperationRoot != g.Spec.OperationRoot || cur.Spec.OperationClass != g.Spec.OperationClass || cur.Spec.Policy != g.Spec.Policy ||
-				cur.Spec.EffectivePermits() != g.Spec.EffectivePermits():
+				// The grant of this request ID existed a moment ago and is
+				// gone: it ended and was deleted, or it was deleted while
+				// it lived (a forced release). Either way its acquisition
+				// is over, and creating it again would run the attempt a
+				// second time.
+				return fmt.Errorf("lock: acquiring %s: %w", g.Spec.Resource, &fencing.Error{Reason: fencing.ReasonUnknownGrant, Detail: fmt.Sprintf(
+					"grant %s of request ID %q was deleted while this call looked it up (its retention ended, or it was force-released); the request ID is spent, acquire with a new one",
+					h.key, g.Spec.RequestID)})
+			case !sameRequest(cur, g):
 				return fmt.Errorf("%w: grant %s is for resource %q, request %q, operation %q (%s), policy %q, %d permit(s)", ErrRequestIDConflict,
 					h.key, cur.Spec.Resource, cur.Spec.RequestID, cur.Spec.OperationRoot, cur.Spec.OperationClass, cur.Spec.Policy, cur.Spec.EffectivePermits())
 			case cur.Status.Phase.Final():
@@ -245,10 +273,109 @@ func (h *Handle) create(ctx context.Context, g *lockingv1alpha1.LockGrant, s *se
 		h.log.V(1).Info("Create outcome unknown; retrying with the same request ID", "grant", h.key, "error", err.Error())
 		select {
 		case <-ctx.Done():
-			return fmt.Errorf("lock: creating grant for %s, outcome unknown: %w", g.Spec.Resource, errors.Join(context.Cause(ctx), err))
+			return &outcomeUnknown{err: fmt.Errorf("lock: creating grant for %s, outcome unknown: %w", g.Spec.Resource, errors.Join(context.Cause(ctx), err))}
 		case <-h.clk.After(b.Step()):
 		}
 	}
+}
+
+// sameRequest reports whether grant cur is the request g describes: the
+// same request ID, resource, operation, policy and permits.
+func sameRequest(cur, g *lockingv1alpha1.LockGrant) bool {
+	return cur.Spec.RequestID == g.Spec.RequestID && cur.Spec.Resource == g.Spec.Resource &&
+		cur.Spec.OperationRoot == g.Spec.OperationRoot && cur.Spec.OperationClass == g.Spec.OperationClass && cur.Spec.Policy == g.Spec.Policy &&
+		cur.Spec.EffectivePermits() == g.Spec.EffectivePermits()
+}
+
+// outcomeUnknown is the error of a create that ctx ended before any answer
+// said whether it made the grant: it may have, or may still.
+type outcomeUnknown struct{ err error }
+
+func (e *outcomeUnknown) Error() string { return e.err.Error() }
+func (e *outcomeUnknown) Unwrap() error { return e.err }
+
+// unknownOutcome reports whether err is a create's outcomeUnknown.
+func unknownOutcome(err error) bool {
+	var u *outcomeUnknown
+	return errors.As(err, &u)
+}
+
+// withdrawUnknown ends the request g whose create's outcome is unknown, so
+// that no grant of it is ever left waiting or holding with nobody to renew
+// or release it. The grant's name is the request's one identity, so a
+// create of the same name settles the question: it creates the request
+// already withdrawn (spec.release), which the controller ends without ever
+// granting it and after which the lost create can no longer land
+// (AlreadyExists), or it finds the grant the lost create made, which is
+// then released with its UID and driver token as preconditions. A grant of
+// the name that is not this request's (another driver's, another request's)
+// is left alone. It runs on a context of its own, bounded by
+// withdrawTimeout, whatever happened to ctx, and spends the request ID.
+func (h *Handle) withdrawUnknown(ctx context.Context, g *lockingv1alpha1.LockGrant) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), withdrawTimeout)
+	defer cancel()
+	twin := g.DeepCopy()
+	twin.Spec.Release = true
+	// A withdrawn request needs no liveness; nor must a lapsed session
+	// keep it from being made.
+	twin.Spec.Session = nil
+	b := retryBackoff()
+	for {
+		done, err := h.withdrawOnce(ctx, twin)
+		if done {
+			return
+		}
+		select {
+		case <-ctx.Done():
+			h.log.Error(errors.Join(err, ctx.Err()), "Withdrawing a request whose create's outcome is unknown failed; its wait limit, session or lease will end it", "grant", h.key)
+			return
+		case <-h.clk.After(b.Step()):
+		}
+	}
+}
+
+// withdrawOnce makes one attempt of withdrawUnknown: true once the request
+// is settled (withdrawn, ended, or not this request's).
+func (h *Handle) withdrawOnce(ctx context.Context, twin *lockingv1alpha1.LockGrant) (bool, error) {
+	obj := twin.DeepCopy()
+	cctx, cancel := context.WithTimeout(ctx, h.timeout)
+	err := h.c.c.Create(cctx, obj)
+	cancel()
+	switch {
+	case err == nil:
+		h.log.V(1).Info("Withdrew a request whose create's outcome was unknown", "grant", h.key, "uid", obj.UID)
+		return true, nil
+	case retryable(err):
+		return false, err
+	case apierrors.IsAlreadyExists(err):
+	case fencing.ReasonOf(denial.Wrap(err)) != fencing.ReasonInvalidSpec:
+		// Refused for what the lost create carries too (the owner, the
+		// policy, a spent request ID): that one cannot land either.
+		return true, nil
+	}
+	// The name is taken, or the registry does not take a request that is
+	// withdrawn at creation (an earlier version): look for the lost
+	// create's grant, which may still land.
+	cur, err := h.c.get(ctx, h.key)
+	switch {
+	case err != nil:
+		return false, err
+	case cur == nil:
+		return false, nil // not made yet, or deleted meanwhile: again
+	case !sameRequest(cur, twin) || cur.Annotations[lockingv1alpha1.DriverAnnotation] != h.driver:
+		return true, nil // not this request's grant
+	case cur.Status.Phase.Final() || cur.Spec.Release:
+		return true, nil
+	}
+	_, err = h.c.patchSpec(ctx, target{key: h.key, uid: cur.UID, driver: h.driver, timeout: h.timeout}, "release", true)
+	switch {
+	case err == nil:
+		h.log.V(1).Info("Withdrew a request whose create's outcome was unknown", "grant", h.key, "uid", cur.UID)
+		return true, nil
+	case errors.Is(err, errGone), Refusal(err) != nil:
+		return true, nil // ended, or no longer this request: nothing to withdraw
+	}
+	return false, err
 }
 
 // adopt binds the handle to grant g and builds its state machine from g's
@@ -271,7 +398,7 @@ func (h *Handle) adopt(g *lockingv1alpha1.LockGrant, s *settings) error {
 // withdraw releases the request after Acquire gave up on it, so that it is
 // never granted later (or, if it just was, so that the resource is freed).
 func (h *Handle) withdraw(ctx context.Context) {
-	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), requestTimeout)
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), withdrawTimeout)
 	defer cancel()
 	if err := h.Release(rctx); err != nil && fencing.ReasonOf(err) == "" {
 		h.log.Error(err, "Withdrawing the request failed; its wait limit or lease will end it", "grant", h.key)

@@ -102,8 +102,10 @@ func (c *Client) patchSpec(ctx context.Context, t target, field string, value an
 		switch {
 		case gerr != nil:
 			return nil, err // outcome unknown: no fact to decide on
-		case cur == nil || cur.UID != t.uid:
+		case cur == nil:
 			return nil, errGone
+		case cur.UID != t.uid:
+			return nil, &nameTaken{uid: cur.UID}
 		case t.driver != "" && cur.Annotations[lockingv1alpha1.DriverAnnotation] != t.driver:
 			return nil, driverMismatch(cur)
 		}
@@ -132,9 +134,32 @@ func retryBackoff() wait.Backoff {
 	return wait.Backoff{Duration: 100 * time.Millisecond, Factor: 2, Jitter: 0.2, Steps: math.MaxInt32, Cap: 2 * time.Second}
 }
 
-// gone is the refusal for an acquisition that does not exist (any more).
-func gone(key types.NamespacedName) *fencing.Error {
+// gone is the refusal for acquisition uid of grant key, which does not
+// exist (any more); err, when it says so (nameTaken), names the later
+// acquisition that has the name now. uid "" speaks of the grant.
+func gone(key types.NamespacedName, uid types.UID, err error) *fencing.Error {
+	var taken *nameTaken
+	switch {
+	case errors.As(err, &taken) && uid != "":
+		return &fencing.Error{Reason: fencing.ReasonUnknownGrant, Detail: fmt.Sprintf(
+			"acquisition %s of grant %s does not exist: the name belongs to another acquisition (%s), which this request does not touch",
+			uid, key, taken.uid)}
+	case errors.As(err, &taken):
+		return &fencing.Error{Reason: fencing.ReasonUnknownGrant, Detail: fmt.Sprintf(
+			"grant %s is another acquisition now (%s)", key, taken.uid)}
+	case uid != "":
+		return &fencing.Error{Reason: fencing.ReasonUnknownGrant, Detail: fmt.Sprintf("acquisition %s of grant %s does not exist: it ended and was deleted, or never existed", uid, key)}
+	}
 	return &fencing.Error{Reason: fencing.ReasonUnknownGrant, Detail: fmt.Sprintf("grant %s does not exist: it ended and was deleted, or never existed", key)}
+}
+
+// goneFrom is gone for acquisition uid of key as read (cur, nil when the
+// name belongs to no grant).
+func goneFrom(key types.NamespacedName, uid types.UID, cur *lockingv1alpha1.LockGrant) *fencing.Error {
+	if cur == nil {
+		return gone(key, uid, errGone)
+	}
+	return gone(key, uid, &nameTaken{uid: cur.UID})
 }
 
 // Release releases exactly the acquisition uid of grant key (a Pending
@@ -165,11 +190,13 @@ func (c *Client) Release(ctx context.Context, key types.NamespacedName, uid type
 		return fmt.Errorf("%w: Release needs the grant's UID", ErrInvalidOption)
 	}
 	s := c.settings(nil)
-	return c.release(ctx, s.clk, target{key: key, uid: uid, timeout: requestTimeout})
+	return c.release(ctx, s.clk, target{key: key, uid: uid, timeout: requestTimeout}, false)
 }
 
-func (c *Client) release(ctx context.Context, clk clock.WithTicker, t target) error {
-	ambiguous := false
+// release is Release of t. ambiguous: an earlier attempt's outcome is
+// unknown, so an ALREADY_ENDED or EXPIRED answer may be that attempt's
+// success.
+func (c *Client) release(ctx context.Context, clk clock.WithTicker, t target, ambiguous bool) error {
 	b := retryBackoff()
 	for {
 		_, err := c.patchSpec(ctx, t, "release", true)
@@ -177,7 +204,7 @@ func (c *Client) release(ctx context.Context, clk clock.WithTicker, t target) er
 			return c.releaseOutcome(ctx, t)
 		}
 		if errors.Is(err, errGone) {
-			return fmt.Errorf("lock: releasing grant %s: %w", t.key, gone(t.key))
+			return fmt.Errorf("lock: releasing grant %s: %w", t.key, gone(t.key, t.uid, err))
 		}
 		if r := Refusal(err); r != nil {
 			if ambiguous && (r.Reason == fencing.ReasonAlreadyEnded || r.Reason == fencing.ReasonExpired) {
@@ -243,7 +270,7 @@ func (c *Client) Renew(ctx context.Context, key types.NamespacedName, uid types.
 	case err != nil:
 		return nil, fmt.Errorf("lock: reading grant %s: %w", key, err)
 	case cur == nil || cur.UID != uid:
-		return nil, fmt.Errorf("lock: renewing grant %s: %w", key, gone(key))
+		return nil, fmt.Errorf("lock: renewing grant %s: %w", key, goneFrom(key, uid, cur))
 	case cur.Annotations[lockingv1alpha1.DriverAnnotation] != "":
 		return nil, fmt.Errorf("lock: renewing grant %s: %w", key, &fencing.Error{Reason: fencing.ReasonDriverMismatch, Detail: fmt.Sprintf(
 			"grant %s is driven by a running holder (kubectl lockwarden run or a library Handle), which renews it itself", key.Name)})
@@ -257,14 +284,14 @@ func (c *Client) Renew(ctx context.Context, key types.NamespacedName, uid types.
 			break
 		}
 		if errors.Is(err, errGone) {
-			return nil, fmt.Errorf("lock: renewing grant %s: %w", key, gone(key))
+			return nil, fmt.Errorf("lock: renewing grant %s: %w", key, gone(key, uid, err))
 		}
 		if Refusal(err) != nil || (!retryable(err) && !testFailed(err)) {
 			return nil, fmt.Errorf("lock: renewing grant %s: %w", key, err)
 		}
 		g, gerr := c.get(ctx, key)
 		if gerr == nil && (g == nil || g.UID != uid) {
-			return nil, fmt.Errorf("lock: renewing grant %s: %w", key, gone(key))
+			return nil, fmt.Errorf("lock: renewing grant %s: %w", key, goneFrom(key, uid, g))
 		}
 		if gerr == nil && g.Spec.Renewals >= want {
 			break // applied; the reply was lost
@@ -282,7 +309,7 @@ func (c *Client) Renew(ctx context.Context, key types.NamespacedName, uid types.
 	case err != nil:
 		return nil, err
 	case g == nil || g.UID != uid:
-		return nil, fmt.Errorf("lock: renewing grant %s: %w", key, gone(key))
+		return nil, fmt.Errorf("lock: renewing grant %s: %w", key, goneFrom(key, uid, g))
 	case g.Status.Phase == lockingv1alpha1.PhaseHeld:
 		return g, nil
 	case g.Status.Phase == lockingv1alpha1.PhaseExpired:

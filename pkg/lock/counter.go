@@ -85,8 +85,8 @@ func (h *Handle) observeCounter(now holder.Mono, fc *lockingv1alpha1.FenceCounte
 // heldByCounter makes the grant Held with the fence the counter issued it,
 // as a status that says so would; h.mu held. The deadline rules are the
 // status's: counted from the create's send time, or, for a grant found by
-// its request ID or granted after waiting longer than TTL - margin, from a
-// confirming renew.
+// its request ID or granted a renew interval or more after its create was
+// sent, from a confirming renew.
 func (h *Handle) heldByCounter(now holder.Mono, hold *lockingv1alpha1.FenceHolder) {
 	f := holder.FactsOf(h.last)
 	f.Phase, f.Fence = lockingv1alpha1.PhaseHeld, hold.Fence

@@ -6,6 +6,7 @@ import (
 	"net/http"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/types"
 
 	lockingv1alpha1 "github.com/lockwarden/lockwarden/api/v1alpha1"
 	"github.com/lockwarden/lockwarden/pkg/fencing"
@@ -88,6 +89,16 @@ func driverMismatch(g *lockingv1alpha1.LockGrant) *fencing.Error {
 
 // errGone says the acquisition does not exist any more.
 var errGone = errors.New("lock: the grant does not exist any more")
+
+// nameTaken is errGone when the grant's name belongs to another
+// acquisition now: a later grant with the same name, whose UID it carries.
+type nameTaken struct{ uid types.UID }
+
+func (e *nameTaken) Error() string {
+	return fmt.Sprintf("%s: the name belongs to acquisition %s now", errGone, e.uid)
+}
+
+func (e *nameTaken) Unwrap() error { return errGone }
 
 // retryable reports whether a failed request's outcome is unknown and it may
 // be sent again: transport errors, timeouts, throttling and server errors.

@@ -72,9 +72,14 @@ type Handle struct {
 	tracing bool
 
 	releaseMu sync.Mutex
-	stopOnce  sync.Once
-	stop      chan struct{}
-	stopped   chan struct{}
+	// finishing: a release whose outcome was unknown is being finished in
+	// the background (finishRelease); finished and finishErr: its definite
+	// answer. releaseMu held.
+	finishing, finished bool
+	finishErr           error
+	stopOnce            sync.Once
+	stop                chan struct{}
+	stopped             chan struct{}
 }
 
 // observation is one read of the grant: nil when it does not exist.
@@ -568,8 +573,11 @@ func (h *Handle) run(ctx context.Context) {
 // first), fencing.ErrAlreadyEnded (ended before, for example by an earlier
 // Release of this handle), fencing.ErrRevoked, fencing.ErrNotOwner,
 // fencing.ErrDriverMismatch, fencing.ErrUnknownGrant. An error matching none
-// means no definite answer came before ctx ended; the handle then keeps
-// watching the grant, and Release may be called again.
+// means no definite answer came before ctx ended; the handle then goes on
+// releasing the grant on a context of its own, for up to 10 seconds, so
+// that a caller that gave up does not leave the resource held until the
+// lease runs out. Release may be called again: once that background
+// release has a definite answer, Release returns it.
 //
 // Call it with a context that is not the handle's own (which is already
 // cancelled when ownership was lost), e.g.
@@ -577,6 +585,43 @@ func (h *Handle) run(ctx context.Context) {
 func (h *Handle) Release(ctx context.Context) error {
 	h.releaseMu.Lock()
 	defer h.releaseMu.Unlock()
+	if h.finished {
+		return h.finishErr
+	}
+	err := h.releaseLocked(ctx, false)
+	if err != nil && fencing.ReasonOf(err) == "" && !h.finishing {
+		h.finishing = true
+		go h.finishRelease()
+	}
+	return err
+}
+
+// finishRelease goes on with a release whose outcome was unknown when its
+// caller's context ended, on a context of its own bounded by
+// withdrawTimeout.
+func (h *Handle) finishRelease() {
+	h.releaseMu.Lock()
+	defer h.releaseMu.Unlock()
+	h.finishing = false
+	if h.finished {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), withdrawTimeout)
+	defer cancel()
+	// The earlier attempt may have landed: an ALREADY_ENDED answer is then
+	// this handle's own release.
+	err := h.releaseLocked(ctx, true)
+	if err != nil && fencing.ReasonOf(err) == "" {
+		h.log.Error(err, "Releasing the grant failed; its lease will end it", "grant", h.key)
+		h.stopLoop()
+		return
+	}
+	h.finished, h.finishErr = true, err
+}
+
+// releaseLocked is Release; h.releaseMu held. again: an earlier attempt's
+// outcome is unknown (see Client.release).
+func (h *Handle) releaseLocked(ctx context.Context, again bool) error {
 	defer h.flushTrace()
 	h.mu.Lock()
 	h.m.ReleaseSent(h.mono())
@@ -585,7 +630,7 @@ func (h *Handle) Release(ctx context.Context) error {
 	h.mu.Unlock()
 	h.flushTrace()
 
-	err := h.c.release(ctx, h.clk, h.target())
+	err := h.c.release(ctx, h.clk, h.target(), again)
 	r := fencing.ReasonOf(err)
 	if err != nil && r == "" {
 		return err

@@ -582,6 +582,46 @@ func TestGrantedAfterLongWait(t *testing.T) {
 	release(t, b, "")
 }
 
+// A request granted late in its TTL (after waiting 16 s for a 20 s lease,
+// by the holder's clock) is usable for a full lease: it is confirmed by a
+// renew before Acquire returns, and its deadline counts from that renew,
+// not from the create that leaves it 2 s. Past the create's deadline it
+// still holds.
+func TestGrantedLateInTheTTL(t *testing.T) {
+	ns := namespace(t)
+	const res = "ledger/late"
+	a, err := newTestClient(t, as(t, "late-a"), lock.WithNamespace(ns)).Acquire(t.Context(), res)
+	if err != nil {
+		t.Fatal(err)
+	}
+	hclk := clocktesting.NewFakeClock(clk.Now())
+	got := make(chan *lock.Handle, 1)
+	go func() {
+		h, err := newTestClient(t, as(t, "late-b"), lock.WithNamespace(ns), lock.WithClock(hclk)).
+			Acquire(t.Context(), res, lock.WithTTL(20*time.Second), lock.WithRequestID("late-b"))
+		if err != nil {
+			t.Error(err)
+		}
+		got <- h
+	}()
+	waitPhase(t, keyOf(ns, "late-b"), lockingv1alpha1.PhasePending)
+	hclk.Step(16 * time.Second) // B waited 16 s by its own clock
+	release(t, a, "")
+	b := <-got
+	if b == nil {
+		t.FailNow()
+	}
+	// TTL 20 s, margin 2 s: 18 s from the renew, sent 0 s ago on B's clock.
+	if g := grantOf(t, b.Grant()); g.Spec.Renewals != 1 || b.Remaining() != 18*time.Second {
+		t.Fatalf("B when Acquire returned: renewals %d, remaining %s; want confirmed by one renew, 18s", g.Spec.Renewals, b.Remaining())
+	}
+	hclk.Step(3 * time.Second) // past the create's send time + TTL - margin
+	if err := b.Check(); err != nil || b.Remaining() != 15*time.Second {
+		t.Fatalf("B 19 s after its create: Check %v, remaining %s; want held, 15s", err, b.Remaining())
+	}
+	release(t, b, "")
+}
+
 // WatchTransitions reports each grant's phase changes, from the watch.
 func TestWatchTransitions(t *testing.T) {
 	ns := namespace(t)

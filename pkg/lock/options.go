@@ -20,6 +20,11 @@ const (
 	DefaultTTL = 30 * time.Second
 	// requestTimeout bounds each API request the library sends.
 	requestTimeout = 10 * time.Second
+	// withdrawTimeout bounds how long the library keeps trying, on a
+	// context of its own, to end a request or grant its caller gave up on
+	// (a cancelled Acquire, TryAcquire's busy answer, a Release whose
+	// outcome was unknown when its context ended).
+	withdrawTimeout = 10 * time.Second
 	// tryWaitSeconds is the wait limit TryAcquire puts on its request, in
 	// seconds: a backstop that ends the request in the registry even if the
 	// withdrawal is lost.
@@ -156,7 +161,12 @@ func WithPermits(n int32) Option {
 // while it is Pending or Held gets an error matching
 // fencing.ErrDriverMismatch, and one that finds it ended gets the reason it
 // ended (fencing.ErrExpired, fencing.ErrAlreadyEnded, fencing.ErrRevoked):
-// the ID is spent, use a new one for a new acquisition.
+// the ID is spent, use a new one for a new acquisition. It stays spent
+// after the ended grant is deleted, for the registry's request-ID window
+// (the manager's --request-id-window, 7 days by default; see
+// docs/request-ids.md), and a cancelled Acquire spends it too. An Acquire
+// past the window runs as a new attempt; the registry marks its grant and
+// warns.
 func WithRequestID(id string) Option {
 	return func(s *settings) {
 		if !requestIDRE.MatchString(id) {

@@ -125,7 +125,7 @@ func (h *Handle) traceStep(e TraceEvent) {
 func (h *Handle) traceRenewAnswer(r renewResult) {
 	err := r.err
 	if errors.Is(err, errGone) {
-		err = gone(h.key)
+		err = gone(h.key, h.uid, err)
 	}
 	h.traceStep(TraceEvent{Kind: TraceRenewAnswered, Renewals: r.target, RenewErr: err})
 }

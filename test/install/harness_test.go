@@ -106,6 +106,23 @@ func (c *cluster) run(name string, args ...string) string {
 	return string(out)
 }
 
+// stdout runs name with args like run, and returns only its standard
+// output: what a caller captures with $(...), the messages on standard
+// error left out.
+func (c *cluster) stdout(name string, args ...string) string {
+	c.t.Helper()
+	cmd := exec.CommandContext(c.t.Context(), name, args...)
+	cmd.Dir = c.root
+	cmd.Env = append(os.Environ(), "KUBECONFIG="+c.cp.AdminKubeconfig)
+	var stderr strings.Builder
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if err != nil {
+		c.t.Fatalf("%s %s: %v\n%s", name, strings.Join(args, " "), err, stderr.String())
+	}
+	return string(out)
+}
+
 func (c *cluster) kubectl() string { return filepath.Join(c.root, "bin", "kubectl") }
 
 // serverSideApply applies a manifest with server-side apply; every object

@@ -131,7 +131,7 @@ func TestRecoveryAfterLostCounters(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	epoch := strings.TrimSpace(c.run("env", kubectl, "hack/next-epoch.sh"))
+	epoch := strings.TrimSpace(c.stdout("env", kubectl, "hack/next-epoch.sh"))
 	if epoch != "3" {
 		t.Fatalf("hack/next-epoch.sh = %q, want 3 (the object recorded a fence of epoch 2)", epoch)
 	}

@@ -33,7 +33,6 @@ func TestBadGrantRequests(t *testing.T) {
 		{"path traversal", func(g *lockingv1alpha1.LockGrant) { g.Spec.Resource = "../etc" }, "resource"},
 		{"spoofed owner", func(g *lockingv1alpha1.LockGrant) { g.Spec.Owner = "system:serviceaccount:billing:someone-else" }, "NOT_OWNER"},
 		{"born renewed", func(g *lockingv1alpha1.LockGrant) { g.Spec.Renewals = 3 }, "renewals"},
-		{"born released", func(g *lockingv1alpha1.LockGrant) { g.Spec.Release = true }, "release"},
 		{"negative wait", func(g *lockingv1alpha1.LockGrant) { g.Spec.WaitTimeoutSeconds = -1 }, "waitTimeoutSeconds"},
 		{"negative lock-delay", func(g *lockingv1alpha1.LockGrant) { g.Spec.LockDelaySeconds = -1 }, "spec.lockDelaySeconds"},
 		{"lock-delay over an hour", func(g *lockingv1alpha1.LockGrant) { g.Spec.LockDelaySeconds = 3601 }, "spec.lockDelaySeconds"},

@@ -6,12 +6,17 @@ import (
 	"time"
 
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/client/interceptor"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	lockingv1alpha1 "github.com/lockwarden/lockwarden/api/v1alpha1"
+	"github.com/lockwarden/lockwarden/controllers/lockgrant"
+	"github.com/lockwarden/lockwarden/internal/issuer"
 	"github.com/lockwarden/lockwarden/internal/testenv"
 )
 
@@ -223,5 +228,88 @@ func unreachableLockGrantWebhook(t *testing.T) {
 		if err := admin.Update(context.Background(), cur); err != nil {
 			t.Error(err)
 		}
+	})
+}
+
+// A replica whose grants cache stopped (a replica resumed after a freeze,
+// whose watch has not delivered what it missed yet) while its reads of the
+// counter are fresh: it must not grant a request that was withdrawn in the
+// meantime. The cache shows A Held and B waiting; since then B withdrew
+// and A released, and the running replica freed the counter. Granting B on
+// that cache would swap the counter to a grant that had already ended and
+// spend a fence on it.
+func TestHAStaleCacheGrantsNoEndedRequest(t *testing.T) {
+	ns, tl := namespace(t), startTimeline()
+	a, b := as(t, "ha-stale-a"), as(t, "ha-stale-b")
+	tl.at(0)
+	ga := mustAcquire(t, a, ns, 30)
+	gb, err := acquire(t, b, ns, 30)
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitPhase(t, gb, lockingv1alpha1.PhasePending)
+	frozen := pausedCache(t, ns)
+
+	if err := release(t, b, gb); err != nil {
+		t.Fatal(err)
+	}
+	waitPhase(t, gb, lockingv1alpha1.PhaseReleased)
+	if err := release(t, a, ga); err != nil {
+		t.Fatal(err)
+	}
+	waitPhase(t, ga, lockingv1alpha1.PhaseReleased)
+	before := counterOf(t, ns)
+	if before.Spec.Holder != nil {
+		t.Fatalf("the counter still names %s after both released", before.Spec.Holder.Name)
+	}
+
+	stale := &lockgrant.Reconciler{
+		Client: frozen, APIReader: admin, Clock: clk,
+		Keyring: &issuer.Keyring{Reader: admin, Namespace: managerNamespace},
+	}
+	req := reconcile.Request{NamespacedName: client.ObjectKeyFromObject(before)}
+	if _, err := stale.Reconcile(t.Context(), req); err != nil && !apierrors.IsConflict(err) {
+		t.Fatal(err)
+	}
+	after := counterOf(t, ns)
+	if after.Spec.Fence != before.Spec.Fence || after.Spec.Holder != nil {
+		t.Fatalf("the stale replica swapped the counter from fence %d to %d, holder %+v: it granted a request withdrawn before its pass",
+			before.Spec.Fence, after.Spec.Fence, after.Spec.Holder)
+	}
+	if g := get(t, gb); g.Status.Phase != lockingv1alpha1.PhaseReleased || g.Status.FenceToken != 0 {
+		t.Fatalf("the withdrawn request is %s with fence %d", g.Status.Phase, g.Status.FenceToken)
+	}
+}
+
+// pausedCache returns a client that reads ns's LockGrants as they are now,
+// and ever after, as a replica's cache does while its watch delivers
+// nothing; every other read and every write goes to the API server.
+func pausedCache(t *testing.T, ns string) client.Client {
+	t.Helper()
+	var list lockingv1alpha1.LockGrantList
+	if err := admin.List(t.Context(), &list, client.InNamespace(ns)); err != nil {
+		t.Fatal(err)
+	}
+	snapshot := list.DeepCopy()
+	return interceptor.NewClient(env.Admin, interceptor.Funcs{
+		List: func(ctx context.Context, c client.WithWatch, l client.ObjectList, opts ...client.ListOption) error {
+			if grants, ok := l.(*lockingv1alpha1.LockGrantList); ok {
+				snapshot.DeepCopyInto(grants)
+				return nil
+			}
+			return c.List(ctx, l, opts...)
+		},
+		Get: func(ctx context.Context, c client.WithWatch, key client.ObjectKey, o client.Object, opts ...client.GetOption) error {
+			if g, ok := o.(*lockingv1alpha1.LockGrant); ok {
+				for i := range snapshot.Items {
+					if snapshot.Items[i].Namespace == key.Namespace && snapshot.Items[i].Name == key.Name {
+						snapshot.Items[i].DeepCopyInto(g)
+						return nil
+					}
+				}
+				return apierrors.NewNotFound(lockingv1alpha1.GroupVersion.WithResource("lockgrants").GroupResource(), key.Name)
+			}
+			return c.Get(ctx, key, o, opts...)
+		},
 	})
 }

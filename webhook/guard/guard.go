@@ -28,7 +28,9 @@
 //
 // They have no side effects on stored state: if a write fails after
 // admission (a resourceVersion conflict), nothing was recorded, and the
-// retry is checked again against the fresh object.
+// retry is checked again against the fresh object. They emit Events where
+// an operator must act (a FENCE_REGRESSION, on the FenceIssuer; an
+// administrator's override of a wedged object), never for a dry run.
 package guard
 
 import (
@@ -38,6 +40,7 @@ import (
 
 	admissionv1 "k8s.io/api/admission/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/tools/events"
 	"k8s.io/utils/clock"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
@@ -57,6 +60,12 @@ type Checker struct {
 	Clock clock.PassiveClock
 	// Bundle returns the issuer's current trust bundle.
 	Bundle func(context.Context) (*fencing.TrustBundle, error)
+	// Authorizer answers the SubjectAccessReviews of an administrator's
+	// override (fencing.Override); nil: nobody may override.
+	Authorizer client.Client
+	// Recorder emits the Events an operator must see about the issuer
+	// (FENCE_REGRESSION) and about overrides; nil: none.
+	Recorder events.EventRecorder
 }
 
 // object is the part of any Kubernetes object the webhooks read.
@@ -150,6 +159,9 @@ func (c *Checker) gather(ctx context.Context, w write, g guarding) (fencing.Guar
 			return r, err
 		}
 	}
+	if err := c.gatherOverride(ctx, w, &r); err != nil {
+		return r, err
+	}
 	if _, _, ok := r.Target(); ok || r.Claim.Proof != "" || r.Record.Proof != "" {
 		// The bundle verifies proofs, and its epochs judge every fence.
 		bundle, err := c.Bundle(ctx)
@@ -181,7 +193,9 @@ func (c *Checker) decide(ctx context.Context, w write, g guarding) (fencing.Acce
 	if err != nil {
 		return fencing.Accepted{}, err
 	}
-	return fencing.CheckGuardedRequest(r)
+	rec, err := fencing.CheckGuardedRequest(r)
+	c.announce(ctx, w.req, r, err)
+	return rec, err
 }
 
 // namespaceTerminating reports whether namespace name is being deleted; a
@@ -211,6 +225,7 @@ func consume(req admission.Request, rec fencing.Accepted) admission.Response {
 	for _, k := range []string{
 		lockingv1alpha1.GrantAnnotation, lockingv1alpha1.FenceAnnotation, lockingv1alpha1.ProofAnnotation,
 		lockingv1alpha1.IntentAnnotation, lockingv1alpha1.WriteIDAnnotation, lockingv1alpha1.ShadowDenialAnnotation,
+		lockingv1alpha1.OverrideAnnotation,
 	} {
 		delete(ann, k)
 	}

@@ -143,3 +143,33 @@ func TestPreconditionAndNamespace(t *testing.T) {
 		t.Fatalf("a ConfigMap lives in %q", got)
 	}
 }
+
+// An override is asserted only by the write that sets it: one the stored
+// object already carried (set while it was unguarded, say) asserts
+// nothing.
+func TestOverrideAsserted(t *testing.T) {
+	const key = lockingv1alpha1.OverrideAnnotation
+	none := runtime.RawExtension{}
+	with := func(v string) runtime.RawExtension { return raw(t, nil, map[string]string{key: v}) }
+	for _, tc := range []struct {
+		name   string
+		req    admission.Request
+		reason string
+		ok     bool
+	}{
+		{"set by the update", request(admissionv1.Update, raw(t, nil, nil), with("ticket 1")), "ticket 1", true},
+		{"changed by the update", request(admissionv1.Update, with("ticket 1"), with("ticket 2")), "ticket 2", true},
+		{"inherited", request(admissionv1.Update, with("ticket 1"), with("ticket 1")), "", false},
+		{"set empty", request(admissionv1.Update, raw(t, nil, nil), with("")), "", true},
+		{"on a create", request(admissionv1.Create, none, with("ticket 1")), "ticket 1", true},
+		{"none", request(admissionv1.Update, raw(t, nil, nil), raw(t, nil, nil)), "", false},
+	} {
+		w, err := decode(tc.req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if reason, ok := overrideAsserted(w); reason != tc.reason || ok != tc.ok {
+			t.Errorf("%s: overrideAsserted() = %q, %v; want %q, %v", tc.name, reason, ok, tc.reason, tc.ok)
+		}
+	}
+}

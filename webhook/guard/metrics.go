@@ -2,6 +2,7 @@ package guard
 
 import (
 	"github.com/prometheus/client_golang/prometheus"
+	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/metrics"
 	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
 
@@ -28,7 +29,13 @@ func init() {
 	metrics.Registry.MustRegister(decisions, shadowDenials)
 }
 
+// observe counts a guarded-write decision. A dry run is not counted: it
+// is neither an admitted nor a denied write, and a denial it would have met
+// (FENCE_REGRESSION, say) must not page anyone.
 func observe(webhook string, req admission.Request, err error) {
+	if dryRun(req) {
+		return
+	}
 	decision, reason := "admitted", ""
 	if err != nil {
 		decision, reason = "denied", string(fencing.ReasonOf(err))
@@ -37,4 +44,12 @@ func observe(webhook string, req admission.Request, err error) {
 		}
 	}
 	decisions.WithLabelValues(webhook, decision, reason, string(req.Operation)).Inc()
+}
+
+// dryRun reports whether req is a dry run (dryRun=All, kubectl
+// --dry-run=server): the API server persists nothing, and the webhooks,
+// whose configurations promise no side effects on dry runs, leave no trace
+// of it either: no metric, no Event, no log at the default level.
+func dryRun(req admission.Request) bool {
+	return ptr.Deref(req.DryRun, false)
 }

@@ -134,14 +134,18 @@ func (h *PolicyHandler) opaque(req admission.Request, pol *lockingv1alpha1.Guard
 }
 
 // shadow admits a write Enforce would deny, and says so in an Event, a
-// metric and the object's shadow-denial annotation.
+// metric and the object's shadow-denial annotation. A dry run gets the
+// annotation in the object it is answered with, and nothing else: the
+// metric and the Events count the writes that happened.
 func (h *PolicyHandler) shadow(req admission.Request, w write, pol *lockingv1alpha1.GuardPolicy, decision error) admission.Response {
 	reason := fencing.ReasonOf(decision)
 	if reason == "" {
 		return admission.Allowed("shadow mode: the check could not run: " + decision.Error())
 	}
-	shadowDenials.WithLabelValues(pol.Name, string(reason)).Inc()
-	if h.Recorder != nil && (req.DryRun == nil || !*req.DryRun) {
+	if !dryRun(req) {
+		shadowDenials.WithLabelValues(pol.Name, string(reason)).Inc()
+	}
+	if h.Recorder != nil && !dryRun(req) {
 		regarding := &corev1.ObjectReference{
 			APIVersion: req.Kind.Group + "/" + req.Kind.Version, Kind: req.Kind.Kind,
 			Namespace: req.Namespace, Name: req.Name,

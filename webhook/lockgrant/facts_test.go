@@ -3,10 +3,13 @@ package lockgrant_test
 import (
 	"context"
 	"errors"
+	"strings"
 	"testing"
 	"time"
 
+	"github.com/go-logr/logr/funcr"
 	admissionv1 "k8s.io/api/admission/v1"
+	authenticationv1 "k8s.io/api/authentication/v1"
 	authorizationv1 "k8s.io/api/authorization/v1"
 	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
@@ -18,6 +21,8 @@ import (
 	clocktesting "k8s.io/utils/clock/testing"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	logf "sigs.k8s.io/controller-runtime/pkg/log"
+	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
 
 	lockingv1alpha1 "github.com/lockwarden/lockwarden/api/v1alpha1"
 	"github.com/lockwarden/lockwarden/pkg/fencing"
@@ -178,5 +183,34 @@ func TestValidateDeleteAsksOnlyWhatItNeeds(t *testing.T) {
 				t.Fatalf("%d authorizations, warnings %q; want %d, warnings %v", asked, warnings, tc.asks, tc.warns)
 			}
 		})
+	}
+}
+
+// A forced release is logged, at the default level, only when it happens:
+// its dry run (kubectl delete --dry-run=server) gets the same warning and
+// is logged at verbosity 1 only.
+func TestForcedReleaseDryRunIsNotLoggedAsOne(t *testing.T) {
+	ns := objects{"ns": &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "ns"}}}
+	for _, dryRun := range []bool{false, true} {
+		var logged []string
+		log := funcr.New(func(_, args string) { logged = append(logged, args) }, funcr.Options{Verbosity: 0})
+		req := admission.Request{AdmissionRequest: admissionv1.AdmissionRequest{
+			Operation: admissionv1.Delete, UserInfo: authenticationv1.UserInfo{Username: "bob"}, DryRun: ptr.To(dryRun),
+		}}
+		ctx := logf.IntoContext(admission.NewContextWithRequest(context.Background(), req), log)
+		asked := 0
+		v := &lockgrant.Validator{Reader: ns, Authorizer: authorizer{allowed: true, asked: &asked}}
+		g := &lockingv1alpha1.LockGrant{Spec: lockingv1alpha1.LockGrantSpec{Resource: "r", Owner: "alice"}}
+		g.Name, g.Namespace, g.Status.Phase = "g-1", "ns", lockingv1alpha1.PhaseHeld
+		warnings, err := v.ValidateDelete(ctx, g)
+		if err != nil || len(warnings) != 1 {
+			t.Fatalf("dry run %v: %v, warnings %q; want the forced release allowed with its warning", dryRun, err, warnings)
+		}
+		switch {
+		case dryRun && len(logged) != 0:
+			t.Fatalf("a dry-run forced release was logged at the default level: %q", logged)
+		case !dryRun && (len(logged) != 1 || !strings.Contains(logged[0], `"Forced release"`)):
+			t.Fatalf("a forced release logged %q, want it once", logged)
+		}
 	}
 }

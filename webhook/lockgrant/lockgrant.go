@@ -26,6 +26,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/util/validation/field"
 	"k8s.io/utils/clock"
+	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
 
 	lockingv1alpha1 "github.com/lockwarden/lockwarden/api/v1alpha1"
@@ -37,9 +38,14 @@ import (
 
 // Defaulter fills in what the API server knows and the client must not
 // choose: the owner (the authenticated requester, when empty), the request
-// time, and the request-ID label.
+// time, the request-ID label, and whether the request ID reuses a spent
+// one.
 type Defaulter struct {
 	Clock clock.PassiveClock
+	// Ledgers reads the namespaces' RequestIDLedgers directly from the API
+	// server: an entry written a moment before must be found. nil: request
+	// IDs are not looked up.
+	Ledgers client.Reader
 }
 
 var _ admission.Defaulter[*lockingv1alpha1.LockGrant] = &Defaulter{}
@@ -47,17 +53,24 @@ var _ admission.Defaulter[*lockingv1alpha1.LockGrant] = &Defaulter{}
 // NewDefaulter returns the mutating webhook of LockGrants. A request whose
 // object does not decode (a field of the wrong JSON type, such as
 // leaseDurationSeconds: 1.5 or "10") is refused as INVALID_SPEC naming the
-// field, before the defaulter sees it.
-func NewDefaulter(s *runtime.Scheme, clk clock.PassiveClock) *admission.Webhook {
-	wh := admission.WithDefaulter(s, &Defaulter{Clock: clk})
+// field, before the defaulter sees it. ledgers reads RequestIDLedgers
+// directly (see Defaulter).
+func NewDefaulter(s *runtime.Scheme, clk clock.PassiveClock, ledgers client.Reader) *admission.Webhook {
+	wh := admission.WithDefaulter(s, &Defaulter{Clock: clk, Ledgers: ledgers})
 	wh.Handler = typedFields{wh.Handler}
 	return wh
 }
 
+// +kubebuilder:rbac:groups=locking.lockwarden.io,resources=requestidledgers,verbs=get
+
 // Default implements admission.Defaulter. It refuses a spec the schema
 // would refuse (a resource ID, request ID or other string field of the
 // wrong syntax or length), with INVALID_SPEC naming the field, before
-// schema validation answers without a code.
+// schema validation answers without a code. It refuses a request ID the
+// namespace's RequestIDLedger holds as spent (fencing.CheckRequestID: the
+// reason the earlier grant ended), and marks a grant that reuses one past
+// its window (ReusedRequestIDAnnotation), unless its client generated the
+// ID (GeneratedRequestIDAnnotation).
 func (d *Defaulter) Default(ctx context.Context, g *lockingv1alpha1.LockGrant) error {
 	req, err := admission.RequestFromContext(ctx)
 	if err != nil {
@@ -83,11 +96,28 @@ func (d *Defaulter) Default(ctx context.Context, g *lockingv1alpha1.LockGrant) e
 	if g.Spec.Owner == "" {
 		g.Spec.Owner = req.UserInfo.Username
 	}
-	if g.Annotations == nil {
-		g.Annotations = map[string]string{}
+	stampRequest(g, req.UserInfo, d.Clock.Now())
+	delete(g.Annotations, lockingv1alpha1.ReusedRequestIDAnnotation)
+	return d.checkRequestID(ctx, req.Namespace, g)
+}
+
+// checkRequestID looks g's request ID up in namespace ns's RequestIDLedger:
+// a spent ID is refused, one whose window passed is marked.
+func (d *Defaulter) checkRequestID(ctx context.Context, ns string, g *lockingv1alpha1.LockGrant) error {
+	if d.Ledgers == nil || g.Spec.RequestID == "" || g.Annotations[lockingv1alpha1.GeneratedRequestIDAnnotation] == "true" {
+		return nil
 	}
-	g.Annotations[lockingv1alpha1.RequestedAtAnnotation] = d.Clock.Now().UTC().Format(time.RFC3339Nano)
-	g.Annotations[lockingv1alpha1.OwnerGroupsAnnotation] = strings.Join(req.UserInfo.Groups, ",")
+	spent, err := facts.ReadSpentRequest(ctx, d.Ledgers, ns, g.Spec.RequestID)
+	if err != nil {
+		return err
+	}
+	notice, err := fencing.CheckRequestID(spent, d.Clock.Now())
+	if err != nil {
+		return deny(g.Name, err)
+	}
+	if notice != "" {
+		g.Annotations[lockingv1alpha1.ReusedRequestIDAnnotation] = spent.State.String() + " " + spent.EndedAt.UTC().Format(time.RFC3339)
+	}
 	return nil
 }
 
@@ -103,6 +133,9 @@ type Validator struct {
 	// Sessions reads session Leases directly from the API server: a Lease
 	// created a moment before the request must be found.
 	Sessions client.Reader
+	// PodGrants, when set, accepts the grants the manager requests for
+	// lock-gated Pods (podgrant.go).
+	PodGrants *PodGrants
 }
 
 // ForceReleaseVerb is the RBAC verb on lockgrants that lets an identity
@@ -116,27 +149,31 @@ const AdministerVerb = fencing.AdministerVerb
 var _ admission.Validator[*lockingv1alpha1.LockGrant] = &Validator{}
 
 // NewValidator returns the validating webhook of LockGrants.
-func NewValidator(s *runtime.Scheme, clk clock.PassiveClock, r client.Reader, authz client.Client, sessions client.Reader) *admission.Webhook {
-	return admission.WithValidator(s, &Validator{Clock: clk, Reader: r, Authorizer: authz, Sessions: sessions})
+func NewValidator(s *runtime.Scheme, clk clock.PassiveClock, r client.Reader, authz client.Client, sessions client.Reader, opts ...func(*Validator)) *admission.Webhook {
+	v := &Validator{Clock: clk, Reader: r, Authorizer: authz, Sessions: sessions}
+	for _, o := range opts {
+		o(v)
+	}
+	return admission.WithValidator(s, v)
 }
 
 // ValidateCreate checks that the owner is the requester and that the
-// request starts fresh.
+// request starts fresh: no renewals. A request may be created already
+// released (spec.release): it is withdrawn at birth, never granted, and
+// spends its request ID, which is how a client that lost track of a create
+// makes sure it never takes effect (pkg/lock).
 func (v *Validator) ValidateCreate(ctx context.Context, g *lockingv1alpha1.LockGrant) (admission.Warnings, error) {
 	user, err := requester(ctx)
 	if err != nil {
 		return nil, err
 	}
-	if err := fencing.CheckGrantOwner(g.Spec.Owner, user); err != nil {
-		return nil, deny(g.Name, err)
+	if err := v.checkOwner(ctx, g, user); err != nil {
+		return nil, answer(g.Name, err)
 	}
 	var errs field.ErrorList
 	spec := field.NewPath("spec")
 	if g.Spec.Renewals != 0 {
 		errs = append(errs, denial.FieldInvalid(spec.Child("renewals"), g.Spec.Renewals, fencing.ReasonInvalidSpec, "a new LockGrant must have renewals 0"))
-	}
-	if g.Spec.Release {
-		errs = append(errs, denial.FieldInvalid(spec.Child("release"), g.Spec.Release, fencing.ReasonInvalidSpec, "a new LockGrant cannot be released"))
 	}
 	if g.Spec.RequestID != "" {
 		if want := lockingv1alpha1.GrantNameForRequest(g.Spec.RequestID); g.Name != want {
@@ -152,10 +189,14 @@ func (v *Validator) ValidateCreate(ctx context.Context, g *lockingv1alpha1.LockG
 			return nil, err
 		}
 	}
-	if g.Spec.Policy != "" {
-		return nil, v.checkPolicy(ctx, g)
+	var warnings admission.Warnings
+	if ended, ok := g.Annotations[lockingv1alpha1.ReusedRequestIDAnnotation]; ok {
+		warnings = append(warnings, fmt.Sprintf("request ID %q was spent by an earlier grant (ended %s) whose window has passed: this request runs as a new attempt", g.Spec.RequestID, ended))
 	}
-	return nil, nil
+	if g.Spec.Policy != "" {
+		return warnings, v.checkPolicy(ctx, g)
+	}
+	return warnings, nil
 }
 
 // checkSession refuses a request that names a session Lease that is not
@@ -209,7 +250,8 @@ func (v *Validator) ValidateUpdate(ctx context.Context, oldG, newG *lockingv1alp
 		return nil, err
 	}
 	var errs field.ErrorList
-	for _, a := range []string{lockingv1alpha1.RequestedAtAnnotation, lockingv1alpha1.OwnerGroupsAnnotation} {
+	for _, a := range []string{lockingv1alpha1.RequestedAtAnnotation, lockingv1alpha1.OwnerGroupsAnnotation, lockingv1alpha1.StewardAnnotation,
+		lockingv1alpha1.ReusedRequestIDAnnotation, lockingv1alpha1.GeneratedRequestIDAnnotation} {
 		if oldG.Annotations[a] != newG.Annotations[a] {
 			errs = append(errs, denial.FieldInvalid(field.NewPath("metadata", "annotations").Key(a), newG.Annotations[a], fencing.ReasonInvalidSpec, "immutable"))
 		}
@@ -269,7 +311,13 @@ func (v *Validator) ValidateDelete(ctx context.Context, g *lockingv1alpha1.LockG
 	if !forced {
 		return nil, nil
 	}
-	logf.FromContext(ctx).Info("Forced release", "grant", klog.KObj(g), "by", req.UserInfo.Username, "owner", g.Spec.Owner, "fence", g.Status.FenceToken)
+	log := logf.FromContext(ctx)
+	if ptr.Deref(req.DryRun, false) {
+		// Nothing is released: the requester sees the warning, and the
+		// log of forced releases keeps only those that happened.
+		log = log.V(1).WithValues("dryRun", true)
+	}
+	log.Info("Forced release", "grant", klog.KObj(g), "by", req.UserInfo.Username, "owner", g.Spec.Owner, "fence", g.Status.FenceToken)
 	return admission.Warnings{fmt.Sprintf("forced release of %s's grant (fence %d)", g.Spec.Owner, g.Status.FenceToken)}, nil
 }
 

@@ -57,7 +57,7 @@ func wantField(t *testing.T, st *metav1.Status, field string, code fencing.Reaso
 // string fields the schema would refuse (the schema's own message has no
 // code), with INVALID_SPEC naming the user's field.
 func TestDefaulterRefusesMalformedFields(t *testing.T) {
-	wh := lockgrant.NewDefaulter(scheme(t), clocktesting.NewFakePassiveClock(time.Unix(0, 0)))
+	wh := lockgrant.NewDefaulter(scheme(t), clocktesting.NewFakePassiveClock(time.Unix(0, 0)), nil)
 	grant := func(spec string) []byte {
 		return []byte(`{"apiVersion":"locking.lockwarden.io/v1alpha1","kind":"LockGrant","metadata":{"namespace":"ns","generateName":"g-"},"spec":` + spec + `}`)
 	}
@@ -134,8 +134,9 @@ func asStatus(err error, st *apierrors.APIStatus) bool {
 	return ok
 }
 
-// A new grant that is already renewed or released, or that is named
-// against its requestID, is refused with INVALID_SPEC naming each field.
+// A new grant that is already renewed, or that is named against its
+// requestID, is refused with INVALID_SPEC naming each field. One created
+// already released is a request withdrawn at birth: admitted.
 func TestValidateCreateNamesTheField(t *testing.T) {
 	v := &lockgrant.Validator{Clock: clocktesting.NewFakePassiveClock(time.Unix(0, 0))}
 	base := func() *lockingv1alpha1.LockGrant {
@@ -149,8 +150,7 @@ func TestValidateCreateNamesTheField(t *testing.T) {
 		fields []string
 	}{
 		{"already renewed", func(g *lockingv1alpha1.LockGrant) { g.Spec.Renewals = 1 }, []string{"spec.renewals"}},
-		{"already released", func(g *lockingv1alpha1.LockGrant) { g.Spec.Release = true }, []string{"spec.release"}},
-		{"both", func(g *lockingv1alpha1.LockGrant) { g.Spec.Renewals, g.Spec.Release = 2, true }, []string{"spec.renewals", "spec.release"}},
+		{"renewed and released", func(g *lockingv1alpha1.LockGrant) { g.Spec.Renewals, g.Spec.Release = 2, true }, []string{"spec.renewals"}},
 		{"named against its requestID", func(g *lockingv1alpha1.LockGrant) { g.Spec.RequestID = "job-7" }, []string{"metadata.name"}},
 	}
 	for _, tc := range tests {
@@ -172,6 +172,10 @@ func TestValidateCreateNamesTheField(t *testing.T) {
 	g.Name = lockingv1alpha1.GrantNameForRequest("job-7")
 	if _, err := v.ValidateCreate(asUser("alice", admissionv1.Create), g); err != nil {
 		t.Fatalf("a well-formed grant: %v", err)
+	}
+	g.Spec.Release = true
+	if _, err := v.ValidateCreate(asUser("alice", admissionv1.Create), g); err != nil {
+		t.Fatalf("a grant withdrawn at birth: %v", err)
 	}
 }
 

@@ -21,7 +21,8 @@ var allReasons = []fencing.Reason{
 	fencing.ReasonNotOwner, fencing.ReasonStaleOwner, fencing.ReasonExpired, fencing.ReasonNotHeld,
 	fencing.ReasonAlreadyEnded, fencing.ReasonFenceRegression, fencing.ReasonRevoked, fencing.ReasonBadSignature,
 	fencing.ReasonRevokedEpoch, fencing.ReasonInvalidSegment, fencing.ReasonSequenceGap, fencing.ReasonSegmentConflict,
-	fencing.ReasonMutationUnknown, fencing.ReasonDriverMismatch,
+	fencing.ReasonMutationUnknown, fencing.ReasonDriverMismatch, fencing.ReasonFenceNotIssued,
+	fencing.ReasonSequenceExhausted, fencing.ReasonEpochBehind, fencing.ReasonOverrideRefused,
 }
 
 // What the webhooks encode, the decoder reads back: for every reason, from

@@ -19,6 +19,7 @@ import (
 	"fmt"
 	"time"
 
+	authorizationv1 "k8s.io/api/authorization/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/types"
@@ -42,6 +43,23 @@ func NamespaceTerminating(ctx context.Context, r client.Reader, name string) (bo
 		return false, fmt.Errorf("reading namespace %s: %w", name, err)
 	}
 	return ns.DeletionTimestamp != nil, nil
+}
+
+// MayAcquire asks the API server's authorizer (a SubjectAccessReview
+// created with c) whether user, authenticated in groups, may create
+// LockGrants in namespace ns: the fact fencing.CheckGatedPod and
+// fencing.CheckGrantCreate judge the owner of a lock-gated Pod's grant on.
+func MayAcquire(ctx context.Context, c client.Client, ns, user string, groups []string) (bool, error) {
+	sar := &authorizationv1.SubjectAccessReview{Spec: authorizationv1.SubjectAccessReviewSpec{
+		User: user, Groups: groups,
+		ResourceAttributes: &authorizationv1.ResourceAttributes{
+			Namespace: ns, Verb: "create", Group: lockingv1alpha1.GroupVersion.Group, Resource: "lockgrants",
+		},
+	}}
+	if err := c.Create(ctx, sar); err != nil {
+		return false, fmt.Errorf("asking whether %s may create lockgrants in %s: %w", user, ns, err)
+	}
+	return sar.Status.Allowed, nil
 }
 
 // ReadRegistry reads the facts a write that names grant ns/name is judged
@@ -118,7 +136,8 @@ func HolderGrant(c *lockingv1alpha1.FenceCounter, name string) *fencing.Grant {
 	return &fencing.Grant{UID: h.UID, Resource: c.Spec.Resource, Owner: h.Owner, State: fencing.StateHeld, Fence: h.Fence, ExpiresAt: end}
 }
 
-// Grant returns the fencing facts of a LockGrant; nil for nil. Its resource
+// Grant returns the fencing facts of a LockGrant; nil for nil. Its steward
+// is the one admission stamped (StewardAnnotation). Its resource
 // is the grant's fenced resource ID (LockGrant.HeldFencedResource): for a
 // grant of a resource with permits, the slot it holds, so that an object or
 // row bound to another slot refuses it (BINDING_MISMATCH).
@@ -130,6 +149,7 @@ func Grant(g *lockingv1alpha1.LockGrant) *fencing.Grant {
 		UID:      string(g.UID),
 		Resource: g.HeldFencedResource(),
 		Owner:    g.Spec.Owner,
+		Steward:  g.Annotations[lockingv1alpha1.StewardAnnotation],
 		State:    State(g.Status.Phase),
 		Fence:    g.Status.FenceToken,
 	}

@@ -42,8 +42,39 @@
 // the default margin of TTL/10). A faster holder clock only ends the
 // deadline earlier. Wall-clock offsets and jumps do not enter at all.
 //
+// The controller reads its clock for a lease (a grant or a renew) after
+// it read the request it answers, so the lease starts after that request
+// was sent, however long the controller pauses in between.
+//
 // The time a reply arrives is never used: a reply can be delayed by any
 // amount, and the lease may have been extended long before it arrives.
+//
+// # A grant that arrives late
+//
+// A request that waited in the queue is granted long after its create was
+// sent, and the create's send time then leaves little of the TTL: after
+// waiting 16 s for a 20 s lease, 2 s. The registry's lease runs a full TTL
+// from the grant, but the holder cannot learn when the grant happened
+// without comparing clocks. So a grant reported Held RenewInterval or more
+// after its create was sent is not Held yet: the machine stays REQUESTED,
+// a renew is due at once, and the grant becomes HELD when that renew is
+// confirmed, with its deadline counted from the renew's send time. The
+// renew was sent after the grant (the holder sends it once it has read the
+// grant Held), and the controller extends the lease by a full TTL from an
+// instant after it read the renew, so the deadline again ends no later
+// than the registry's expiry. The renew is accepted as long as it reaches
+// the controller within a TTL of the grant; until then the holder is not
+// Valid and gives nothing up. A grant thus starts HELD with at least
+// TTL - margin - max(RenewInterval, its first renew's round trip) of
+// validity, however long it waited; a long wait costs one renew round trip
+// before the grant is usable.
+//
+// A read that shows the grant still Pending proves nothing about when the
+// lease starts: the controller writes the resource's fence record (which
+// makes the grant hold) before the grant's status, and starts the lease at
+// an instant of its own clock taken before its write lands. Only a request
+// the controller must have read before it decides (the create, a renew)
+// bounds the lease's start.
 // When a renew's outcome is unknown at the deadline the state becomes
 // OWNERSHIP_UNKNOWN: the holder must stop producing effects (effects already
 // sent are not undone), and the machine leaves that state only through

@@ -176,7 +176,9 @@ type Machine struct {
 	// confirmed last; the deadline is base + TTL - margin.
 	base    Mono
 	hasBase bool
-	pending *renew
+	// confirmed: base is the send time of a renew the registry confirmed.
+	confirmed bool
+	pending   *renew
 	// known is the highest spec.renewals value read or sent.
 	known     int64
 	releasing bool
@@ -242,7 +244,9 @@ func (m *Machine) PendingRenew() (target int64, sentAt Mono, ok bool) {
 // made by that request, so the registry granted it after sentAt. Call it only
 // for a create whose own response was a success; a grant found by its request
 // ID (AlreadyExists) may be older than any send this machine knows of, and
-// its validity is then established by a renew (see NextRenew).
+// its validity is then established by a renew (see NextRenew). A grant
+// reported Held RenewInterval or more after sentAt (it waited in the queue)
+// is established by a renew too: see Observe.
 func (m *Machine) Created(sentAt Mono) {
 	if m.state == Requested {
 		m.lower, m.hasLower = sentAt, true
@@ -259,9 +263,9 @@ func (m *Machine) Tick(now Mono) State {
 // NextRenew returns when the next renew is due, and false when none is:
 // final, releasing, OwnershipUnknown (read first), a renew already pending
 // (the caller decides when to retry it, with RenewSent again), or still
-// waiting in the queue. A grant reported Held whose validity is not
-// established yet (found by request ID, or granted after more than
-// TTL - margin in the queue) is due at once.
+// waiting in the queue. A grant reported Held that is not Held yet (found
+// by request ID, or granted RenewInterval or more after its create was
+// sent) is due at once.
 func (m *Machine) NextRenew(now Mono) (Mono, bool) {
 	if m.state.Final() || m.releasing || m.pending != nil {
 		return 0, false
@@ -301,6 +305,16 @@ func (m *Machine) RenewSent(now Mono) (int64, bool) {
 // A Held grant whose observedRenewals reached the pending renew's target
 // moves the deadline to that renew's send time + TTL - margin; a read is
 // the only way out of OwnershipUnknown.
+//
+// A grant reported Held RenewInterval or more after its create was sent
+// (it waited in the queue, or the answer was slow) stays Requested, with a
+// renew due at once (NextRenew), and becomes Held when that renew's
+// confirmation is observed, its deadline counted from the renew's send
+// time. However long it waited, a grant thus starts Held with at least
+// TTL - margin - max(RenewInterval, its first renew's round trip) of
+// validity, and a slow first renew does not make the holder give up a
+// grant the registry holds for it: the registry's lease runs a full TTL
+// from the grant, and from the renew.
 func (m *Machine) Observe(now Mono, f Facts) State {
 	if m.state.Final() {
 		return m.state
@@ -328,7 +342,7 @@ func (m *Machine) Observe(now Mono, f Facts) State {
 		m.known = max(m.known, f.Renewals)
 		if m.pending != nil && f.ObservedRenewals >= m.pending.target {
 			m.setBase(m.pending.sentAt)
-			m.pending = nil
+			m.pending, m.confirmed = nil, true
 		}
 		if !m.hasBase && m.hasLower {
 			m.setBase(m.lower)
@@ -397,7 +411,13 @@ func (m *Machine) settle(now Mono) {
 	}
 	switch m.state {
 	case Requested:
-		if live {
+		// A grant becomes Held from its create's send time only while
+		// that is less than RenewInterval ago, so that it starts with
+		// at least the validity a holder has whenever its next renew is
+		// due (TTL - margin - RenewInterval); a later one is confirmed
+		// by a renew first, instead of starting with a deadline about to
+		// pass, and is Held from that renew's send time.
+		if live && (m.confirmed || now < m.base+Mono(m.cfg.RenewInterval)) {
 			m.state = held
 		}
 	case Held, Renewing:

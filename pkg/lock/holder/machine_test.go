@@ -99,13 +99,51 @@ func TestMachine(t *testing.T) {
 			}
 		}, ""},
 		{"the reply's arrival time is never used", func(t *testing.T) []step {
-			// The create's reply took 5 s to arrive: the lease started
+			// The create's reply took 3 s to arrive: the lease started
 			// somewhere in between, so only the send time bounds it.
 			return []step{
-				{5, created(0), R, 0, no},
-				{5, held(0, 0), H, 9, yes},
+				{3, created(0), R, 0, no},
+				{3, held(0, 0), H, 9, yes},
 			}
 		}, ""},
+		{"granted late in the TTL: a renew first, held from its send time", func(t *testing.T) []step {
+			// Granted 8 s into a 10 s TTL after waiting in the queue. The
+			// create's send time leaves 1 s: the grant is confirmed by a
+			// renew, and a renew answered after that second still counts.
+			return []step{
+				{0.1, created(0), R, 0, nil},
+				{0.2, phase(lockingv1alpha1.PhasePending), R, 0, no},
+				{8, held(0, 0), R, 9, no},
+				{8, renewSent(t, 1), R, 0, no},
+				{9, tick, R, 0, no},
+				{9.5, held(1, 0), R, 0, no}, // applied to spec, not yet answered
+				{9.6, held(1, 1), H, 17, yes},
+			}
+		}, ""},
+		{"granted just within the renew interval: held at once", func(t *testing.T) []step {
+			return []step{
+				{0.1, created(0), R, 0, nil},
+				{3.3, held(0, 0), H, 9, yes}, // 5.7 s left: more than TTL - margin - TTL/3
+				{3.3, renewSent(t, 1), N, 9, yes},
+			}
+		}, ""},
+		{"granted late, with a first renew slower than the renew interval", func(t *testing.T) []step {
+			return []step{
+				{0.1, created(0), R, 0, nil},
+				{5, held(0, 0), R, 9, no},
+				{5, renewSent(t, 1), R, 0, no},
+				{9.2, held(1, 1), H, 14, yes}, // a 4.2 s round trip: 4.8 s left
+				{9.2, renewSent(t, 2), N, 14, yes},
+			}
+		}, ""},
+		{"granted late, then the renew is refused: the lease had run out", func(t *testing.T) []step {
+			return []step{
+				{0, created(0), R, 0, nil},
+				{8, held(0, 0), R, 0, no},
+				{8, renewSent(t, 1), R, 0, no},
+				{8.1, refused(fencing.ReasonExpired), E, 0, no},
+			}
+		}, fencing.ReasonExpired},
 		{"renew confirmed moves the deadline to its send time", func(t *testing.T) []step {
 			return []step{
 				{0, created(0), R, 0, nil},

@@ -71,7 +71,11 @@ func (r *registry) acquire(k postgres.Key, owner string, ttl float64) grant {
 		r.grants[h.UID] = h
 	}
 	r.n++
-	c.Fence = fencing.NextFence(c.Fence, r.epoch)
+	next, err := fencing.NextFence(c.Fence, r.epoch)
+	if err != nil {
+		panic(err) // the test registry never raises its counters by hand
+	}
+	c.Fence = next
 	g := grant{Namespace: k.Namespace, Grant: fencing.Grant{UID: fmt.Sprintf("uid-%s-%d", owner, r.n), Resource: k.Resource, Owner: owner,
 		State: fencing.StateHeld, Fence: c.Fence, ExpiresAt: r.clk.Now().Add(time.Duration(ttl * float64(time.Second)))}}
 	c.HolderUID = g.UID

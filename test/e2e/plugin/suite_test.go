@@ -23,6 +23,14 @@ import (
 	"github.com/lockwarden/lockwarden/internal/testenv"
 )
 
+// The manager's --finished-grant-retention and --request-id-window: short
+// enough for a test to see a finished grant deleted and its request ID's
+// window pass, long enough for every test to read the grants it ends.
+const (
+	retention       = 20 * time.Second
+	requestIDWindow = 40 * time.Second
+)
+
 var (
 	admin client.Client
 	// binDir holds the freshly built kubectl-lock and a link to bin/kubectl:
@@ -55,7 +63,9 @@ func run(m *testing.M) int {
 		return 1
 	}
 
-	tenv, err := testenv.Start(root, clock.RealClock{})
+	// Finished grants are deleted after a few seconds and their request
+	// IDs stay spent for a few more, so that a test sees both happen.
+	tenv, err := testenv.StartWith(root, clock.RealClock{}, testenv.Options{FinishedGrantRetention: retention, RequestIDWindow: requestIDWindow})
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1

@@ -182,7 +182,7 @@ const (
 var authReasons = map[fencing.Reason]bool{
 	fencing.ReasonBadSignature: true, fencing.ReasonBindingMismatch: true, fencing.ReasonNotOwner: true,
 	fencing.ReasonRevokedEpoch: true, fencing.ReasonUnknownGrant: true, fencing.ReasonNoFence: true,
-	fencing.ReasonInvalidSegment: true,
+	fencing.ReasonInvalidSegment: true, fencing.ReasonFenceNotIssued: true,
 }
 
 // lockoutReasons are the refusals that evidence on the object (a record or

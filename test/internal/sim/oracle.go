@@ -74,6 +74,17 @@ type Report struct {
 	// OverLimit: more grants of a resource with permits holding at once
 	// than the largest permits any of them asked for (FaultSemaphore).
 	OverLimit int
+	// PhantomGrants: a counter swap that named, as the new holder, a grant
+	// that had already ended (released, withdrawn, ended by a pass, or
+	// deleted) when the pass that made the swap read its facts: a replica
+	// granting on a cache that was behind (FaultReplicas).
+	PhantomGrants int
+	// PodGateBroken: a lock-gated Pod started without the fence of a grant
+	// that was Held, its grant was renewed after its node's heartbeat
+	// lapsed or released while it ran, or its request or grant outlived a
+	// deletion while it waited or a lost kubelet by more than their bounds
+	// (FaultGatedPod).
+	PodGateBroken int
 
 	// Faults injected, by kind.
 	Faults map[string]int
@@ -107,6 +118,8 @@ func (r *Report) Add(o *Report) {
 	r.LiveWaiterDropped += o.LiveWaiterDropped
 	r.Barged += o.Barged
 	r.OverLimit += o.OverLimit
+	r.PhantomGrants += o.PhantomGrants
+	r.PodGateBroken += o.PodGateBroken
 	for k, v := range o.Rejected {
 		r.Rejected[k] += v
 	}
@@ -122,7 +135,7 @@ func (r *Report) Add(o *Report) {
 func (r *Report) Forbidden() int {
 	return r.StaleAccepted + r.ForgedAccepted + r.AuthFailMovedFence + r.ExpiredOwnerAccepted +
 		r.GapAccepted + r.RegressionAccepted + r.DoubleEffect + r.HolderLockedOut + r.TwoHolders + r.LockDelayBroken + r.UnknownNotReconciled +
-		r.DeadWaiterGranted + r.LiveWaiterDropped + r.Barged + r.OverLimit + (r.Accepted - r.AcceptedChecked)
+		r.DeadWaiterGranted + r.LiveWaiterDropped + r.Barged + r.OverLimit + r.PhantomGrants + r.PodGateBroken + (r.Accepted - r.AcceptedChecked)
 }
 
 // CheckedShare is the share of accepted mutations that passed the proof and
@@ -136,9 +149,9 @@ func (r *Report) CheckedShare() float64 {
 
 // Summary is the one-line summary `make faults` prints.
 func (r *Report) Summary() string {
-	return fmt.Sprintf("rounds=%d mutations=%d accepted=%d checked=%.1f%% stale_accepted=%d forged_accepted=%d auth_fail_moved_fence=%d expired_owner_accepted=%d gap_accepted=%d regression_accepted=%d double_effect=%d holder_locked_out=%d two_holders=%d lock_delay_broken=%d unknown_over_15m=%d max_unknown=%s dead_waiter_granted=%d live_waiter_dropped=%d barged=%d over_limit=%d",
+	return fmt.Sprintf("rounds=%d mutations=%d accepted=%d checked=%.1f%% stale_accepted=%d forged_accepted=%d auth_fail_moved_fence=%d expired_owner_accepted=%d gap_accepted=%d regression_accepted=%d double_effect=%d holder_locked_out=%d two_holders=%d lock_delay_broken=%d unknown_over_15m=%d max_unknown=%s dead_waiter_granted=%d live_waiter_dropped=%d barged=%d over_limit=%d phantom_grants=%d pod_gate_broken=%d",
 		r.Rounds, r.Offered, r.Accepted, r.CheckedShare(), r.StaleAccepted, r.ForgedAccepted, r.AuthFailMovedFence,
-		r.ExpiredOwnerAccepted, r.GapAccepted, r.RegressionAccepted, r.DoubleEffect, r.HolderLockedOut, r.TwoHolders, r.LockDelayBroken, r.UnknownNotReconciled, r.MaxUnknown, r.DeadWaiterGranted, r.LiveWaiterDropped, r.Barged, r.OverLimit)
+		r.ExpiredOwnerAccepted, r.GapAccepted, r.RegressionAccepted, r.DoubleEffect, r.HolderLockedOut, r.TwoHolders, r.LockDelayBroken, r.UnknownNotReconciled, r.MaxUnknown, r.DeadWaiterGranted, r.LiveWaiterDropped, r.Barged, r.OverLimit, r.PhantomGrants, r.PodGateBroken)
 }
 
 // history is the oracle's record of what really happened, kept apart from

@@ -56,6 +56,16 @@ type registry struct {
 	// dropLockDelay stores counters without their lock-delay, as a
 	// controller that forgets it would (tests only).
 	dropLockDelay bool
+	// trustCache makes replicas grant on their cache's copy of a grant
+	// without reading it directly, as the controller did before (tests
+	// only).
+	trustCache bool
+	// phantoms are the grants the last applied pass's counter swap named
+	// although they had ended before the pass read them; staleReads
+	// counts the grants passes read directly and found their cached copy
+	// out of date (replicas.go).
+	phantoms   []types.UID
+	staleReads int
 }
 
 func newRegistry(seed uint64) *registry {

@@ -44,6 +44,13 @@ type replica struct {
 	// renewedAt is when the replica last renewed its Lease, by its clock
 	// (what its Lease's renewTime says); frozenUntil is when a freeze ends.
 	renewedAt, frozenUntil time.Duration
+	// cache is the replica's grants cache while it is behind the registry:
+	// the grants as they were when the replica froze, until cacheBehind,
+	// a moment after it thaws, when its watch has delivered what it
+	// missed. nil: the cache is current. The replica reads counters
+	// directly, always fresh.
+	cache       map[types.UID]*lockingv1alpha1.LockGrant
+	cacheBehind time.Duration
 }
 
 // Timing of the ownership scheme, as the manager's defaults.
@@ -103,6 +110,13 @@ func (w *world) renewReplica(rp *replica) {
 		if rp.rng.Float64() < 0.01 {
 			rp.frozenUntil = w.s.now + rp.between(100*time.Millisecond, 3*replicaLeaseDuration)
 			w.rep.Faults["replica-freeze"]++
+			// Its watch stops with it: after the thaw, its cache shows
+			// the grants as they were now until the watch catches up.
+			rp.cache = map[types.UID]*lockingv1alpha1.LockGrant{}
+			for uid, g := range w.reg.grants {
+				rp.cache[uid] = g.DeepCopy()
+			}
+			rp.cacheBehind = rp.frozenUntil + rp.between(time.Millisecond, 300*time.Millisecond)
 		}
 	}
 	w.s.after(replicaLeaseRenew, func() { w.renewReplica(rp) })
@@ -137,36 +151,158 @@ type pass struct {
 	read      map[types.UID]*lockingv1alpha1.LockGrant
 	plan      grantplan.Plan
 	params    issuer.Params
+	// ended are the grants of the resource that had ended (final, asked
+	// to be released, or gone) in the registry when the pass read it: the
+	// oracle's view, not the replica's.
+	ended map[types.UID]bool
 }
 
-// gather reads a resource's grants and counter and decides on them at the
-// replica's clock, now+skew. The replica observed each session Lease by its
-// own clock too, so their observation times carry the same skew.
-func (r *registry) gather(resource string, now, skew time.Duration) pass {
-	ps := pass{resource: resource, read: map[types.UID]*lockingv1alpha1.LockGrant{}}
-	var grants []lockingv1alpha1.LockGrant
-	for _, g := range r.grants {
-		if g.Spec.Resource == resource {
-			grants = append(grants, *g.DeepCopy())
-			ps.read[g.UID] = g.DeepCopy()
+// grantsView returns the grants as rp's cache shows them at now: nil when
+// the cache is current.
+func (rp *replica) grantsView(now time.Duration) map[types.UID]*lockingv1alpha1.LockGrant {
+	if rp.cache != nil && now >= rp.cacheBehind {
+		rp.cache = nil
+	}
+	return rp.cache
+}
+
+// gather reads a resource's grants (from view, a replica's cache that is
+// behind, or as they are when view is nil) and its counter (directly, as
+// it is), and decides on them at the replica's clock, now+skew, as the
+// controller's pass does: the holder's grant is read directly where the
+// cache may mislead (grantplan.HolderReadNeeded), and every grant a
+// counter write would name as a new holder is read directly before it is
+// granted; a cached copy that differs is replaced and the pass gathered
+// (the counter read again) and decided again (controllers/lockgrant:
+// decide). The replica observed each
+// session Lease by its own clock too, so their observation times carry
+// the same skew.
+func (r *registry) gather(resource string, now, skew time.Duration, view map[types.UID]*lockingv1alpha1.LockGrant) pass {
+	ps := pass{resource: resource, ended: map[types.UID]bool{}}
+	for uid, g := range view {
+		if cur := r.grants[uid]; g.Spec.Resource == resource && (cur == nil || cur.Spec.Release || cur.Status.Phase.Final()) {
+			ps.ended[uid] = true
 		}
 	}
-	slices.SortFunc(grants, func(a, b lockingv1alpha1.LockGrant) int { return compareUID(a.UID, b.UID) })
-	var counter *lockingv1alpha1.FenceCounter
-	if c := r.counters[resource]; c != nil {
-		counter = c.DeepCopy()
-		ps.counterRV = c.ResourceVersion
+	for uid, g := range r.grants {
+		if g.Spec.Resource == resource && (g.Spec.Release || g.Status.Phase.Final()) {
+			ps.ended[uid] = true
+		}
 	}
 	ps.params = issuer.Params{Epoch: r.epoch, Revoked: slices.Clone(r.revoked), KeyID: r.keyID, Key: r.key}
+	// fresher are the grants read directly because their cached copies
+	// were out of date, which replace them from then on; confirmed are
+	// those read directly and found as listed.
+	fresher := map[types.UID]*lockingv1alpha1.LockGrant{}
+	confirmed := map[types.UID]bool{}
+	var f grantplan.Facts
+	ps.plan = grantplan.Plan{RequeueAfter: replicaCacheCatchUp}
+	for range maxConfirmRounds {
+		f, ps.counterRV = r.passFacts(resource, now, skew, view, fresher)
+		p := grantplan.Decide(f)
+		if r.trustCache {
+			ps.plan = p
+			break
+		}
+		stale := false
+		for _, uid := range newHolders(f, p) {
+			if confirmed[uid] {
+				continue
+			}
+			i := slices.IndexFunc(f.Grants, func(g lockingv1alpha1.LockGrant) bool { return g.UID == uid })
+			cur := r.grants[uid]
+			if cur != nil && sameGrant(&f.Grants[i], cur) {
+				confirmed[uid] = true
+				continue
+			}
+			stale = true
+			r.staleReads++
+			if cur != nil {
+				cur = cur.DeepCopy()
+			}
+			fresher[uid] = cur
+		}
+		if !stale {
+			ps.plan = p
+			break
+		}
+	}
+	ps.read = map[types.UID]*lockingv1alpha1.LockGrant{}
+	for i := range f.Grants {
+		ps.read[f.Grants[i].UID] = f.Grants[i].DeepCopy()
+	}
+	return ps
+}
+
+// passFacts reads what one decision of a pass rests on, in the controller's
+// order: the grants from the cache (view, or as they are when view is
+// nil), with the copies in fresher in place of the cached ones, then the
+// counter directly, then the holder's grant directly where the cache may
+// mislead (grantplan.HolderReadNeeded). It returns them with the counter's
+// resourceVersion as read.
+func (r *registry) passFacts(resource string, now, skew time.Duration, view, fresher map[types.UID]*lockingv1alpha1.LockGrant) (grantplan.Facts, string) {
+	cached := r.grants
+	if view != nil {
+		cached = view
+	}
+	var grants []lockingv1alpha1.LockGrant
+	for uid, g := range cached {
+		if _, replaced := fresher[uid]; g.Spec.Resource == resource && !replaced {
+			grants = append(grants, *g.DeepCopy())
+		}
+	}
+	for _, g := range fresher {
+		if g != nil {
+			grants = append(grants, *g.DeepCopy())
+		}
+	}
+	byUID := func(a, b lockingv1alpha1.LockGrant) int { return compareUID(a.UID, b.UID) }
+	slices.SortFunc(grants, byUID)
+	var counter *lockingv1alpha1.FenceCounter
+	rv := ""
+	if c := r.counters[resource]; c != nil {
+		counter, rv = c.DeepCopy(), c.ResourceVersion
+	}
 	sessions := r.sessionFacts(now)
 	for _, ss := range sessions {
 		ss.ObservedAt = ss.ObservedAt.Add(skew)
 	}
-	ps.plan = grantplan.Decide(grantplan.Facts{
+	revoked := slices.Clone(r.revoked)
+	f := grantplan.Facts{
 		Now: r.wall(now + skew), Resource: resource, Counter: counter, Grants: grants,
-		Epoch: r.epoch, Revoked: ps.params.Revoked, Params: ps.params, Sessions: sessions,
-	})
-	return ps
+		Epoch: r.epoch, Revoked: revoked, Params: issuer.Params{Epoch: r.epoch, Revoked: revoked, KeyID: r.keyID, Key: r.key},
+		Sessions: sessions,
+	}
+	if h := counter; h != nil && h.Spec.Holder != nil && grantplan.HolderReadNeeded(f.Grants, h.Spec.Holder, f.Now) {
+		f.Grants = grantplan.WithHolder(f.Grants, h.Spec.Holder, r.grants[types.UID(h.Spec.Holder.UID)])
+		slices.SortFunc(f.Grants, byUID)
+	}
+	return f, rv
+}
+
+// Confirming a new holder, as the controller does (controllers/lockgrant).
+const (
+	maxConfirmRounds    = 4
+	replicaCacheCatchUp = 100 * time.Millisecond
+)
+
+// newHolders lists the grants p's counter write names as a new holder.
+func newHolders(f grantplan.Facts, p grantplan.Plan) []types.UID {
+	var uids []types.UID
+	for _, w := range grantplan.CounterWrites(f, p) {
+		if h := w.Spec.Holder; h != nil && (f.Counter == nil || f.Counter.Spec.Holder == nil || f.Counter.Spec.Holder.UID != h.UID) {
+			uids = append(uids, types.UID(h.UID))
+		}
+	}
+	return uids
+}
+
+// sameGrant reports whether a grant as read is its stored version: what
+// equal resourceVersions say in the API (the registry keeps one
+// resourceVersion for all its objects).
+func sameGrant(read, cur *lockingv1alpha1.LockGrant) bool {
+	return equality.Semantic.DeepEqual(cur.Spec, read.Spec) && equality.Semantic.DeepEqual(cur.Status, read.Status) &&
+		equality.Semantic.DeepEqual(cur.Annotations, read.Annotations)
 }
 
 // unchanged is the resourceVersion precondition of a grant's status write:
@@ -176,8 +312,7 @@ func (r *registry) unchanged(ps pass, uid types.UID) (*lockingv1alpha1.LockGrant
 	if cur == nil || was == nil {
 		return cur, false
 	}
-	return cur, equality.Semantic.DeepEqual(cur.Spec, was.Spec) && equality.Semantic.DeepEqual(cur.Status, was.Status) &&
-		equality.Semantic.DeepEqual(cur.Annotations, was.Annotations)
+	return cur, sameGrant(was, cur)
 }
 
 // writeStatus applies one status write if its precondition holds.
@@ -207,6 +342,9 @@ func (r *registry) apply(ps pass) (requeue time.Duration, conflict bool) {
 	}
 	revision := ps.counterRV
 	if p.Counter != nil {
+		if h := p.Counter.Holder; h != nil && ps.ended[types.UID(h.UID)] && (c == nil || c.Spec.Holder == nil || c.Spec.Holder.UID != h.UID) {
+			r.phantoms = append(r.phantoms, types.UID(h.UID))
+		}
 		revision = r.writeCounter(ps.resource, p)
 	}
 	if r.crashNext {
@@ -263,7 +401,7 @@ func (w *world) replicaStep(rp *replica, resource string) {
 		w.scheduleReplica(rp, resource, wait)
 		return
 	case !preferred:
-		if ps := w.reg.gather(resource, w.s.now, rp.skew); ps.plan.Counter == nil && len(ps.plan.Statuses) == 0 {
+		if ps := w.reg.gather(resource, w.s.now, rp.skew, rp.grantsView(w.s.now)); ps.plan.Counter == nil && len(ps.plan.Statuses) == 0 {
 			if ps.plan.RequeueAfter > 0 {
 				w.s.after(ps.plan.RequeueAfter, func() { w.kick(resource) })
 			}
@@ -282,7 +420,11 @@ func (w *world) replicaPass(rp *replica, resource string) {
 		w.reg.crashNext = true
 		w.rep.Faults[string(FaultControllerCrash)]++
 	}
-	ps := w.reg.gather(resource, w.s.now, rp.skew)
+	view := rp.grantsView(w.s.now)
+	if view != nil {
+		w.rep.Faults["replica-stale-cache-pass"]++
+	}
+	ps := w.reg.gather(resource, w.s.now, rp.skew, view)
 	var apply func()
 	apply = func() {
 		if w.s.now < rp.frozenUntil {
@@ -291,6 +433,7 @@ func (w *world) replicaPass(rp *replica, resource string) {
 			return
 		}
 		requeue, conflict := w.reg.apply(ps)
+		w.notePhantoms()
 		if conflict {
 			w.rep.Faults["replica-conflict"]++
 			requeue = time.Millisecond
@@ -298,6 +441,18 @@ func (w *world) replicaPass(rp *replica, resource string) {
 		w.afterPass(resource, requeue)
 	}
 	w.s.after(rp.between(time.Millisecond, maxReplicaHop), apply)
+}
+
+// notePhantoms judges the counter swaps of the pass just applied: none may
+// name, as a new holder, a grant that had ended when the pass read it.
+func (w *world) notePhantoms() {
+	for _, uid := range w.reg.phantoms {
+		w.rep.PhantomGrants++
+		w.rep.violate("seed %d: a counter swap at %s named %s, which had ended before the pass read it", w.seed, w.s.now, uid)
+	}
+	w.reg.phantoms = nil
+	w.rep.Faults["replica-stale-grant-read"] += w.reg.staleReads
+	w.reg.staleReads = 0
 }
 
 // state fingerprints a resource as a replica's cache shows it: the

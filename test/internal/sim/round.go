@@ -10,7 +10,11 @@ import (
 // random mix of one to four kinds chosen by the seed (one mixed round in
 // eight plays them on a resource with permits, FaultSemaphore). It is deterministic:
 // the same seed and faults give the same report.
-func Round(seed uint64, faults []Fault) *Report {
+func Round(seed uint64, faults []Fault) *Report { return round(seed, faults, forgetNone) }
+
+// round is Round with a controller that forgets lock-delays on slots the way
+// forget says, when the round plays a resource with permits (tests only).
+func round(seed uint64, faults []Fault, forget forgetting) *Report {
 	w := newWorld(seed, nil)
 	mixed := faults == nil
 	if mixed {
@@ -23,11 +27,13 @@ func Round(seed uint64, faults []Fault) *Report {
 			faults = append(faults, FaultReplicas)
 		}
 	}
-	if slices.Contains(faults, FaultSemaphore) {
-		return newSemWorld(seed, faults).run()
-	}
 	if mixed && semaphoreRound(seed) {
-		return newSemWorld(seed, append(faults, FaultSemaphore)).run()
+		faults = append(faults, FaultSemaphore)
+	}
+	if slices.Contains(faults, FaultSemaphore) {
+		sw := newSemWorld(seed, faults)
+		sw.forget = forget
+		return sw.run()
 	}
 	for _, f := range faults {
 		w.fault[f] = true

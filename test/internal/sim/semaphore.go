@@ -26,8 +26,10 @@ import (
 // apply to it play along: pause (writes that arrive after the lease),
 // controller-crash (a pass stops between the counter writes and the status
 // writes), lock-delay, and replicas (a second decider that applies plans
-// made on an older read, which can grant one waiter two slots). Not in
-// Faults: one mixed-schedule round in eight plays it (semaphoreRound).
+// made on an older read, which can grant one waiter two slots, and that
+// now and then freezes and, thawed, decides on a grants cache that is
+// behind, reading the counters fresh). Not in Faults: one mixed-schedule
+// round in eight plays it (semaphoreRound).
 const FaultSemaphore Fault = "semaphore"
 
 // semaphoreRound reports whether a mixed-schedule round plays a resource
@@ -73,7 +75,63 @@ type semWorld struct {
 	delayUntil map[string]time.Duration
 	createdAt  map[types.UID]time.Duration
 	issuedAt   map[types.UID]time.Duration
+
+	// second is the second decider of a round with FaultReplicas.
+	second staleDecider
+	// freezeChance is the second decider's chance to freeze at each tick:
+	// semFreezeChance, unless a test raises it.
+	freezeChance float64
+	// trustCache makes the deciders grant on their cache's copy of a grant
+	// without reading it directly first (tests only).
+	trustCache bool
+
+	// forget breaks the controller's lock-delay on slots (tests only).
+	forget forgetting
 }
+
+// staleDecider is the state of the second decider, a manager replica
+// beside the one that decides every tick: it may be frozen (it runs no
+// pass, and a plan it made before lands when it thaws), and after a thaw
+// its grants cache shows the grants as they were when it froze until its
+// watch catches up, while it reads counters directly, fresh. Its draws
+// come from a stream of its own.
+type staleDecider struct {
+	rng *rand.Rand
+	// frozenUntil is when a freeze ends; cache, the grants as they were
+	// when it froze, is its view of them until cacheBehind (nil: the
+	// cache is current).
+	frozenUntil, cacheBehind time.Duration
+	cache                    map[types.UID]*lockingv1alpha1.LockGrant
+}
+
+// between returns a uniformly random duration in [lo, hi] from the
+// decider's own stream.
+func (d *staleDecider) between(lo, hi time.Duration) time.Duration {
+	return lo + time.Duration(d.rng.Int64N(int64(hi-lo)+1))
+}
+
+// cacheView returns the grants as the decider's cache shows them at now,
+// nil when the cache is current.
+func (d *staleDecider) cacheView(now time.Duration) map[types.UID]*lockingv1alpha1.LockGrant {
+	if d.cache != nil && now >= d.cacheBehind {
+		d.cache = nil
+	}
+	return d.cache
+}
+
+// forgetting is a way a broken controller forgets a slot's lock-delay.
+type forgetting int
+
+const (
+	// forgetNone: the controller as it is.
+	forgetNone forgetting = iota
+	// forgetAll stores every slot counter without its lock-delay.
+	forgetAll
+	// forgetDoubled frees a slot without its lock-delay when the grant it
+	// names is named by another slot's counter too: a waiter two racing
+	// deciders granted two slots.
+	forgetDoubled
+)
 
 func newSemWorld(seed uint64, faults []Fault) *semWorld {
 	k := make([]byte, ed25519.SeedSize)
@@ -91,6 +149,8 @@ func newSemWorld(seed uint64, faults []Fault) *semWorld {
 		w.fault[f] = true
 	}
 	w.limit = 1 + w.rng.Int32N(4)
+	w.second.rng = rand.New(rand.NewPCG(seed, 0x5e11ca))
+	w.freezeChance = semFreezeChance
 	return w
 }
 
@@ -124,10 +184,11 @@ func (w *semWorld) changeLimit() {
 
 // tick runs the controller's passes: the primary decider every 100 ms, and
 // with FaultReplicas a second one that applies what it decided on an older
-// read.
+// read, or on a stale cache after a freeze.
 func (w *semWorld) tick() {
 	w.apply(w.gather(false))
 	if w.fault[FaultReplicas] {
+		w.freezeSecond()
 		snap := map[string]*lockingv1alpha1.FenceCounter{}
 		for id, c := range w.counters {
 			snap[id] = c.DeepCopy()
@@ -139,14 +200,53 @@ func (w *semWorld) tick() {
 		}
 		w.pastGrants = append([]map[types.UID]*lockingv1alpha1.LockGrant{gs}, w.pastGrants[:min(len(w.pastGrants), 3)]...)
 	}
-	if w.fault[FaultReplicas] && w.rng.IntN(3) == 0 {
+	if w.fault[FaultReplicas] && w.rng.IntN(3) == 0 && w.s.now >= w.second.frozenUntil {
 		ps := w.gather(true)
-		w.s.after(time.Duration(10+w.rng.IntN(300))*time.Millisecond, func() {
-			w.rep.Faults["semaphore-stale-decider"]++
-			w.apply(ps)
-		})
+		w.applySecond(ps, time.Duration(10+w.rng.IntN(300))*time.Millisecond)
 	}
 	w.s.after(100*time.Millisecond, w.tick)
+}
+
+// Freezes of the second decider: about one in 50 s, each up to three
+// replica Lease durations, its watch delivering what it missed up to
+// 300 ms after it thaws, as replicas.go plays them for exclusive locks.
+const semFreezeChance = 0.002
+
+// freezeSecond now and then freezes the second decider. Its watch stops
+// with it: until a moment after the thaw its cache shows the grants as
+// they are now. When it thaws it runs the pass its queue holds at once, on
+// that cache and on counters read fresh.
+func (w *semWorld) freezeSecond() {
+	d := &w.second
+	if w.s.now < d.frozenUntil || d.rng.Float64() >= w.freezeChance {
+		return
+	}
+	d.frozenUntil = w.s.now + d.between(100*time.Millisecond, 3*replicaLeaseDuration)
+	d.cache = map[types.UID]*lockingv1alpha1.LockGrant{}
+	for uid, g := range w.grants {
+		d.cache[uid] = g.DeepCopy()
+	}
+	d.cacheBehind = d.frozenUntil + d.between(time.Millisecond, 300*time.Millisecond)
+	w.rep.Faults["semaphore-replica-freeze"]++
+	w.s.at(d.frozenUntil, func() {
+		w.applySecond(w.gather(true), d.between(time.Millisecond, maxReplicaHop))
+	})
+}
+
+// applySecond applies the second decider's pass after delay, or, when the
+// decider is frozen by then, when it thaws.
+func (w *semWorld) applySecond(ps semPass, delay time.Duration) {
+	var apply func()
+	apply = func() {
+		if w.s.now < w.second.frozenUntil {
+			w.rep.Faults["semaphore-thawed-write"]++
+			w.s.at(w.second.frozenUntil, apply)
+			return
+		}
+		w.rep.Faults["semaphore-stale-decider"]++
+		w.apply(ps)
+	}
+	w.s.after(delay, apply)
 }
 
 // semPass is one pass's read of the registry and its plan.
@@ -157,24 +257,35 @@ type semPass struct {
 	counterRV map[int32]string
 	// at is when the pass read and decided.
 	at time.Duration
+	// ended are the grants that had ended (final, or asked to be
+	// released) in the registry as of the pass's counter read: the
+	// oracle's view, not the decider's.
+	ended map[types.UID]bool
 }
 
-// gather reads what the controller reads (counters of every slot below the
-// largest permits a live grant names, and every slot a live grant holds)
-// and decides. As the controller does, it reads the grants (from a cache,
-// perhaps behind) before the counters (directly), so a counter is never
-// older than a grant read with it. A stale gather reads the counters as
-// they are or as they were a few ticks ago, and each grant as it was then
-// or earlier, as a decider whose reads straddle changes would.
+// gather lists the grants and decides on them (decide). As the
+// controller does, a pass reads the grants (from a cache, perhaps behind)
+// before the counters (directly), so a counter is never older than a grant
+// read with it. A stale gather reads the counters as they are or as they
+// were a few ticks ago, and each grant as it was then or earlier, as a
+// decider whose reads straddle changes would; after a freeze, the second
+// decider lists the grants from its cache, as they were when it froze, and
+// reads the counters as they are.
 func (w *semWorld) gather(stale bool) semPass {
-	f := grantplan.Facts{Now: w.wall(w.s.now), Resource: w.resource, Epoch: 0,
-		Params: issuer.Params{KeyID: "sim", Key: w.key}}
+	if cache := w.second.cacheView(w.s.now); stale && cache != nil {
+		w.rep.Faults["semaphore-stale-cache-pass"]++
+		listed := make([]lockingv1alpha1.LockGrant, 0, len(cache))
+		for _, uid := range slices.SortedFunc(maps.Keys(cache), compareUID) {
+			listed = append(listed, *cache[uid].DeepCopy())
+		}
+		return w.decide(listed, -1)
+	}
 	// lag is how many ticks behind the counters are read: -1 as they are.
 	lag := -1
 	if stale && len(w.past) > 0 && w.rng.IntN(2) == 0 {
 		lag = w.rng.IntN(len(w.past))
 	}
-	want := map[int32]bool{}
+	var listed []lockingv1alpha1.LockGrant
 	for _, uid := range w.grantUIDs() {
 		g := w.grants[uid]
 		if stale && len(w.pastGrants) > max(lag, 0) && (lag >= 0 || w.rng.IntN(2) == 0) {
@@ -184,7 +295,91 @@ func (w *semWorld) gather(stale bool) semPass {
 				continue // not created yet as of the counters' read
 			}
 		}
+		listed = append(listed, *g.DeepCopy())
+	}
+	return w.decide(listed, lag)
+}
+
+// decide reads what the controller reads beside the grants listed
+// (counters of every slot below the largest permits a live grant names,
+// and every slot a live grant holds, as they are or, lag ≥ 0, as they were
+// lag ticks ago) and decides, as the controller's pass does: each counter's
+// holder is read directly where the cache may mislead, and every grant a
+// counter write would name as a new holder is read directly before it is
+// granted, after the counters; a listed copy that differs is replaced and
+// the pass gathered and decided again (controllers/lockgrant: decide). A
+// direct read returns the grant as of the counters' read.
+func (w *semWorld) decide(listed []lockingv1alpha1.LockGrant, lag int) semPass {
+	direct := w.grants
+	if lag >= 0 {
+		direct = w.pastGrants[lag]
+	}
+	ps := semPass{at: w.s.now, ended: map[types.UID]bool{}}
+	for uid, g := range direct {
+		if g.Spec.Release || g.Status.Phase.Final() {
+			ps.ended[uid] = true
+		}
+	}
+	// fresher are the grants read directly because their listed copies
+	// were out of date, which replace them from then on (nil: gone);
+	// confirmed are those read directly and found as listed.
+	fresher := map[types.UID]*lockingv1alpha1.LockGrant{}
+	confirmed := map[types.UID]string{}
+	for range maxConfirmRounds {
+		f, rvs := w.passFacts(listed, fresher, lag, direct)
+		p := grantplan.Decide(f)
+		if w.trustCache {
+			ps.f, ps.plan, ps.counterRV = f, p, rvs
+			return ps
+		}
+		stale := false
+		for _, uid := range slotNewHolders(f, p) {
+			i := slices.IndexFunc(f.Grants, func(g lockingv1alpha1.LockGrant) bool { return g.UID == uid })
+			if confirmed[uid] == f.Grants[i].ResourceVersion {
+				continue
+			}
+			if cur := direct[uid]; cur != nil && cur.ResourceVersion == f.Grants[i].ResourceVersion {
+				confirmed[uid] = cur.ResourceVersion
+				continue
+			}
+			stale = true
+			w.rep.Faults["semaphore-stale-grant-read"]++
+			fresher[uid] = nil
+			if cur := direct[uid]; cur != nil {
+				fresher[uid] = cur.DeepCopy()
+			}
+		}
+		if !stale {
+			ps.f, ps.plan, ps.counterRV = f, p, rvs
+			return ps
+		}
+	}
+	// The cache stayed behind: the pass writes nothing and is decided
+	// again later.
+	return ps
+}
+
+// passFacts reads what one decision of a pass rests on: the grants listed,
+// with the copies in fresher in their place, the counters (lag ticks ago,
+// or as they are), and each counter's holder grant directly where the
+// cache may mislead, as the controller's refreshHolder does, from direct.
+// It returns them with each slot counter's resourceVersion as read.
+func (w *semWorld) passFacts(listed []lockingv1alpha1.LockGrant, fresher map[types.UID]*lockingv1alpha1.LockGrant, lag int, direct map[types.UID]*lockingv1alpha1.LockGrant) (grantplan.Facts, map[int32]string) {
+	f := grantplan.Facts{Now: w.wall(w.s.now), Resource: w.resource, Epoch: 0,
+		Params: issuer.Params{KeyID: "sim", Key: w.key}}
+	for i := range listed {
+		g := &listed[i]
+		if fresh, replaced := fresher[g.UID]; replaced {
+			if fresh == nil {
+				continue
+			}
+			g = fresh
+		}
 		f.Grants = append(f.Grants, *g.DeepCopy())
+	}
+	want := map[int32]bool{}
+	for i := range f.Grants {
+		g := &f.Grants[i]
 		if g.Status.Phase.Final() {
 			continue
 		}
@@ -195,7 +390,7 @@ func (w *semWorld) gather(stale bool) semPass {
 			want[k] = true
 		}
 	}
-	ps := semPass{counterRV: map[int32]string{}, at: w.s.now}
+	rvs := map[int32]string{}
 	read := func(id string) *lockingv1alpha1.FenceCounter {
 		if lag >= 0 {
 			return w.past[lag][id]
@@ -204,7 +399,7 @@ func (w *semWorld) gather(stale bool) semPass {
 	}
 	if c := read(w.resource); c != nil {
 		f.Counter = c.DeepCopy()
-		ps.counterRV[0] = c.ResourceVersion
+		rvs[0] = c.ResourceVersion
 	}
 	for _, k := range slices.Sorted(maps.Keys(want)) {
 		if c := read(lockingv1alpha1.SlotResource(w.resource, k)); c != nil {
@@ -212,22 +407,30 @@ func (w *semWorld) gather(stale bool) semPass {
 				f.SlotCounters = map[int32]*lockingv1alpha1.FenceCounter{}
 			}
 			f.SlotCounters[k] = c.DeepCopy()
-			ps.counterRV[k] = c.ResourceVersion
+			rvs[k] = c.ResourceVersion
 		}
-	}
-	// Each counter's holder grant is read directly where the cache may
-	// mislead, as the controller's refreshHolder does: as of the counters'
-	// read.
-	direct := w.grants
-	if lag >= 0 {
-		direct = w.pastGrants[lag]
 	}
 	refreshHolder(&f, f.Counter, direct)
 	for _, k := range slices.Sorted(maps.Keys(f.SlotCounters)) {
 		refreshHolder(&f, f.SlotCounters[k], direct)
 	}
-	ps.f, ps.plan = f, grantplan.Decide(f)
-	return ps
+	return f, rvs
+}
+
+// slotNewHolders lists the grants p's counter writes name as a new holder
+// of their slot: those the pass grants.
+func slotNewHolders(f grantplan.Facts, p grantplan.Plan) []types.UID {
+	var uids []types.UID
+	for _, cw := range grantplan.CounterWrites(f, p) {
+		cur := f.Counter
+		if cw.Slot > 0 {
+			cur = f.SlotCounters[cw.Slot]
+		}
+		if h := cw.Spec.Holder; h != nil && (cur == nil || cur.Spec.Holder == nil || cur.Spec.Holder.UID != h.UID) {
+			uids = append(uids, types.UID(h.UID))
+		}
+	}
+	return uids
 }
 
 // refreshHolder reads counter c's holder grant from direct when the
@@ -270,8 +473,13 @@ func (w *semWorld) apply(ps semPass) {
 		if cur != nil && next.Fence < cur.Spec.Fence {
 			panic(fmt.Sprintf("the plan lowers the fence of %s from %d to %d", id, cur.Spec.Fence, next.Fence))
 		}
+		if h := next.Holder; h != nil && ps.ended[types.UID(h.UID)] && (cur == nil || cur.Spec.Holder == nil || cur.Spec.Holder.UID != h.UID) {
+			w.rep.PhantomGrants++
+			w.rep.violate("seed %d: a counter swap at %s named %s the holder of %s, which had ended before the pass read it", w.seed, w.s.now, h.UID, id)
+		}
 		if cur != nil {
 			w.noteSlotEnd(id, cur.Spec.Holder, next.Holder, statuses, ps.at)
+			next = w.forgetLockDelay(id, cur.Spec.Holder, next)
 		}
 		issues := next.Holder != nil && (cur == nil || cur.Spec.Holder == nil || cur.Spec.Holder.UID != next.Holder.UID || cur.Spec.Fence != next.Fence)
 		if cur == nil {
@@ -353,7 +561,40 @@ func (w *semWorld) noteSlotEnd(id string, before, after *lockingv1alpha1.FenceHo
 	if g.Status.Phase == lockingv1alpha1.PhaseReleased {
 		return
 	}
+	w.rep.Faults["lock-delay-ended-unreleased"]++
+	if w.namedElsewhere(id, uid) {
+		w.rep.Faults["semaphore-double-grant-freed"]++
+	}
 	w.delayUntil[id] = max(w.delayUntil[id], decided+time.Duration(g.Spec.LockDelaySeconds)*time.Second)
+}
+
+// namedElsewhere reports whether a counter other than slot id's names grant
+// uid as its holder.
+func (w *semWorld) namedElsewhere(id string, uid types.UID) bool {
+	for other, c := range w.counters {
+		if other != id && c.Spec.Holder != nil && types.UID(c.Spec.Holder.UID) == uid {
+			return true
+		}
+	}
+	return false
+}
+
+// forgetLockDelay returns the counter spec a broken controller (w.forget)
+// would store for slot id instead of next, which moves the slot from holder
+// before.
+func (w *semWorld) forgetLockDelay(id string, before *lockingv1alpha1.FenceHolder, next *lockingv1alpha1.FenceCounterSpec) *lockingv1alpha1.FenceCounterSpec {
+	switch {
+	case w.forget == forgetAll:
+	case w.forget == forgetDoubled && before != nil && next.Holder == nil && w.namedElsewhere(id, types.UID(before.UID)):
+	default:
+		return next
+	}
+	next = next.DeepCopy()
+	next.LockDelayUntil = ""
+	if next.Holder != nil {
+		next.Holder.LockDelaySeconds = 0
+	}
+	return next
 }
 
 // live reports whether grant uid holds by the oracle's history at t.

@@ -85,7 +85,7 @@ var Faults = []Fault{
 	FaultLostAck, FaultForgedFence, FaultTamperedRecord, FaultReplay, FaultRevokedEpoch, FaultControllerCrash,
 	FaultKilledWaiter,
 	FaultSharedIdentity, FaultUnasserted, FaultLookalike, FaultSubresource, FaultDelete,
-	FaultLockDelay,
+	FaultLockDelay, FaultGatedPod,
 }
 
 // world is one round: the scheduler, the registry, the resources, the
@@ -133,6 +133,8 @@ type world struct {
 	objIssued map[string]int64
 	// waiters are the session clients of FaultKilledWaiter, by grant UID.
 	waiters map[types.UID]*waiterProc
+	// gated are the lock-gated Pods of FaultGatedPod (gatedpods.go).
+	gated *gatedPods
 }
 
 func newWorld(seed uint64, faults []Fault) *world {
@@ -269,11 +271,13 @@ func (w *world) run() *Report {
 	w.scheduleAdversary()
 	w.scheduleWaiters()
 	w.scheduleDoors()
+	w.scheduleGatedPods()
 	w.s.run(w.horizon)
 	for _, wk := range w.workers {
 		wk.finish()
 	}
 	w.checkWaiters()
+	w.checkGatedPods()
 	w.rep.Rounds = 1
 	return w.rep
 }

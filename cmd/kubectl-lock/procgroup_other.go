@@ -1,4 +1,4 @@
-//go:build !windows
+//go:build !linux && !windows
 
 package main
 
@@ -9,7 +9,7 @@ import (
 )
 
 // newProcessGroup makes cmd the leader of a process group of its own, so
-// that run's signals reach everything the command starts.
+// that run's signals reach everything the command starts in that group.
 func newProcessGroup(cmd *exec.Cmd) {
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 }
