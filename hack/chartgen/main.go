@@ -10,7 +10,8 @@
 // Names get config/default's prefix "lockwarden-" (a
 // ValidatingAdmissionPolicyBinding's policyName too), the namespace "system"
 // becomes the release's (and so does "lockwarden-system" where a webhook's
-// namespaceSelector names the manager's namespace), CRDs carry "helm.sh/resource-policy: keep" unless
+// or a ValidatingAdmissionPolicy's namespaceSelector names the manager's
+// namespace), CRDs carry "helm.sh/resource-policy: keep" unless
 // crds.keep is false, and the webhook configurations carry cert-manager's
 // CA injection annotation when webhook.certManager.enabled. Everything else
 // is copied as it is. Run by `make manifests` and `make chart`; the chart's
@@ -230,6 +231,11 @@ func webhooks(root string) (string, error) {
 			}
 			releaseNamespaceSelector(h.(map[string]any))
 		}
+		if spec, ok := d["spec"].(map[string]any); ok && d["kind"] == "ValidatingAdmissionPolicy" {
+			if constraints, ok := spec["matchConstraints"].(map[string]any); ok {
+				releaseNamespaceSelector(constraints)
+			}
+		}
 		inject := "    {{- include \"lockwarden.webhookAnnotations\" . | nindent 4 }}\n"
 		if err := emit(&w, d, inject); err != nil {
 			return "", err
@@ -238,8 +244,9 @@ func webhooks(root string) (string, error) {
 	return finish(&w), nil
 }
 
-// releaseNamespaceSelector makes a webhook's namespaceSelector that names
-// config/default's namespace name the release's instead.
+// releaseNamespaceSelector makes a webhook's or a policy's namespaceSelector
+// that names config/default's namespace (to skip it, or to match only it)
+// name the release's instead.
 func releaseNamespaceSelector(obj map[string]any) {
 	sel, _ := obj["namespaceSelector"].(map[string]any)
 	exprs, _ := sel["matchExpressions"].([]any)

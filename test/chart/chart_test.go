@@ -229,3 +229,59 @@ func ownKindsOnly(h map[string]any) bool {
 	}
 	return true
 }
+
+// TestGatedPodPolicyCoversWhatTheWebhookSkips: the namespaces where the
+// lock-gated Pod webhook does not serve (kube-system and the manager's, the
+// release's namespace in the chart) are exactly those where the
+// ValidatingAdmissionPolicy refuses a Pod that names a lock, so that no such
+// Pod, in any namespace, starts without its lock.
+func TestGatedPodPolicyCoversWhatTheWebhookSkips(t *testing.T) {
+	root := testenv.Repo(t, "../..")
+	for ns, objs := range map[string][]*unstructured.Unstructured{
+		"lockwarden-system": testenv.Objects(t, testenv.Kustomize(t, root, "config/default")),
+		"locks":             testenv.Objects(t, testenv.Helm(t, root, "template", "lockwarden", "charts/lockwarden", "--namespace", "locks")),
+	} {
+		var skipped, refused []string
+		for _, o := range objs {
+			switch o.GetKind() {
+			case "MutatingWebhookConfiguration":
+				hooks, _, _ := unstructured.NestedSlice(o.Object, "webhooks")
+				for _, h := range hooks {
+					h := h.(map[string]any)
+					if h["name"] == "mgatedpod.locking.lockwarden.io" {
+						skipped = selectorValues(h, "NotIn", "namespaceSelector")
+					}
+				}
+			case "ValidatingAdmissionPolicy":
+				if o.GetName() == "lockwarden-gated-pod-unserved-namespace" {
+					refused = selectorValues(o.Object, "In", "spec", "matchConstraints", "namespaceSelector")
+				}
+			}
+		}
+		slices.Sort(skipped)
+		slices.Sort(refused)
+		want := []string{"kube-system", ns}
+		slices.Sort(want)
+		if !slices.Equal(skipped, want) {
+			t.Errorf("namespace %s: the gated-Pod webhook skips %v, want %v", ns, skipped, want)
+		}
+		if !slices.Equal(refused, want) {
+			t.Errorf("namespace %s: the gated-Pod policy refuses lock-naming Pods in %v, want %v", ns, refused, want)
+		}
+	}
+}
+
+// selectorValues returns the values of the kubernetes.io/metadata.name
+// expressions with operator op in the label selector at fields of obj.
+func selectorValues(obj map[string]any, op string, fields ...string) []string {
+	var out []string
+	exprs, _, _ := unstructured.NestedSlice(obj, append(fields, "matchExpressions")...)
+	for _, e := range exprs {
+		e := e.(map[string]any)
+		if e["key"] == "kubernetes.io/metadata.name" && e["operator"] == op {
+			values, _, _ := unstructured.NestedStringSlice(e, "values")
+			out = append(out, values...)
+		}
+	}
+	return out
+}
