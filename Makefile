@@ -170,7 +170,8 @@ export CLUSTER_DIR
 CLUSTER_ARCH ?= $(shell go env GOARCH)
 # The previous release, whose image the real-node suite upgrades from.
 PREVIOUS_REF ?= c2a2d62
-PREVIOUS_IMG = $(IMAGE_REPO):$(shell git describe --tags --always $(PREVIOUS_REF))
+PREVIOUS_VERSION = $(shell git describe --tags --always $(PREVIOUS_REF))
+PREVIOUS_IMG = $(IMAGE_REPO):$(PREVIOUS_VERSION)
 
 .PHONY: cluster-tools
 cluster-tools: tools ## Build the test cluster's node (kubelet, kube-controller-manager, kube-scheduler, kube-proxy, pause; once) and its API server port forwarder into bin/.
@@ -201,7 +202,7 @@ test-cluster: ## Run the real-node suite on the cluster of `make cluster`; says 
 	if [ ! -f "$(CLUSTER_DIR)/kubeconfig" ]; then echo "make test-cluster: no cluster in $(CLUSTER_DIR): run make cluster first" >&2; exit 1; fi; \
 	$(MAKE) --no-print-directory cluster-image && \
 	hack/cluster/previous-image.sh "$(PREVIOUS_REF)" "$(IMAGE_REPO)" "$(CLUSTER_ARCH)" && \
-	go -C $(TEST_MODULE) test $(GO_TEST_FLAGS) -v ./cluster/ -args -cluster-dir $(CLUSTER_DIR) -root $(CURDIR) -image $(IMG) -previous-image $(PREVIOUS_IMG)
+	go -C $(TEST_MODULE) test $(GO_TEST_FLAGS) -v ./cluster/ -args -cluster-dir $(CLUSTER_DIR) -root $(CURDIR) -image $(IMG) -previous-image $(PREVIOUS_IMG) -previous-chart $(DIST)/previous/chart-$(PREVIOUS_VERSION)/lockwarden
 
 .PHONY: run
 run: tools install ## Run the manager locally against the cluster in $KUBECONFIG (webhooks on https://localhost:9443).

@@ -33,6 +33,7 @@ var (
 	repoRoot      = flag.String("root", "../..", "Repository root: the chart, config/ and bin/.")
 	image         = flag.String("image", "", "The manager image under test, as loaded into the cluster (make test-cluster passes IMG).")
 	previousImage = flag.String("previous-image", "", "The previous release's image, loaded into the cluster, for the upgrade test (make test-cluster builds it).")
+	previousChart = flag.String("previous-chart", "", "The previous release's Helm chart, for the upgrade test (make test-cluster writes it).")
 	installs      = flag.Int("installs", 5, "How many times each install path is played from scratch.")
 )
 
