@@ -319,8 +319,8 @@ kubelet_up() {
 	mkdir -p "$k" "$dir/pod-logs"
 	kubeconfig "$dir/kubelet.kubeconfig" "https://$node_ip:6443" "system:node:$node" kubelet
 	# failCgroupV1: Kubernetes 1.37 refuses cgroup v1 unless told otherwise.
-	# syncFrequency: a Secret volume (the webhook's certificate) is refreshed
-	# within 10 s instead of a minute, so a first install is Ready sooner.
+	# syncFrequency is left at its default (1 minute), as on real clusters:
+	# nothing lockwarden needs may wait for the kubelet to refresh a volume.
 	# The image GC thresholds keep the images loaded from tarballs, which no
 	# registry could give back.
 	cat >"$dir/kubelet.yaml" <<EOF
@@ -343,7 +343,6 @@ cgroupDriver: cgroupfs
 cgroupRoot: /$cgroup_root
 failCgroupV1: false
 failSwapOn: false
-syncFrequency: 10s
 podLogsDir: $dir/pod-logs
 imageGCHighThresholdPercent: 100
 imageGCLowThresholdPercent: 99
