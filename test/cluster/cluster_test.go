@@ -14,6 +14,7 @@ func TestCluster(t *testing.T) {
 		{"helm", testHelmInstall},
 		{"outage", testOutage},
 		{"paused-holder", testPausedHolder},
+		{"gated-job", testGatedJob},
 		{"restarts", testRestarts},
 		{"namespace-deletion", testNamespaceDeletion},
 		{"garbage-collector", testGarbageCollector},

@@ -17,6 +17,10 @@
 //   - the paused-holder story with the workers as Pods: worker A frozen
 //     through its container's cgroup freezer past its lease, worker B
 //     granted the next fence, and A's late write refused STALE_OWNER;
+//   - a lock-gated Job of parallelism 3 whose Pods write one guarded
+//     ConfigMap under the fence the manager gave each: they run one at a
+//     time, every write accepted names the grant of the Pod running then,
+//     and the fences strictly increase;
 //   - restarts: the kubelet and containerd killed and started again, a
 //     manager container killed, while holders and waiters run: grants keep
 //     flowing, never two holders, no fence reset;
@@ -26,8 +30,9 @@
 //   - fences: `helm uninstall` keeps every FenceCounter and a reinstall
 //     continues them; the webhook Secret deleted and the manager restarted
 //     recovers;
-//   - upgrade: the previous release's image rolled to this one under live
-//     holders and waiters, with no grant lost and fences continuing.
+//   - upgrade: the previous release (its own chart and image) upgraded to
+//     this one as the README says, under live holders and waiters, with no
+//     grant lost and fences continuing.
 //
 // Each test prints its timings (install to Ready, manager Pods deleted to
 // Ready, the longest stall of the grant traffic) and the suite its wall
