@@ -158,9 +158,12 @@ func (w *worker) acquire(ctx context.Context) (*lockingv1alpha1.LockGrant, error
 // Pod from the environment the Pod's downward API filled in.
 func (w *worker) podGrant(context.Context) (*lockingv1alpha1.LockGrant, error) {
 	name, resource := os.Getenv("LOCKWARDEN_GRANT"), os.Getenv("LOCKWARDEN_FENCED_RESOURCE")
+	if name == "" || resource == "" {
+		return nil, fmt.Errorf("no lock-gated Pod's grant: LOCKWARDEN_GRANT %q, LOCKWARDEN_FENCED_RESOURCE %q", name, resource)
+	}
 	fence, err := fencing.ParseFence(os.Getenv("LOCKWARDEN_FENCE"))
-	if err != nil || name == "" || resource == "" {
-		return nil, fmt.Errorf("a lock-gated Pod's grant (LOCKWARDEN_GRANT %q, LOCKWARDEN_FENCE, LOCKWARDEN_FENCED_RESOURCE %q): %v", name, resource, err)
+	if err != nil {
+		return nil, fmt.Errorf("the lock-gated Pod's LOCKWARDEN_FENCE: %w", err)
 	}
 	w.fence, w.resource = fence, resource
 	w.emit(Event{Event: EventHeld, Detail: name})
