@@ -13,6 +13,7 @@ import (
 	"github.com/go-logr/logr"
 	"github.com/spf13/cobra"
 	"golang.org/x/term"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/cli-runtime/pkg/genericclioptions"
@@ -88,9 +89,21 @@ func execute(args []string, streams genericiooptions.IOStreams) int {
 		}
 	}
 	if ee.err != nil {
-		fmt.Fprintf(streams.ErrOut, "kubectl-lockwarden: %v\n", ee.err)
+		fmt.Fprintf(streams.ErrOut, "kubectl-lockwarden: %s\n", message(ee.err))
 	}
 	return ee.code
+}
+
+// message is what the plugin prints for err: a refusal's reason code first
+// (an API server's refusal, from a webhook or an admission policy, comes
+// wrapped in its own words), followed by the full error when that says more.
+func message(err error) string {
+	var fe *fencing.Error
+	var status apierrors.APIStatus
+	if !errors.As(err, &fe) || !errors.As(err, &status) {
+		return err.Error()
+	}
+	return fe.Error() + "\n  (" + err.Error() + ")"
 }
 
 // app is what every command shares: the kubectl flags and the streams.
