@@ -110,7 +110,9 @@ and SIGHUP sent to kubectl lockwarden are passed on to COMMAND.
 
 On Linux, COMMAND runs under a supervisor (this binary again) that sees
 every process COMMAND starts, also one that calls setsid or double-forks.
-When COMMAND exits, what it left running gets SIGTERM, then SIGKILL after
+The supervisor keeps the local deadline itself (SIGTERM --grace before
+it, SIGKILL at it, unless kubectl lockwarden renewed in time), so COMMAND
+is stopped in time also when kubectl lockwarden is frozen. When COMMAND exits, what it left running gets SIGTERM, then SIGKILL after
 --grace, before the lock is released. If kubectl lockwarden itself dies
 (kill -9 included), everything COMMAND started is killed at once, while the
 lease still runs. On macOS and Windows only COMMAND's process group (macOS)
