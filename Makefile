@@ -161,6 +161,49 @@ bench: tools build ## Measure lockwarden against etcd's mutex, a Lease lock and 
 	go -C $(TEST_MODULE) build -o $(abspath $(LOCALBIN))/lockwarden-bench ./cmd/lockwarden-bench
 	$(LOCALBIN)/lockwarden-bench --assets $(LOCALBIN) --manager $(LOCALBIN)/manager --out results $(if $(BENCH_QUICK),--quick) $(if $(BENCH_HANDOFFS),--handoffs=$(BENCH_HANDOFFS)) $(if $(BENCH_SCALE),--scale=$(BENCH_SCALE)) $(BENCH_FLAGS)
 
+##@ Test cluster
+
+# The one-node cluster of `make cluster` (hack/cluster/cluster.sh): its
+# state directory, and the architecture of the images it loads.
+CLUSTER_DIR ?= $(CURDIR)/.tmp/cluster
+export CLUSTER_DIR
+CLUSTER_ARCH ?= $(shell go env GOARCH)
+# The previous release, whose image the real-node suite upgrades from.
+PREVIOUS_REF ?= c2a2d62
+PREVIOUS_VERSION = $(shell git describe --tags --always $(PREVIOUS_REF))
+PREVIOUS_IMG = $(IMAGE_REPO):$(PREVIOUS_VERSION)
+
+.PHONY: cluster-tools
+cluster-tools: tools ## Build the test cluster's node (kubelet, kube-controller-manager, kube-scheduler, kube-proxy, pause; once) and its API server port forwarder into bin/.
+	hack/build-tools.sh node
+	go -C $(TEST_MODULE) build -o $(abspath $(LOCALBIN))/lockwarden-netns-forward ./cmd/lockwarden-netns-forward
+
+.PHONY: cluster
+cluster: cluster-tools ## Start a real one-node cluster (root, Linux, Debian packages; no Docker, no internet) with this tree's image loaded; prints its KUBECONFIG (docs/real-node.md).
+	hack/cluster/cluster.sh up
+	$(MAKE) --no-print-directory cluster-image
+	@echo "export KUBECONFIG=$(CLUSTER_DIR)/kubeconfig   # image $(IMG); make cluster-down removes everything"
+
+.PHONY: cluster-image
+cluster-image: ## Build this tree's image (make image, CLUSTER_ARCH) and load it into the test cluster.
+	$(MAKE) --no-print-directory image IMAGE_ARCHS=$(CLUSTER_ARCH)
+	hack/cluster/cluster.sh load $(DIST)/lockwarden-manager-$(VERSION)-linux-$(CLUSTER_ARCH).tar
+
+.PHONY: cluster-down
+cluster-down: ## Stop the test cluster and remove every process, mount, cgroup, network namespace and rule it made.
+	hack/cluster/cluster.sh down
+
+.PHONY: test-cluster
+test-cluster: ## Run the real-node suite on the cluster of `make cluster`; says why and passes where the cluster cannot run, except in CI.
+	@if ! hack/cluster/cluster.sh check; then \
+	  if [ -n "$$CI" ]; then echo "make test-cluster: CI must run the real-node suite" >&2; exit 1; fi; \
+	  echo "make test-cluster: skipped"; exit 0; \
+	fi; \
+	if [ ! -f "$(CLUSTER_DIR)/kubeconfig" ]; then echo "make test-cluster: no cluster in $(CLUSTER_DIR): run make cluster first" >&2; exit 1; fi; \
+	$(MAKE) --no-print-directory cluster-image && \
+	hack/cluster/previous-image.sh "$(PREVIOUS_REF)" "$(IMAGE_REPO)" "$(CLUSTER_ARCH)" && \
+	go -C $(TEST_MODULE) test $(GO_TEST_FLAGS) -v ./cluster/ -args -cluster-dir $(CLUSTER_DIR) -root $(CURDIR) -image $(IMG) -previous-image $(PREVIOUS_IMG) -previous-chart $(DIST)/previous/chart-$(PREVIOUS_VERSION)/lockwarden
+
 .PHONY: run
 run: tools install ## Run the manager locally against the cluster in $KUBECONFIG (webhooks on https://localhost:9443).
 	$(KUBECTL) apply -k config/local

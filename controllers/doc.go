@@ -16,7 +16,6 @@ import (
 	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
-	"sigs.k8s.io/controller-runtime/pkg/manager"
 
 	"github.com/lockwarden/lockwarden/controllers/guardpolicy"
 	"github.com/lockwarden/lockwarden/controllers/issuer"
@@ -24,6 +23,7 @@ import (
 	"github.com/lockwarden/lockwarden/controllers/podgate"
 	issuerkeys "github.com/lockwarden/lockwarden/internal/issuer"
 	"github.com/lockwarden/lockwarden/internal/membership"
+	"github.com/lockwarden/lockwarden/internal/replicacache"
 )
 
 // Options configure the controllers.
@@ -125,12 +125,10 @@ func setupOwnership(ctx context.Context, mgr ctrl.Manager, o Options) (*lockgran
 	if _, err := members.GetInformer(ctx, &coordinationv1.Lease{}); err != nil {
 		return nil, fmt.Errorf("watching replica Leases: %w", err)
 	}
-	// A bare cache is a runnable that controller-runtime starts only on
-	// the elected leader (it does not say NeedLeaderElection), so every
+	// Started on every replica, not only the leader: otherwise every
 	// other replica would read an unstarted cache, act on every event at
-	// once and race the preferred replica. As one of the manager's caches
-	// it starts on every replica, and synced, before any controller.
-	if err := mgr.Add(memberCache{members}); err != nil {
+	// once and race the preferred replica.
+	if err := mgr.Add(replicacache.Of(members)); err != nil {
 		return nil, fmt.Errorf("adding the replica Lease cache: %w", err)
 	}
 	lease := &lockgrant.ReplicaLease{
@@ -154,20 +152,6 @@ func setupOwnership(ctx context.Context, mgr ctrl.Manager, o Options) (*lockgran
 		Takeover: &membership.Takeover{Delay: ro.TakeoverDelay, MaxWait: ro.TakeoverDelay + ro.LeaseDuration},
 	}, nil
 }
-
-// memberCache puts the replica Lease cache in the manager's group of
-// caches (controller-runtime starts a runnable with GetCache with the
-// manager's own cache: on every replica, leader or not, and waits for it to
-// sync before it starts controllers).
-type memberCache struct{ cache.Cache }
-
-// GetCache returns the cache itself.
-func (c memberCache) GetCache() cache.Cache { return c.Cache }
-
-var _ interface {
-	manager.Runnable
-	GetCache() cache.Cache
-} = memberCache{}
 
 // needLeader is nil (the leader only) unless every replica runs it.
 func needLeader(everyReplica bool) *bool {

@@ -43,6 +43,9 @@ const (
 	takeoverDelay = 2 * time.Second
 	// handoffs is how many acquire-release cycles each side plays.
 	handoffs = 12
+	// syncTimeout is how long a replica's controllers wait for their
+	// caches before the replica stops.
+	syncTimeout = 5 * time.Second
 )
 
 // Two manager replicas as the shipped Deployment runs them: leader election
@@ -67,6 +70,18 @@ func TestReplicasLeaveEachResourceToItsPreferredReplica(t *testing.T) {
 	}
 	t.Logf("%s leads, %s stands by", leader.id, standby.id)
 	waitBothLive(t, c)
+	// Both keep running, past their controllers' cache sync timeout:
+	// every controller's caches start on the replica that does not lead
+	// too (a cache only the leader runs stops the other replica).
+	defer func() {
+		for _, r := range []*replica{leader, standby} {
+			select {
+			case <-r.stopped:
+				t.Errorf("replica %s stopped while the test ran", r.id)
+			case <-time.After(time.Until(r.started.Add(3 * syncTimeout))):
+			}
+		}
+	}()
 
 	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{GenerateName: "replicas-"}}
 	if err := c.Create(t.Context(), ns); err != nil {
@@ -90,8 +105,11 @@ func TestReplicasLeaveEachResourceToItsPreferredReplica(t *testing.T) {
 			for range handoffs {
 				g := acquire(t, c, ns.Name, res)
 				g = waitPhase(t, c, g, lockingv1alpha1.PhaseHeld, 30*time.Second)
+				// A merge patch, as kubectl and the client send it: the
+				// grant's status may move meanwhile.
+				base := g.DeepCopy()
 				g.Spec.Release = true
-				if err := c.Update(t.Context(), g); err != nil {
+				if err := c.Patch(t.Context(), g, client.MergeFrom(base)); err != nil {
 					t.Fatal(err)
 				}
 				waitPhase(t, c, g, lockingv1alpha1.PhaseReleased, 30*time.Second)
@@ -116,7 +134,9 @@ func TestReplicasLeaveEachResourceToItsPreferredReplica(t *testing.T) {
 // replica is one manager run by the test, with the HTTP traffic it sent.
 type replica struct {
 	id      string
+	started time.Time
 	elected <-chan struct{}
+	stopped <-chan struct{}
 	traffic *traffic
 }
 
@@ -142,8 +162,11 @@ func startReplica(t *testing.T, cfg *rest.Config, id string) *replica {
 		LeaderElectionNamespace:       systemNS,
 		LeaderElectionReleaseOnCancel: true,
 		LeaseDuration:                 &lease, RenewDeadline: &renew, RetryPeriod: &retry,
-		// Two managers in one process register the same controllers.
-		Controller: config.Controller{SkipNameValidation: ptr.To(true)},
+		// Two managers in one process register the same controllers. A
+		// controller whose caches never start (a cache only the leader
+		// runs) stops its replica after the sync timeout: short here, so
+		// that the suite sees it.
+		Controller: config.Controller{SkipNameValidation: ptr.To(true), CacheSyncTimeout: syncTimeout},
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -164,7 +187,7 @@ func startReplica(t *testing.T, cfg *rest.Config, id string) *replica {
 			t.Errorf("manager %s: %v", id, err)
 		}
 	}()
-	return &replica{id: id, elected: mgr.Elected(), traffic: tr}
+	return &replica{id: id, started: time.Now(), elected: mgr.Elected(), stopped: done, traffic: tr}
 }
 
 // counts is one replica's requests on one FenceCounter: direct reads,

@@ -4,7 +4,9 @@
 # there is not rebuilt. See DEVELOPERS.md.
 #
 # Usage: hack/build-tools.sh [tool ...]   (default: all but golangci-lint,
-# which `make lint` builds on demand)
+# which `make lint` builds on demand, and the node: kubelet,
+# kube-controller-manager, kube-scheduler, kube-proxy and pause, which
+# `make cluster` builds on demand; `node` names all five)
 set -euo pipefail
 
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -40,7 +42,25 @@ build() { # name module-dir package [ldflags]
 	mv "$bin/$name.tmp" "$bin/$name"
 }
 
-want=("$@")
+# pause_image builds the Pod sandbox's pause program and writes its image
+# tarball, bin/pause.tar, named $PAUSE_IMAGE: the test cluster has no
+# registry, so containerd imports it.
+PAUSE_IMAGE=registry.k8s.io/pause:3.10-lockwarden
+pause_image() {
+	build pause pause ./cmd/pause
+	if [[ -f "$bin/pause.tar" && "$bin/pause.tar" -nt "$bin/pause" ]]; then
+		return 0
+	fi
+	(cd "$root/hack/tools/pause" && CGO_ENABLED=0 go run . -binary "$bin/pause" -image "$PAUSE_IMAGE" -out "$bin/pause.tar")
+}
+
+want=()
+for t in "$@"; do
+	case "$t" in
+	node) want+=(kubelet kube-controller-manager kube-scheduler kube-proxy pause) ;;
+	*) want+=("$t") ;;
+	esac
+done
 [[ ${#want[@]} -gt 0 ]] || want=(controller-gen etcd etcdutl kube-apiserver kubectl helm)
 for t in "${want[@]}"; do
 	case "$t" in
@@ -49,6 +69,9 @@ for t in "${want[@]}"; do
 	etcdutl) build etcdutl etcd go.etcd.io/etcd/etcdutl/v3 ;;
 	kube-apiserver) build kube-apiserver kube k8s.io/kubernetes/cmd/kube-apiserver "$(kube_ldflags)" ;;
 	kubectl) build kubectl kube k8s.io/kubernetes/cmd/kubectl "$(kube_ldflags)" ;;
+	kubelet | kube-controller-manager | kube-scheduler | kube-proxy)
+		build "$t" kube "k8s.io/kubernetes/cmd/$t" "$(kube_ldflags)" ;;
+	pause) pause_image ;;
 	helm) build helm helm helm.sh/helm/v3/cmd/helm "-s -w -X helm.sh/helm/v3/internal/version.version=${HELM_VERSION}" ;;
 	golangci-lint) build golangci-lint golangci-lint . ;;
 	*) echo "unknown tool: $t" >&2; exit 2 ;;

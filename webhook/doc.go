@@ -29,8 +29,9 @@
 //     Kubernetes objects labeled locking.lockwarden.io/guarded=true or
 //     covered by a GuardPolicy: a mutating webhook checks and consumes the
 //     claim of every create and update, a validating one checks deletes,
-//     and one without objectSelector refuses scale, eviction and binding
-//     requests on guarded objects (Shadow policies: record-only).
+//     one without objectSelector refuses scale, eviction and binding
+//     requests on guarded objects (Shadow policies: record-only), and one
+//     warns about a guard label that guards nothing.
 package webhook
 
 import (
@@ -60,6 +61,7 @@ const (
 	GuardMutatePath          = "/mutate-guarded"
 	GuardDeletePath          = "/validate-guarded"
 	GuardSubresourcePath     = "/validate-guarded-subresource"
+	GuardLabelWarningPath    = "/warn-guard-label"
 	ValidateGuardPolicyPath  = "/validate-locking-lockwarden-io-v1alpha1-guardpolicy"
 	ValidateFenceIssuerPath  = "/validate-locking-lockwarden-io-v1alpha1-fenceissuer"
 	MutateGatedPodPath       = "/mutate-gated-pod"
@@ -80,32 +82,36 @@ func Setup(mgr ctrl.Manager, clk clock.PassiveClock, bundle func(context.Context
 	}
 	reader := mgr.GetAPIReader()
 	srv := mgr.GetWebhookServer()
-	srv.Register(MutateLockGrantPath, lockgrant.NewDefaulter(mgr.GetScheme(), clk, reader))
+	// Every webhook finishes what it accepted, also while the replica shuts
+	// down (finishing).
+	register := func(path string, w *admission.Webhook) { srv.Register(path, finish(w)) }
+	register(MutateLockGrantPath, lockgrant.NewDefaulter(mgr.GetScheme(), clk, reader))
 	self, err := lockgrant.SelfIdentity(mgr.GetConfig())
 	if err != nil {
 		return err
 	}
-	srv.Register(ValidateLockGrantPath, lockgrant.NewValidator(mgr.GetScheme(), clk, mgr.GetClient(), mgr.GetClient(), reader,
+	register(ValidateLockGrantPath, lockgrant.NewValidator(mgr.GetScheme(), clk, mgr.GetClient(), mgr.GetClient(), reader,
 		lockgrant.WithPodGrants(reader, self)))
-	srv.Register(ValidateFenceCounterPath, fencecounter.NewValidator(mgr.GetScheme(), reader))
-	srv.Register(ValidateGuardPolicyPath, guardpolicy.NewValidator(mgr.GetScheme()))
-	srv.Register(ValidateFenceIssuerPath, fenceissuer.NewValidator(mgr.GetScheme()))
+	register(ValidateFenceCounterPath, fencecounter.NewValidator(mgr.GetScheme(), reader))
+	register(ValidateGuardPolicyPath, guardpolicy.NewValidator(mgr.GetScheme()))
+	register(ValidateFenceIssuerPath, fenceissuer.NewValidator(mgr.GetScheme()))
 
-	srv.Register(MutateGatedPodPath, &admission.Webhook{Handler: &gatedpod.Handler{
+	register(MutateGatedPodPath, &admission.Webhook{Handler: &gatedpod.Handler{
 		Decoder: admission.NewDecoder(mgr.GetScheme()), Authorizer: mgr.GetClient(), Clock: clk,
 	}})
 
 	recorder := mgr.GetEventRecorder("lockwarden-guard")
 	checker := &guard.Checker{Reader: reader, Clock: clk, Bundle: bundle, Authorizer: mgr.GetClient(), Recorder: recorder}
-	label := &admission.Webhook{Handler: &guard.LabelHandler{Checker: checker, Policies: mgr.GetClient()}}
+	label := finish(&admission.Webhook{Handler: &guard.LabelHandler{Checker: checker, Policies: mgr.GetClient()}})
 	srv.Register(GuardMutatePath, label)
 	srv.Register(GuardDeletePath, label)
-	srv.Register(GuardSubresourcePath, &admission.Webhook{Handler: &guard.SubresourceHandler{Metadata: meta, Policies: mgr.GetClient()}})
-	srv.Register(lockingv1alpha1.GuardPolicyEnforcePathPrefix, &admission.Webhook{
+	register(GuardSubresourcePath, &admission.Webhook{Handler: &guard.SubresourceHandler{Metadata: meta, Policies: mgr.GetClient()}})
+	register(GuardLabelWarningPath, &admission.Webhook{Handler: guard.LabelWarner{}})
+	register(lockingv1alpha1.GuardPolicyEnforcePathPrefix, &admission.Webhook{
 		Handler:         &guard.PolicyHandler{Checker: checker, Policies: mgr.GetClient(), Recorder: recorder},
 		WithContextFunc: guard.WithPath,
 	})
-	srv.Register(lockingv1alpha1.GuardPolicyShadowPathPrefix, &admission.Webhook{
+	register(lockingv1alpha1.GuardPolicyShadowPathPrefix, &admission.Webhook{
 		Handler:         &guard.PolicyHandler{Checker: checker, Policies: mgr.GetClient(), Recorder: recorder, Shadow: true},
 		WithContextFunc: guard.WithPath,
 	})

@@ -72,6 +72,7 @@ type options struct {
 	webhookPort             int
 	certDir                 string
 	certSecret              string
+	certSync                bool
 	dnsName                 string
 	mutatingConfig          string
 	validatingConfig        string
@@ -104,6 +105,7 @@ func main() {
 	flag.IntVar(&o.webhookPort, "webhook-port", 9443, "Port the webhook server listens on.")
 	flag.StringVar(&o.certDir, "webhook-cert-dir", "", "Directory of the webhook serving certificate (tls.crt, tls.key), e.g. where the certificate Secret is mounted. Default: a temporary directory that the manager fills from --webhook-cert-secret (for a manager running outside a pod).")
 	flag.StringVar(&o.certSecret, "webhook-cert-secret", "", "Secret (NAME or NAMESPACE/NAME) in which the manager generates and rotates its own webhook CA and certificate, injecting the CA into the webhook configurations. Empty: certificates in --webhook-cert-dir are managed by someone else.")
+	flag.BoolVar(&o.certSync, "webhook-cert-sync", false, "Write the certificate from --webhook-cert-secret into --webhook-cert-dir whenever the Secret changes, instead of waiting for the kubelet to project a Secret volume mounted there (up to its syncFrequency, 1 minute by default, on a first install and after every rotation): mount a writable emptyDir at --webhook-cert-dir. Needs --webhook-cert-secret.")
 	flag.StringVar(&o.dnsName, "webhook-dns-name", "localhost", "DNS name the API server uses to reach the webhook server; it goes into the generated certificate.")
 	flag.StringVar(&o.mutatingConfig, "mutating-webhook-configuration", "lockwarden-mutating-webhook-configuration", "MutatingWebhookConfiguration to inject the CA into.")
 	flag.StringVar(&o.validatingConfig, "validating-webhook-configuration", "lockwarden-validating-webhook-configuration", "ValidatingWebhookConfiguration to inject the CA into.")
@@ -142,9 +144,14 @@ func run(ctx context.Context, cfg *rest.Config, o options) error {
 	utilruntime.Must(lockingv1alpha1.AddToScheme(scheme))
 
 	// Without --webhook-cert-dir the manager runs outside a pod: it keeps
-	// its certificate in a temporary directory, filled from the Secret.
-	syncCerts := o.certDir == ""
-	if syncCerts {
+	// its certificate in a temporary directory, filled from the Secret. With
+	// --webhook-cert-sync it fills the directory it was given, in a pod
+	// without waiting for the kubelet.
+	syncCerts := o.certDir == "" || o.certSync
+	if o.certSync && o.certSecret == "" {
+		return fmt.Errorf("--webhook-cert-sync needs --webhook-cert-secret")
+	}
+	if o.certDir == "" {
 		dir, err := os.MkdirTemp("", "lockwarden-webhook-certs-")
 		if err != nil {
 			return err

@@ -5,7 +5,10 @@
 // records). Each webhook selects the policy's resources, namespaces and
 // labels, and calls the manager at /guardpolicy/{enforce,shadow}/<name>,
 // reached the same way (Service or URL, same CA) as the static guarded-write
-// webhook it copies from. It reports each policy's Ready condition.
+// webhook it copies from, and skipping the namespaces that one skips
+// (kube-system and the manager's own), so that a policy never holds up a
+// write there while no replica answers. It reports each policy's Ready
+// condition.
 //
 // Both configurations are created at run time, so no installer knows them:
 // each carries the labels in OwnedLabels, by which `make undeploy` and the
@@ -106,7 +109,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, _ reconcile.Request) (reconc
 		return reconcile.Result{}, err
 	}
 	slices.SortFunc(list.Items, func(a, b lockingv1alpha1.GuardPolicy) int { return compare(a.Name, b.Name) })
-	template, owner, err := r.template(ctx)
+	template, exempt, owner, err := r.template(ctx)
 	if err != nil {
 		return reconcile.Result{}, err
 	}
@@ -123,10 +126,10 @@ func (r *Reconciler) Reconcile(ctx context.Context, _ reconcile.Request) (reconc
 		}
 		if p.Spec.Mode == lockingv1alpha1.ModeEnforce {
 			cc := withPath(template, lockingv1alpha1.GuardPolicyEnforcePathPrefix+p.Name)
-			enforce = append(enforce, validating(p, cc))
-			enforceWrites = append(enforceWrites, mutating(p, cc, admissionregistrationv1.Fail, writeOps...))
+			enforce = append(enforce, validating(p, cc, exempt))
+			enforceWrites = append(enforceWrites, mutating(p, cc, exempt, admissionregistrationv1.Fail, writeOps...))
 		} else {
-			shadow = append(shadow, mutating(p, withPath(template, lockingv1alpha1.GuardPolicyShadowPathPrefix+p.Name), admissionregistrationv1.Ignore, append(writeOps, admissionregistrationv1.Delete)...))
+			shadow = append(shadow, mutating(p, withPath(template, lockingv1alpha1.GuardPolicyShadowPathPrefix+p.Name), exempt, admissionregistrationv1.Ignore, append(writeOps, admissionregistrationv1.Delete)...))
 		}
 	}
 	if err := r.writeValidating(ctx, owner, enforce); err != nil {
@@ -156,12 +159,13 @@ func compare(a, b string) int {
 	return 0
 }
 
-// template returns the static guarded-write webhook's clientConfig, and
-// an owner reference to its configuration.
-func (r *Reconciler) template(ctx context.Context) (admissionregistrationv1.WebhookClientConfig, metav1.OwnerReference, error) {
+// template returns the static guarded-write webhook's clientConfig and
+// namespaceSelector (the namespaces no guarded-write webhook enters; nil
+// when it has none), and an owner reference to its configuration.
+func (r *Reconciler) template(ctx context.Context) (admissionregistrationv1.WebhookClientConfig, *metav1.LabelSelector, metav1.OwnerReference, error) {
 	cfg := &admissionregistrationv1.ValidatingWebhookConfiguration{}
 	if err := r.Client.Get(ctx, types.NamespacedName{Name: r.TemplateConfig}, cfg); err != nil {
-		return admissionregistrationv1.WebhookClientConfig{}, metav1.OwnerReference{}, fmt.Errorf("reading %s: %w", r.TemplateConfig, err)
+		return admissionregistrationv1.WebhookClientConfig{}, nil, metav1.OwnerReference{}, fmt.Errorf("reading %s: %w", r.TemplateConfig, err)
 	}
 	owner := metav1.OwnerReference{
 		APIVersion: admissionregistrationv1.SchemeGroupVersion.String(), Kind: "ValidatingWebhookConfiguration",
@@ -169,10 +173,10 @@ func (r *Reconciler) template(ctx context.Context) (admissionregistrationv1.Webh
 	}
 	for _, w := range cfg.Webhooks {
 		if w.Name == TemplateWebhookName {
-			return w.ClientConfig, owner, nil
+			return w.ClientConfig, w.NamespaceSelector, owner, nil
 		}
 	}
-	return admissionregistrationv1.WebhookClientConfig{}, owner, fmt.Errorf("%s has no webhook %s", r.TemplateConfig, TemplateWebhookName)
+	return admissionregistrationv1.WebhookClientConfig{}, nil, owner, fmt.Errorf("%s has no webhook %s", r.TemplateConfig, TemplateWebhookName)
 }
 
 // owned returns obj's metadata with OwnedLabels and owner set, and whether
@@ -216,7 +220,9 @@ var writeOps = []admissionregistrationv1.OperationType{admissionregistrationv1.C
 
 // rules selects the policy's resources and every subresource of them (status
 // writes carry the object, so they are checked like the object; scale,
-// eviction and binding are left to the static subresource webhook) for ops.
+// eviction and binding reach the policy's webhook only when its selector
+// selects everything, and are left to the static subresource webhook
+// otherwise) for ops.
 func rules(p *lockingv1alpha1.GuardPolicy, ops ...admissionregistrationv1.OperationType) []admissionregistrationv1.RuleWithOperations {
 	var out []admissionregistrationv1.RuleWithOperations
 	for _, r := range p.Spec.Resources {
@@ -231,13 +237,20 @@ func rules(p *lockingv1alpha1.GuardPolicy, ops ...admissionregistrationv1.Operat
 	return out
 }
 
-func namespaceSelector(p *lockingv1alpha1.GuardPolicy) *metav1.LabelSelector {
-	if len(p.Spec.Namespaces) == 0 {
-		return &metav1.LabelSelector{}
+// namespaceSelector selects the policy's namespaces (every one when it
+// names none) that the template's selector, exempt, also selects: both
+// selectors' requirements hold.
+func namespaceSelector(p *lockingv1alpha1.GuardPolicy, exempt *metav1.LabelSelector) *metav1.LabelSelector {
+	out := &metav1.LabelSelector{}
+	if exempt != nil {
+		out = exempt.DeepCopy()
 	}
-	return &metav1.LabelSelector{MatchExpressions: []metav1.LabelSelectorRequirement{{
-		Key: "kubernetes.io/metadata.name", Operator: metav1.LabelSelectorOpIn, Values: slices.Clone(p.Spec.Namespaces),
-	}}}
+	if len(p.Spec.Namespaces) > 0 {
+		out.MatchExpressions = append(out.MatchExpressions, metav1.LabelSelectorRequirement{
+			Key: "kubernetes.io/metadata.name", Operator: metav1.LabelSelectorOpIn, Values: slices.Clone(p.Spec.Namespaces),
+		})
+	}
+	return out
 }
 
 func objectSelector(p *lockingv1alpha1.GuardPolicy) *metav1.LabelSelector {
@@ -255,12 +268,12 @@ func webhookName(p *lockingv1alpha1.GuardPolicy) string {
 // guarded write, as in config/webhook/manifests.yaml (docs/ha.md).
 const webhookTimeoutSeconds int32 = 1
 
-func validating(p *lockingv1alpha1.GuardPolicy, cc admissionregistrationv1.WebhookClientConfig) admissionregistrationv1.ValidatingWebhook {
+func validating(p *lockingv1alpha1.GuardPolicy, cc admissionregistrationv1.WebhookClientConfig, exempt *metav1.LabelSelector) admissionregistrationv1.ValidatingWebhook {
 	return admissionregistrationv1.ValidatingWebhook{
 		Name: webhookName(p), ClientConfig: cc, Rules: rules(p, admissionregistrationv1.Delete),
 		FailurePolicy:           ptr.To(admissionregistrationv1.Fail),
 		MatchPolicy:             ptr.To(admissionregistrationv1.Equivalent),
-		NamespaceSelector:       namespaceSelector(p),
+		NamespaceSelector:       namespaceSelector(p, exempt),
 		ObjectSelector:          objectSelector(p),
 		SideEffects:             ptr.To(admissionregistrationv1.SideEffectClassNone),
 		TimeoutSeconds:          ptr.To(webhookTimeoutSeconds),
@@ -271,12 +284,12 @@ func validating(p *lockingv1alpha1.GuardPolicy, cc admissionregistrationv1.Webho
 // mutating is a policy's webhook for the operations ops: Enforce fails closed
 // (failure Fail); Shadow must never block a write, not even when the manager
 // is down (Ignore). Never reinvoked: a claim is consumed once.
-func mutating(p *lockingv1alpha1.GuardPolicy, cc admissionregistrationv1.WebhookClientConfig, failure admissionregistrationv1.FailurePolicyType, ops ...admissionregistrationv1.OperationType) admissionregistrationv1.MutatingWebhook {
+func mutating(p *lockingv1alpha1.GuardPolicy, cc admissionregistrationv1.WebhookClientConfig, exempt *metav1.LabelSelector, failure admissionregistrationv1.FailurePolicyType, ops ...admissionregistrationv1.OperationType) admissionregistrationv1.MutatingWebhook {
 	return admissionregistrationv1.MutatingWebhook{
 		Name: webhookName(p), ClientConfig: cc, Rules: rules(p, ops...),
 		FailurePolicy:           ptr.To(failure),
 		MatchPolicy:             ptr.To(admissionregistrationv1.Equivalent),
-		NamespaceSelector:       namespaceSelector(p),
+		NamespaceSelector:       namespaceSelector(p, exempt),
 		ObjectSelector:          objectSelector(p),
 		SideEffects:             ptr.To(admissionregistrationv1.SideEffectClassNoneOnDryRun),
 		TimeoutSeconds:          ptr.To(webhookTimeoutSeconds),

@@ -29,6 +29,7 @@ import (
 	lockingv1alpha1 "github.com/lockwarden/lockwarden/api/v1alpha1"
 	"github.com/lockwarden/lockwarden/controllers/lockgrant"
 	"github.com/lockwarden/lockwarden/internal/podgate"
+	"github.com/lockwarden/lockwarden/internal/replicacache"
 	"github.com/lockwarden/lockwarden/pkg/fencing"
 	"github.com/lockwarden/lockwarden/pkg/fencing/denial"
 )
@@ -94,7 +95,10 @@ func (r *Reconciler) SetupWithManager(ctx context.Context, mgr ctrl.Manager) err
 	}); err != nil {
 		return fmt.Errorf("indexing gated Pods by lock: %w", err)
 	}
-	if err := mgr.Add(pods); err != nil {
+	// The controller runs on every replica, and so must its cache: a
+	// leader-only cache would stop every other replica after the cache
+	// sync timeout.
+	if err := mgr.Add(replicacache.Of(pods)); err != nil {
 		return err
 	}
 	if r.Pods == nil {

@@ -79,6 +79,22 @@ func Covers(p *lockingv1alpha1.GuardPolicy, group, resource, ns string, objLabel
 	return sel.Matches(labels.Set(objLabels)), nil
 }
 
+// CoversAll reports whether the policy covers every object of the given API
+// group and resource in namespace ns, whatever its labels: its selector, if
+// any, selects everything.
+func CoversAll(p *lockingv1alpha1.GuardPolicy, group, resource, ns string) (bool, error) {
+	if p.Spec.Selector != nil {
+		sel, err := metav1.LabelSelectorAsSelector(p.Spec.Selector)
+		if err != nil {
+			return false, fmt.Errorf("GuardPolicy %q selector: %w", p.Name, err)
+		}
+		if !sel.Empty() {
+			return false, nil
+		}
+	}
+	return Covers(p, group, resource, ns, nil)
+}
+
 // ResourceID maps an object to its resource ID under the policy: the
 // template with {namespace} and {name} replaced, or the object's resource
 // annotation when the policy has no template. It returns "" when the object

@@ -62,3 +62,37 @@ func TestRefusals(t *testing.T) {
 		t.Fatalf("an empty policy: %v", errs)
 	}
 }
+
+// TestCoversAll: a policy covers every object of a kind in a namespace only
+// when its selector, if any, selects everything; a scale, eviction or binding
+// request, which carries none of the object's labels, is judged by the
+// policy's own webhook only then.
+func TestCoversAll(t *testing.T) {
+	policy := func(ns []string, sel *metav1.LabelSelector) *lockingv1alpha1.GuardPolicy {
+		return &lockingv1alpha1.GuardPolicy{Spec: lockingv1alpha1.GuardPolicySpec{
+			Resources:  []lockingv1alpha1.GuardedResource{{APIGroup: "apps", Resource: "deployments"}},
+			Namespaces: ns, Selector: sel,
+		}}
+	}
+	cases := []struct {
+		name string
+		p    *lockingv1alpha1.GuardPolicy
+		ns   string
+		res  string
+		want bool
+	}{
+		{"no selector", policy(nil, nil), "billing", "deployments", true},
+		{"empty selector", policy(nil, &metav1.LabelSelector{}), "billing", "deployments", true},
+		{"in its namespace", policy([]string{"billing"}, nil), "billing", "deployments", true},
+		{"another namespace", policy([]string{"billing"}, nil), "web", "deployments", false},
+		{"another kind", policy(nil, nil), "billing", "statefulsets", false},
+		{"a selector", policy(nil, &metav1.LabelSelector{MatchLabels: map[string]string{"app": "x"}}), "billing", "deployments", false},
+		{"a selector that label-less objects match", policy(nil, &metav1.LabelSelector{MatchExpressions: []metav1.LabelSelectorRequirement{{Key: "app", Operator: metav1.LabelSelectorOpDoesNotExist}}}), "billing", "deployments", false},
+	}
+	for _, c := range cases {
+		got, err := CoversAll(c.p, "apps", c.res, c.ns)
+		if err != nil || got != c.want {
+			t.Errorf("%s: CoversAll = %v, %v; want %v", c.name, got, err, c.want)
+		}
+	}
+}

@@ -113,7 +113,7 @@ func ExampleHandle_Stamp() {
 // Write a guarded object under the lock: create it when it does not exist
 // yet, update it otherwise, and stamp every attempt anew (admission consumes
 // each write's claim, so a retry after a conflict needs its own). This is the
-// README's Go example; it needs a cluster, so it is compiled but not run.
+// Go example of docs/go-library.md; it needs a cluster, so it is compiled but not run.
 func ExampleHandle_Stamp_createOrUpdate() {
 	ctx := context.Background()
 	s := runtime.NewScheme()

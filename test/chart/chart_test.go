@@ -169,3 +169,119 @@ func num(obj map[string]any, fields ...string) (int64, bool, error) {
 	}
 	return 0, ok, err
 }
+
+// TestFailClosedWebhooksSkipTheirNamespace: every webhook that fails closed
+// (failurePolicy Fail) and intercepts more than lockwarden's own kinds skips
+// kube-system and the namespace the manager runs in, whatever the release's
+// namespace, and is narrowed to lockwarden's objects by an objectSelector or
+// matchConditions: while no replica answers it holds up only what lockwarden
+// guards, and the manager's own Pods are always scheduled.
+func TestFailClosedWebhooksSkipTheirNamespace(t *testing.T) {
+	root := testenv.Repo(t, "../..")
+	for ns, objs := range map[string][]*unstructured.Unstructured{
+		"lockwarden-system": testenv.Objects(t, testenv.Kustomize(t, root, "config/default")),
+		"locks":             testenv.Objects(t, testenv.Helm(t, root, "template", "lockwarden", "charts/lockwarden", "--namespace", "locks")),
+	} {
+		for _, o := range objs {
+			if o.GetKind() != "ValidatingWebhookConfiguration" && o.GetKind() != "MutatingWebhookConfiguration" {
+				continue
+			}
+			hooks, _, _ := unstructured.NestedSlice(o.Object, "webhooks")
+			for _, h := range hooks {
+				h := h.(map[string]any)
+				if policy, _, _ := unstructured.NestedString(h, "failurePolicy"); policy != "Fail" || ownKindsOnly(h) {
+					continue
+				}
+				name := h["name"]
+				skipped := map[string]bool{}
+				exprs, _, _ := unstructured.NestedSlice(h, "namespaceSelector", "matchExpressions")
+				for _, e := range exprs {
+					e := e.(map[string]any)
+					if e["key"] == "kubernetes.io/metadata.name" && e["operator"] == "NotIn" {
+						values, _, _ := unstructured.NestedStringSlice(e, "values")
+						for _, v := range values {
+							skipped[v] = true
+						}
+					}
+				}
+				if !skipped["kube-system"] || !skipped[ns] {
+					t.Errorf("namespace %s: webhook %s fails closed and does not skip kube-system and %s: %v", ns, name, ns, h["namespaceSelector"])
+				}
+				_, selected, _ := unstructured.NestedMap(h, "objectSelector")
+				_, narrowed, _ := unstructured.NestedSlice(h, "matchConditions")
+				if !selected && !narrowed {
+					t.Errorf("namespace %s: webhook %s fails closed for every object of its kinds", ns, name)
+				}
+			}
+		}
+	}
+}
+
+// ownKindsOnly reports whether every rule of the webhook h is for
+// lockwarden's own API group.
+func ownKindsOnly(h map[string]any) bool {
+	rules, _, _ := unstructured.NestedSlice(h, "rules")
+	for _, r := range rules {
+		groups, _, _ := unstructured.NestedStringSlice(r.(map[string]any), "apiGroups")
+		if !slices.Equal(groups, []string{"locking.lockwarden.io"}) {
+			return false
+		}
+	}
+	return true
+}
+
+// TestGatedPodPolicyCoversWhatTheWebhookSkips: the namespaces where the
+// lock-gated Pod webhook does not serve (kube-system and the manager's, the
+// release's namespace in the chart) are exactly those where the
+// ValidatingAdmissionPolicy refuses a Pod that names a lock, so that no such
+// Pod, in any namespace, starts without its lock.
+func TestGatedPodPolicyCoversWhatTheWebhookSkips(t *testing.T) {
+	root := testenv.Repo(t, "../..")
+	for ns, objs := range map[string][]*unstructured.Unstructured{
+		"lockwarden-system": testenv.Objects(t, testenv.Kustomize(t, root, "config/default")),
+		"locks":             testenv.Objects(t, testenv.Helm(t, root, "template", "lockwarden", "charts/lockwarden", "--namespace", "locks")),
+	} {
+		var skipped, refused []string
+		for _, o := range objs {
+			switch o.GetKind() {
+			case "MutatingWebhookConfiguration":
+				hooks, _, _ := unstructured.NestedSlice(o.Object, "webhooks")
+				for _, h := range hooks {
+					h := h.(map[string]any)
+					if h["name"] == "mgatedpod.locking.lockwarden.io" {
+						skipped = selectorValues(h, "NotIn", "namespaceSelector")
+					}
+				}
+			case "ValidatingAdmissionPolicy":
+				if o.GetName() == "lockwarden-gated-pod-unserved-namespace" {
+					refused = selectorValues(o.Object, "In", "spec", "matchConstraints", "namespaceSelector")
+				}
+			}
+		}
+		slices.Sort(skipped)
+		slices.Sort(refused)
+		want := []string{"kube-system", ns}
+		slices.Sort(want)
+		if !slices.Equal(skipped, want) {
+			t.Errorf("namespace %s: the gated-Pod webhook skips %v, want %v", ns, skipped, want)
+		}
+		if !slices.Equal(refused, want) {
+			t.Errorf("namespace %s: the gated-Pod policy refuses lock-naming Pods in %v, want %v", ns, refused, want)
+		}
+	}
+}
+
+// selectorValues returns the values of the kubernetes.io/metadata.name
+// expressions with operator op in the label selector at fields of obj.
+func selectorValues(obj map[string]any, op string, fields ...string) []string {
+	var out []string
+	exprs, _, _ := unstructured.NestedSlice(obj, append(fields, "matchExpressions")...)
+	for _, e := range exprs {
+		e := e.(map[string]any)
+		if e["key"] == "kubernetes.io/metadata.name" && e["operator"] == op {
+			values, _, _ := unstructured.NestedStringSlice(e, "values")
+			out = append(out, values...)
+		}
+	}
+	return out
+}

@@ -50,9 +50,10 @@ func jobPods(t *testing.T, ns string, n int32, annotations map[string]string) []
 	return pods
 }
 
-// The README's Job: three Pods of one indexed Job with parallelism 3 run
-// one at a time, in the order they were created, each under its own grant
-// with a larger fence; each waits with an Event that says for whom.
+// The walkthrough's Job (docs/walkthrough.md): three Pods of one indexed
+// Job with parallelism 3 run one at a time, in the order they were created,
+// each under its own grant with a larger fence; each waits with an Event
+// that says for whom.
 func TestJobPodsRunOneAtATimeInOrder(t *testing.T) {
 	ns := space(t)
 	heartbeat(t, "node-a")

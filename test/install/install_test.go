@@ -106,7 +106,7 @@ func TestHelmChart(t *testing.T) {
 	}
 }
 
-// TestRecoveryAfterLostCounters follows the README's recovery for lost
+// TestRecoveryAfterLostCounters follows docs/install.md's recovery for lost
 // FenceCounters: an object recorded a fence of epoch 2 before the CRDs were
 // deleted; hack/next-epoch.sh finds epoch 3; the FenceIssuer is created at
 // that epoch, with the earlier ones revoked, before the manager starts; the

@@ -1,14 +1,20 @@
 package integration
 
 import (
+	"context"
 	"strings"
 	"testing"
 
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
+	appsv1 "k8s.io/api/apps/v1"
+	autoscalingv1 "k8s.io/api/autoscaling/v1"
+	corev1 "k8s.io/api/core/v1"
 	eventsv1 "k8s.io/api/events/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/metrics"
 
@@ -189,23 +195,113 @@ func TestGuardPolicyTightenedWhileHeld(t *testing.T) {
 	}
 }
 
-// The policy's webhooks are installed where the API server calls them.
+// The policy's webhooks are installed where the API server calls them, in
+// the policy's namespaces (every namespace when it names none) but never in
+// kube-system or the manager's own: there they would hold writes up while no
+// replica answers.
 func TestGuardPolicyWebhookConfiguration(t *testing.T) {
 	ns := namespace(t)
 	p := newPolicy(t, "exports", ns, lockingv1alpha1.ModeEnforce, "x")
+	w := policyWebhook(t, p.Name)
+	if *w.FailurePolicy != admissionregistrationv1.Fail || w.ClientConfig.URL == nil || !strings.HasSuffix(*w.ClientConfig.URL, "/guardpolicy/enforce/exports") || len(w.ClientConfig.CABundle) == 0 {
+		t.Fatalf("webhook = %+v", w)
+	}
+	wantNamespaces(t, w, map[string]bool{ns: true, "kube-system": false, managerNamespace: false, "other": false})
+
+	everywhere := &lockingv1alpha1.GuardPolicy{
+		ObjectMeta: metav1.ObjectMeta{Name: "everywhere-" + ns},
+		Spec: lockingv1alpha1.GuardPolicySpec{
+			Resources: []lockingv1alpha1.GuardedResource{{Resource: "configmaps"}},
+			Selector:  &metav1.LabelSelector{MatchLabels: map[string]string{"app": "everywhere-" + ns}},
+			Holders:   []rbacv1.Subject{{Kind: rbacv1.ServiceAccountKind, Namespace: "billing", Name: "x"}},
+			Mode:      lockingv1alpha1.ModeEnforce,
+		},
+	}
+	if err := admin.Create(t.Context(), everywhere); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = admin.Delete(context.Background(), everywhere) })
+	waitPolicyReady(t, everywhere)
+	wantNamespaces(t, policyWebhook(t, everywhere.Name), map[string]bool{ns: true, "kube-system": false, managerNamespace: false, "other": true})
+}
+
+// policyWebhook is the validating webhook of the Enforce policy name.
+func policyWebhook(t *testing.T, name string) admissionregistrationv1.ValidatingWebhook {
+	t.Helper()
 	cfg := &admissionregistrationv1.ValidatingWebhookConfiguration{}
 	if err := admin.Get(t.Context(), types.NamespacedName{Name: "lockwarden-guardpolicies"}, cfg); err != nil {
 		t.Fatal(err)
 	}
 	for _, w := range cfg.Webhooks {
-		if w.Name == p.Name+".guardpolicy.locking.lockwarden.io" {
-			if *w.FailurePolicy != admissionregistrationv1.Fail || w.ClientConfig.URL == nil || !strings.HasSuffix(*w.ClientConfig.URL, "/guardpolicy/enforce/exports") || len(w.ClientConfig.CABundle) == 0 {
-				t.Fatalf("webhook = %+v", w)
-			}
-			return
+		if w.Name == name+".guardpolicy.locking.lockwarden.io" {
+			return w
 		}
 	}
-	t.Fatalf("no webhook for policy %s in %+v", p.Name, cfg.Webhooks)
+	t.Fatalf("no webhook for policy %s in %+v", name, cfg.Webhooks)
+	return admissionregistrationv1.ValidatingWebhook{}
+}
+
+// wantNamespaces fails the test unless w's namespaceSelector selects
+// exactly the namespaces of want that are true.
+func wantNamespaces(t *testing.T, w admissionregistrationv1.ValidatingWebhook, want map[string]bool) {
+	t.Helper()
+	sel, err := metav1.LabelSelectorAsSelector(w.NamespaceSelector)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for name, selected := range want {
+		if got := sel.Matches(labels.Set{"kubernetes.io/metadata.name": name}); got != selected {
+			t.Errorf("webhook %s: namespaceSelector %v selects namespace %s: %v, want %v", w.Name, sel, name, got, selected)
+		}
+	}
+}
+
+// An Enforce policy without a selector guards every object of its kinds in
+// its namespaces, whatever their labels, so its own webhook, which fails
+// closed, refuses their scale requests: they stay refused while no replica
+// answers, unlike those of objects guarded by label.
+func TestGuardPolicyWithoutSelectorJudgesScale(t *testing.T) {
+	ns := namespace(t)
+	sel := map[string]string{"app": "web"}
+	dep := &appsv1.Deployment{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "web"},
+		Spec: appsv1.DeploymentSpec{
+			Replicas: ptr.To[int32](1),
+			Selector: &metav1.LabelSelector{MatchLabels: sel},
+			Template: corev1.PodTemplateSpec{
+				ObjectMeta: metav1.ObjectMeta{Labels: sel},
+				Spec:       corev1.PodSpec{Containers: []corev1.Container{{Name: "c", Image: "example.invalid/web"}}},
+			},
+		},
+	}
+	if err := admin.Create(t.Context(), dep); err != nil {
+		t.Fatal(err)
+	}
+	p := &lockingv1alpha1.GuardPolicy{
+		ObjectMeta: metav1.ObjectMeta{GenerateName: "deployments-"},
+		Spec: lockingv1alpha1.GuardPolicySpec{
+			Resources:          []lockingv1alpha1.GuardedResource{{APIGroup: "apps", Resource: "deployments"}},
+			Namespaces:         []string{ns},
+			ResourceIDTemplate: "deploy/{namespace}/{name}",
+			Holders:            []rbacv1.Subject{{Kind: rbacv1.ServiceAccountKind, Namespace: "billing", Name: "a"}},
+			Mode:               lockingv1alpha1.ModeEnforce,
+		},
+	}
+	if err := admin.Create(t.Context(), p); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = admin.Delete(context.Background(), p) })
+	waitPolicyReady(t, p)
+	judged := map[string]string{"webhook": "enforce", "decision": "denied", "reason": "NO_FENCE", "operation": "UPDATE"}
+	before := metricValue(t, "lockwarden_guarded_write_decisions_total", judged)
+	scale := &autoscalingv1.Scale{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "web"}, Spec: autoscalingv1.ScaleSpec{Replicas: 3}}
+	waitUntil(t, "the policy's webhook refuses the scale", func() (bool, error) {
+		err := admin.SubResource("scale").Update(t.Context(), dep, client.WithSubResourceBody(scale))
+		if err == nil {
+			t.Fatal("a scale of a Deployment under an Enforce GuardPolicy was admitted")
+		}
+		return reason(err) == "NO_FENCE" && metricValue(t, "lockwarden_guarded_write_decisions_total", judged) > before, nil
+	})
 }
 
 func counterIn(t *testing.T, ns, res string) *lockingv1alpha1.FenceCounter {

@@ -19,7 +19,12 @@
 //     "delete", then a delete with that version as precondition);
 //   - a validating webhook without objectSelector refuses the subresource
 //     requests whose body cannot carry a claim (scale, eviction, binding) on
-//     guarded objects, looking the object itself up.
+//     guarded objects, looking the object itself up. The API server cannot
+//     select these requests by the object's labels, so this webhook fails
+//     open: while no replica answers they pass, except a binding that would
+//     write lockwarden's labels or annotations, and requests to objects
+//     under an Enforce GuardPolicy without a selector, whose own webhook
+//     refuses them (PolicyHandler).
 //
 // They have no side effects on stored state: if a write fails after
 // admission (a resourceVersion conflict), nothing was recorded, and the

@@ -46,11 +46,7 @@ func (h *LabelHandler) Handle(ctx context.Context, req admission.Request) admiss
 		return admission.Errored(http.StatusBadRequest, err)
 	}
 	if !labeled(w.old) && !labeled(w.new) {
-		if v, ok := w.new.labelValue(); ok {
-			return admission.Allowed("").WithWarnings(fmt.Sprintf(
-				"label %s=%q does not guard this object: only the value \"true\" does", lockingv1alpha1.GuardedLabel, v))
-		}
-		return admission.Allowed("")
+		return labelWarning(w)
 	}
 	var rec fencing.Accepted
 	decision := func() error {
@@ -78,6 +74,34 @@ func (h *LabelHandler) Handle(ctx context.Context, req admission.Request) admiss
 		return respond(req, decision)
 	}
 	return consume(w.new, rec)
+}
+
+// LabelWarner is the validating webhook, with failurePolicy Ignore, for
+// objects whose guard label has a value other than "true": it admits every
+// write, with a warning that the label guards nothing. It is a webhook of its
+// own so that the fail-closed guarded-write webhooks select only guarded
+// objects and never hold such a write up while no replica answers.
+type LabelWarner struct{}
+
+var _ admission.Handler = LabelWarner{}
+
+// Handle implements admission.Handler.
+func (LabelWarner) Handle(_ context.Context, req admission.Request) admission.Response {
+	w, err := decode(req)
+	if err != nil || labeled(w.new) {
+		return admission.Allowed("")
+	}
+	return labelWarning(w)
+}
+
+// labelWarning admits a write that leaves the object unguarded, warning when
+// it carries the guard label with another value than "true".
+func labelWarning(w write) admission.Response {
+	if v, ok := w.new.labelValue(); ok {
+		return admission.Allowed("").WithWarnings(fmt.Sprintf(
+			"label %s=%q does not guard this object: only the value \"true\" does", lockingv1alpha1.GuardedLabel, v))
+	}
+	return admission.Allowed("")
 }
 
 // labelValue is the guard label's value on o, if it has one.

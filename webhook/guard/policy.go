@@ -53,7 +53,7 @@ func (h *PolicyHandler) Handle(ctx context.Context, req admission.Request) admis
 		return admission.Errored(http.StatusInternalServerError, err)
 	}
 	if opaque(req.SubResource) {
-		return admission.Allowed("") // SubresourceHandler's
+		return h.opaque(req, pol)
 	}
 	w, err := decode(req)
 	if err != nil {
@@ -110,6 +110,27 @@ func (h *PolicyHandler) Handle(ctx context.Context, req admission.Request) admis
 		return respond(req, decision)
 	}
 	return consume(w.new, rec)
+}
+
+// opaque judges a scale, eviction or binding request. The API server matched
+// the policy's objectSelector against the Scale, Eviction or Binding, which
+// carries none of the object's labels, so only an Enforce policy that covers
+// every object of the kind in the request's namespace, whatever its labels,
+// judges it here, and refuses it: its webhook, failurePolicy Fail, then keeps
+// such requests refused also while no replica answers. Every other case is
+// SubresourceHandler's, which looks the object up.
+func (h *PolicyHandler) opaque(req admission.Request, pol *lockingv1alpha1.GuardPolicy) admission.Response {
+	if h.Shadow || pol.Spec.Mode != lockingv1alpha1.ModeEnforce {
+		return admission.Allowed("")
+	}
+	if covered, err := policy.CoversAll(pol, req.Resource.Group, req.Resource.Resource, req.Namespace); err != nil || !covered {
+		return admission.Allowed("")
+	}
+	_, decision := fencing.CheckGuardedRequest(fencing.GuardedRequest{
+		Operation: fencing.Operation(req.Operation), Subresource: req.SubResource, Opaque: true, Caller: req.UserInfo.Username,
+	})
+	observe("enforce", req, decision)
+	return respond(req, decision)
 }
 
 // shadow admits a write Enforce would deny, and says so in an Event, a

@@ -28,7 +28,11 @@ func opaque(sub string) bool { return opaqueSubresources[sub] }
 // pods/binding. It reads the object itself and refuses the request when the
 // object is guarded, by label or by an Enforce GuardPolicy: change such an
 // object with a fenced write to the object (spec.replicas), and delete it
-// with a pre-delete write and a delete.
+// with a pre-delete write and a delete. It is served by two webhooks of
+// config/webhook/manifests.yaml: guard-subresource (failurePolicy Ignore,
+// every such request: the API server cannot tell a guarded object's from any
+// other's) and guard-binding-metadata (failurePolicy Fail, only bindings that
+// would write lockwarden's labels or annotations into the Pod).
 type SubresourceHandler struct {
 	// Metadata reads the object's metadata directly from the API server.
 	Metadata metadata.Interface

@@ -32,7 +32,7 @@ import (
 //  2. reads the grant and the counter the proof names, directly from the API
 //     server,
 //  3. checks the proof against the trust bundle exported from the cluster
-//     (kubectl get configmap lockwarden-trust-bundle, see the README) and
+//     (kubectl get configmap lockwarden-trust-bundle, see docs/signing.md) and
 //     every liveness and fence rule, and
 //  4. records the accepted fence with its data, so that an older fence is
 //     refused afterwards even if the registry is restored from a backup.

@@ -45,6 +45,10 @@ type worker struct {
 	work       time.Duration
 	release    bool
 	timeout    time.Duration
+	// gated: the worker runs in a lock-gated Pod, whose grant the manager
+	// requested: it reads the grant, its fence and fenced resource from the
+	// environment (the downward API) instead of acquiring.
+	gated bool
 
 	c   client.WithWatch
 	out *json.Encoder
@@ -68,6 +72,7 @@ func runWorker(args []string) int {
 	fs.DurationVar(&w.work, "work", 0, "How long the worker computes between two writes.")
 	fs.BoolVar(&w.release, "release", false, "Release the grant after the last write.")
 	fs.DurationVar(&w.timeout, "timeout", 2*time.Minute, "Give up after this long.")
+	fs.BoolVar(&w.gated, "gated", false, "Run in a lock-gated Pod: write under the grant named by $LOCKWARDEN_GRANT, $LOCKWARDEN_FENCE and $LOCKWARDEN_FENCED_RESOURCE instead of acquiring.")
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
@@ -92,7 +97,11 @@ func (w *worker) run(ctx context.Context) error {
 	if w.c, err = client.NewWithWatch(cfg, client.Options{Scheme: newScheme()}); err != nil {
 		return err
 	}
-	grant, err := w.acquire(ctx)
+	acquire := w.acquire
+	if w.gated {
+		acquire = w.podGrant
+	}
+	grant, err := acquire(ctx)
 	if err != nil {
 		return err
 	}
@@ -143,6 +152,24 @@ func (w *worker) acquire(ctx context.Context) (*lockingv1alpha1.LockGrant, error
 	w.fence = held.Status.FenceToken
 	w.emit(Event{Event: EventHeld, Detail: held.Name})
 	return held, nil
+}
+
+// podGrant reads the grant the manager requested for the worker's lock-gated
+// Pod from the environment the Pod's downward API filled in.
+func (w *worker) podGrant(context.Context) (*lockingv1alpha1.LockGrant, error) {
+	name, resource := os.Getenv("LOCKWARDEN_GRANT"), os.Getenv("LOCKWARDEN_FENCED_RESOURCE")
+	if name == "" || resource == "" {
+		return nil, fmt.Errorf("no lock-gated Pod's grant: LOCKWARDEN_GRANT %q, LOCKWARDEN_FENCED_RESOURCE %q", name, resource)
+	}
+	fence, err := fencing.ParseFence(os.Getenv("LOCKWARDEN_FENCE"))
+	if err != nil {
+		return nil, fmt.Errorf("the lock-gated Pod's LOCKWARDEN_FENCE: %w", err)
+	}
+	w.fence, w.resource = fence, resource
+	w.emit(Event{Event: EventHeld, Detail: name})
+	g := &lockingv1alpha1.LockGrant{ObjectMeta: metav1.ObjectMeta{Namespace: w.namespace, Name: name}}
+	g.Status.FenceToken = fence
+	return g, nil
 }
 
 // waitHeld watches grant g until it is Held, and fails if it ends first.
