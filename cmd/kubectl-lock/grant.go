@@ -12,7 +12,6 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
-	"k8s.io/cli-runtime/pkg/genericclioptions"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	lockingv1alpha1 "github.com/lockwarden/lockwarden/api/v1alpha1"
@@ -81,7 +80,7 @@ func timestamp(t *metav1.MicroTime) string {
 
 func (a *app) acquireCmd() *cobra.Command {
 	var o acquireOptions
-	pf := genericclioptions.NewPrintFlags("")
+	pf := printFlags(true)
 	cmd := &cobra.Command{
 		Use:   "acquire RESOURCE",
 		Short: "Take the lock on RESOURCE and print the grant, its fence and its UID",
@@ -135,8 +134,7 @@ print the LockGrant.`,
 				return classify(err)
 			}
 			if printer != nil {
-				setKind(g)
-				return printer.PrintObj(g, a.streams.Out)
+				return printObject(printer, g, "LockGrant", a.streams.Out)
 			}
 			fmt.Fprintf(a.streams.Out, "grant %s%s fence %d expires %s uid %s\n", g.Name, permitText(g), g.Status.FenceToken, timestamp(g.Status.ExpiresAt), g.UID)
 			return nil

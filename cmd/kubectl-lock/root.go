@@ -148,8 +148,9 @@ on $PATH that runs: kubectl-lockwarden __complete "$@"`,
 	return root
 }
 
-// client returns a direct client for the cluster the kubectl flags select.
-func (a *app) client() (client.WithWatch, error) {
+// restConfig is the client configuration for the cluster the kubectl
+// flags select.
+func (a *app) restConfig() (*rest.Config, error) {
 	cfg, err := a.flags.ToRESTConfig()
 	if err != nil {
 		return nil, err
@@ -160,8 +161,19 @@ func (a *app) client() (client.WithWatch, error) {
 		cfg = hc
 	}
 	// Admission warnings (a request ID reused after its window, a forced
-	// release) go to stderr, as kubectl prints them.
+	// release) go to stderr, as kubectl prints them; those of a create that
+	// made nothing are dropped.
 	cfg.WarningHandler = rest.NewWarningWriter(a.streams.ErrOut, rest.WarningWriterOptions{Deduplicate: true})
+	withoutFailedCreateWarnings(cfg)
+	return cfg, nil
+}
+
+// client returns a direct client for the cluster the kubectl flags select.
+func (a *app) client() (client.WithWatch, error) {
+	cfg, err := a.restConfig()
+	if err != nil {
+		return nil, err
+	}
 	s := runtime.NewScheme()
 	if err := clientgoscheme.AddToScheme(s); err != nil {
 		return nil, err

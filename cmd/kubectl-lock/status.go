@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"context"
 	"fmt"
+	"io"
 	"slices"
 	"strings"
 	"time"
@@ -12,12 +13,9 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/labels"
-	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/duration"
-	"k8s.io/cli-runtime/pkg/genericclioptions"
 	"k8s.io/cli-runtime/pkg/printers"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -99,8 +97,7 @@ type queuedRequest struct {
 
 func (a *app) statusCmd() *cobra.Command {
 	// A resource's status is not an API object: no -o name.
-	pf := genericclioptions.NewPrintFlags("")
-	pf.NamePrintFlags = nil
+	pf := printFlags(false)
 	cmd := &cobra.Command{
 		Use:   "status RESOURCE",
 		Short: "Show who holds RESOURCE, with which fence until when, and who waits",
@@ -134,11 +131,7 @@ ResourceStatus.`,
 				return err
 			}
 			if printer != nil {
-				obj, err := statusObject(st)
-				if err != nil {
-					return err
-				}
-				return printer.PrintObj(obj, a.streams.Out)
+				return printObject(printer, st, "ResourceStatus", a.streams.Out)
 			}
 			printStatus(a, st)
 			return nil
@@ -146,26 +139,6 @@ ResourceStatus.`,
 	}
 	pf.AddFlags(cmd)
 	return cmd
-}
-
-// toPrinter returns the printer -o asks for, or nil for the table.
-func toPrinter(pf *genericclioptions.PrintFlags) (printers.ResourcePrinter, error) {
-	if *pf.OutputFormat == "" && (pf.TemplatePrinterFlags.TemplateArgument == nil || *pf.TemplatePrinterFlags.TemplateArgument == "") {
-		return nil, nil
-	}
-	return pf.ToPrinter()
-}
-
-// statusObject is st as an object the cli-runtime printers take:
-// apiVersion locking.lockwarden.io/v1alpha1, kind ResourceStatus.
-func statusObject(st *resourceStatus) (runtime.Object, error) {
-	m, err := runtime.DefaultUnstructuredConverter.ToUnstructured(st)
-	if err != nil {
-		return nil, err
-	}
-	u := &unstructured.Unstructured{Object: m}
-	u.SetGroupVersionKind(lockingv1alpha1.GroupVersion.WithKind("ResourceStatus"))
-	return u, nil
 }
 
 func readStatus(ctx context.Context, c client.Client, ns, resource string) (*resourceStatus, error) {
@@ -394,7 +367,7 @@ func (a *app) listCmd() *cobra.Command {
 		resource, phase, owner, selector string
 		all                              bool
 	)
-	pf := genericclioptions.NewPrintFlags("")
+	pf := printFlags(true)
 	cmd := &cobra.Command{
 		Use:   "list",
 		Short: "List grants, filtered by resource, phase or owner",
@@ -439,17 +412,7 @@ func (a *app) listCmd() *cobra.Command {
 				}
 			}
 			if printer != nil {
-				setKind(list)
-				if *pf.OutputFormat == "name" {
-					// One line per grant, as kubectl get -o name.
-					for i := range list.Items {
-						if err := printer.PrintObj(&list.Items[i], a.streams.Out); err != nil {
-							return err
-						}
-					}
-					return nil
-				}
-				return printer.PrintObj(list, a.streams.Out)
+				return printGrants(printer, *pf.OutputFormat == "name", list, a.streams.Out)
 			}
 			printList(a, list.Items, live, all)
 			return nil
@@ -463,6 +426,20 @@ func (a *app) listCmd() *cobra.Command {
 	pf.AddFlags(cmd)
 	_ = cmd.RegisterFlagCompletionFunc("phase", cobra.FixedCompletions([]string{"Pending", "Held", "Expired", "Released", "TimedOut"}, cobra.ShellCompDirectiveNoFileComp))
 	return cmd
+}
+
+// printGrants prints list with p: as a LockGrantList, or with byName (-o
+// name) one line per grant, as kubectl get -o name.
+func printGrants(p printers.ResourcePrinter, byName bool, list *lockingv1alpha1.LockGrantList, w io.Writer) error {
+	if !byName {
+		return printObject(p, list, "LockGrantList", w)
+	}
+	for i := range list.Items {
+		if err := printObject(p, &list.Items[i], "LockGrant", w); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 func printList(a *app, items []lockingv1alpha1.LockGrant, live map[types.UID]int32, all bool) {

@@ -568,6 +568,16 @@ func Decide(f Facts) Plan {
 	rest := slices.DeleteFunc(p.Statuses, func(g *lockingv1alpha1.LockGrant) bool { return slices.Contains(endedHolders, g.UID) })
 	p.Statuses = slices.Concat(first, p.Granted, rest)
 
+	// A grant that ends in this pass is deleted once its retention has
+	// passed, and this pass asks for that pass: the status write that ends
+	// it starts no pass of its own (a replica ignores its own writes).
+	if f.Retention > 0 {
+		for _, g := range p.Statuses {
+			if g.Status.Phase.Final() && g.Status.EndedAt != nil {
+				deadlines = append(deadlines, g.Status.EndedAt.Add(f.Retention))
+			}
+		}
+	}
 	for _, d := range deadlines {
 		if d.IsZero() {
 			continue

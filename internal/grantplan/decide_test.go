@@ -212,6 +212,21 @@ func TestDecideDeletesFinishedGrantsAfterRetention(t *testing.T) {
 	}
 }
 
+// The pass that ends a grant asks for the pass that deletes it when its
+// retention has passed: no other event may ever come for the resource (the
+// replica that wrote the final status starts no pass for its own write).
+func TestDecideAsksForThePassThatDeletesAGrantItEnds(t *testing.T) {
+	a := held(grant("a", 0, 30), 1, 30)
+	a.Spec.Release = true
+	p := Decide(Facts{Now: sec(5), Retention: time.Minute, Resource: res, Counter: counter(1, &a), Grants: []lockingv1alpha1.LockGrant{a}})
+	if s := statusOf(p, "a"); s == nil || s.Phase != lockingv1alpha1.PhaseReleased || s.EndedAt == nil {
+		t.Fatalf("status after the release = %+v, want Released with an end", s)
+	}
+	if p.RequeueAfter != time.Minute {
+		t.Fatalf("requeue after the release = %v, want the retention, 1m0s", p.RequeueAfter)
+	}
+}
+
 func TestDecideRaisesFenceRegressionReportedByTheHolder(t *testing.T) {
 	a := held(grant("a", 0, 10), 3, 10)
 	a.Annotations[lockingv1alpha1.FenceRegressionAnnotation] = "fence 3 was accepted from another grant"

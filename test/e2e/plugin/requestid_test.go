@@ -116,6 +116,12 @@ func TestReleaseByNameNeverReachesALaterGrant(t *testing.T) {
 		g.Status.Phase != lockingv1alpha1.PhaseHeld || g.Spec.Release || g.Spec.Renewals != 0 {
 		t.Fatalf("the later grant was touched: %v %+v %+v", err, g.Spec, g.Status)
 	}
+	// The same request again finds that grant (AlreadyExists after
+	// admission): no warning of a new attempt, since none is made.
+	code, out, errOut = kubectlLockOK(t, "alice", "-n", ns, "acquire", res, "--request-id", id, "--ttl", "30s", "-o", "jsonpath={.metadata.uid}")
+	if code != 0 || out != later || strings.Contains(errOut, "Warning:") {
+		t.Fatalf("acquire of the new attempt's request ID again exited %d and printed %q, want %s and no warning: %s", code, out, later, errOut)
+	}
 	if code, out, errOut = kubectlLockOK(t, "alice", "-n", ns, "release", name, "--uid", later); code != 0 || !strings.Contains(out, "released") {
 		t.Fatalf("release --uid of the later grant exited %d: %s %s", code, out, errOut)
 	}
