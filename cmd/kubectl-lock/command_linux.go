@@ -17,12 +17,13 @@ import (
 
 // supervisedCommand is COMMAND under a supervisor: the plugin's own binary,
 // re-executed (supervise), which starts the command, is the child subreaper
-// of everything it starts, and stops all of it when told to (the lock is
-// lost), when the command exits, and when the plugin dies. See
-// docs/run.md.
+// of everything it starts, and stops all of it at the lock's local deadline
+// unless the plugin moves it, when told to (the lock is lost), when the
+// command exits, and when the plugin dies. See docs/run.md.
 //
 // The plugin and the supervisor are tied by two pipes. The plugin holds the
-// only write end of the control pipe: a stop is one byte on it, and the
+// only write end of the control pipe, where it writes lines: the local
+// deadline each time it moves, a stop when the lock is lost; and the
 // plugin's death, however it comes (SIGKILL, SIGQUIT, a crash), closes it,
 // which the supervisor reads as end of file. The supervisor answers on the
 // status pipe whether the command started.
@@ -31,6 +32,9 @@ type supervisedCommand struct {
 	// control is the write end of the control pipe; closed by Wait, after
 	// the supervisor has exited.
 	control *os.File
+	// grace is the supervisor's; sent is the last deadline sent (Extend).
+	grace time.Duration
+	sent  int64
 }
 
 // The supervisor's protocol.
@@ -38,8 +42,11 @@ const (
 	// superviseArg, as the first argument, makes kubectl-lockwarden the
 	// supervisor of one run command instead of the plugin.
 	superviseArg = "__lockwarden-run-supervisor"
-	// stopByte on the control pipe: the lock is lost or in doubt.
-	stopByte = 's'
+	// stopLine on the control pipe: the lock is lost or in doubt.
+	stopLine = "stop"
+	// deadlinePrefix and CLOCK_MONOTONIC nanoseconds on the control pipe:
+	// the local deadline, where SIGKILL lands unless it moves again.
+	deadlinePrefix = "deadline "
 	// startedLine on the status pipe: the command is running. Otherwise
 	// the supervisor writes "CODE MESSAGE" and exits with CODE.
 	startedLine = "started"
@@ -88,7 +95,7 @@ func startCommand(argv, env []string, streams genericiooptions.IOStreams, intera
 	line, rerr := bufio.NewReader(statusR).ReadString('\n')
 	_ = statusR.Close()
 	if line = strings.TrimSuffix(line, "\n"); line == startedLine {
-		return &supervisedCommand{cmd: cmd, control: controlW}, exitOK, nil
+		return &supervisedCommand{cmd: cmd, control: controlW, grace: grace}, exitOK, nil
 	}
 	werr := cmd.Wait()
 	_ = controlW.Close()
@@ -108,7 +115,39 @@ func (c *supervisedCommand) Signal(s syscall.Signal) {
 // Stop tells the supervisor to stop the command and everything it started,
 // with the grace it was given.
 func (c *supervisedCommand) Stop() {
-	_, _ = c.control.Write([]byte{stopByte})
+	_, _ = c.control.Write([]byte(stopLine + "\n"))
+}
+
+// deadlineSlack is how far the local deadline must move before it is sent
+// to the supervisor again.
+const deadlineSlack = time.Millisecond
+
+// Extend tells the supervisor the local deadline, remaining() (the time
+// until the handle's Done, which comes grace early) plus grace from now,
+// when it moved. The clock is read before remaining is, so the deadline
+// sent is never later than the handle's.
+func (c *supervisedCommand) Extend(remaining func() time.Duration) {
+	now := monoNow()
+	left := remaining()
+	if left <= 0 {
+		return // Done closes, and Stop follows
+	}
+	at := now + int64(left+c.grace)
+	if d := at - c.sent; c.sent != 0 && d < int64(deadlineSlack) && d > -int64(deadlineSlack) {
+		return
+	}
+	c.sent = at
+	_, _ = c.control.Write([]byte(deadlinePrefix + strconv.FormatInt(at, 10) + "\n"))
+}
+
+// monoNow reads CLOCK_MONOTONIC, in nanoseconds: a clock the plugin and
+// the supervisor share, which no one can set.
+func monoNow() int64 {
+	var ts unix.Timespec
+	if err := unix.ClockGettime(unix.CLOCK_MONOTONIC, &ts); err != nil {
+		panic(err) // CLOCK_MONOTONIC exists on every Linux
+	}
+	return ts.Nano()
 }
 
 // Wait waits for the supervisor, which exits with the command's exit code

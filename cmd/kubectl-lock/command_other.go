@@ -49,6 +49,10 @@ func (c *directCommand) Signal(s syscall.Signal) {
 	}
 }
 
+// Extend does nothing: without a supervisor, the plugin stops the command
+// itself when Done closes.
+func (c *directCommand) Extend(func() time.Duration) {}
+
 func (c *directCommand) Stop() {
 	c.Signal(syscall.SIGTERM)
 	c.mu.Lock()

@@ -110,7 +110,9 @@ and SIGHUP sent to kubectl lockwarden are passed on to COMMAND.
 
 On Linux, COMMAND runs under a supervisor (this binary again) that sees
 every process COMMAND starts, also one that calls setsid or double-forks.
-When COMMAND exits, what it left running gets SIGTERM, then SIGKILL after
+The supervisor keeps the local deadline itself (SIGTERM --grace before
+it, SIGKILL at it, unless kubectl lockwarden renewed in time), so COMMAND
+is stopped in time also when kubectl lockwarden is frozen. When COMMAND exits, what it left running gets SIGTERM, then SIGKILL after
 --grace, before the lock is released. If kubectl lockwarden itself dies
 (kill -9 included), everything COMMAND started is killed at once, while the
 lease still runs. On macOS and Windows only COMMAND's process group (macOS)
@@ -284,10 +286,27 @@ func (a *app) run(resource string, argv []string, o acquireOptions, grace time.D
 	}
 	exited := make(chan int, 1)
 	go func() { exited <- child.Wait() }()
+	// The supervisor stops the command at the local deadline by itself,
+	// unless told that it moved: a frozen or dead plugin moves nothing.
+	child.Extend(h.Remaining)
+	extend := time.NewTicker(extendEvery)
+	defer extend.Stop()
 
 	for {
 		select {
+		case <-extend.C:
+			child.Extend(h.Remaining)
 		case code := <-exited:
+			if err := h.Check(); err != nil && !errors.Is(err, lock.ErrReleased) {
+				// The supervisor stopped the command at the deadline
+				// (this process was frozen or slow), or the lock was
+				// lost as the command ended.
+				fmt.Fprintf(a.streams.ErrOut, "kubectl-lockwarden: %v; the command was stopped\n", err)
+				if rerr := release(lostReleaseTimeout); rerr != nil {
+					fmt.Fprintf(a.streams.ErrOut, "kubectl-lockwarden: %v\n", rerr)
+				}
+				return exitLockLost, fmt.Errorf("lock on %s lost while the command ran: %w", resource, err)
+			}
 			if rerr := release(releaseTimeout); rerr != nil {
 				fmt.Fprintf(a.streams.ErrOut, "kubectl-lockwarden: warning: %v\n", rerr)
 			}
@@ -319,6 +338,12 @@ type command interface {
 	// Stop ends the command and everything it started because the lock
 	// is lost or in doubt: SIGTERM at once, SIGKILL after the grace.
 	Stop()
+	// Extend passes on the local deadline: remaining is the handle's
+	// Remaining, the time until Done, which comes the grace early. On
+	// Linux the supervisor stops the command at that deadline by itself
+	// (SIGTERM the grace before it, SIGKILL at it) unless Extend moves it
+	// first; elsewhere it does nothing.
+	Extend(remaining func() time.Duration)
 	// Wait waits until the command has exited (on Linux, until nothing
 	// it started runs any more either), and returns the command's exit
 	// code (128+S when signal S killed it). Called once.
@@ -352,6 +377,10 @@ func (a *app) hold(h *lock.Handle, resource, permit string, sigs <-chan os.Signa
 		return exitLockLost, fmt.Errorf("lock on %s lost while held: %w", resource, cause)
 	}
 }
+
+// extendEvery is how often run passes the local deadline on to the
+// supervisor when it moved (after a confirmed renewal).
+const extendEvery = 50 * time.Millisecond
 
 // How long run waits for its release: after the command exited, and after
 // the lock was lost or became doubtful (the lease runs out by itself then).

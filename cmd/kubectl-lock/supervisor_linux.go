@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bufio"
 	"errors"
 	"flag"
 	"fmt"
@@ -42,8 +43,14 @@ const killRetry = 50 * time.Millisecond
 // sees every process the command starts, also one that left the command's
 // process group or session (setsid) and whose parent exited: such orphans
 // are reparented to it, not to init. It stops all of them
-//   - when the plugin writes the stop byte (the lock is lost or in doubt):
-//     SIGTERM (and SIGCONT) at once, SIGKILL after D;
+//   - at the local deadline the plugin sent last (a deadline line, after
+//     every confirmed renewal): SIGTERM (and SIGCONT) D before it, SIGKILL
+//     at it, unless the plugin moves it first. A plugin that is frozen, cut
+//     off or dead moves nothing: this is what keeps the command from
+//     outliving the lock whatever happens to the plugin;
+//   - when the plugin writes the stop line (the lock is lost or in doubt):
+//     SIGTERM (and SIGCONT) at once, SIGKILL after D or at the deadline,
+//     whichever is first;
 //   - when the command exits: what it left running gets the same, before
 //     the plugin releases the lock;
 //   - when the control pipe closes, that is when the plugin died: SIGKILL
@@ -108,6 +115,19 @@ type supervisor struct {
 	ownGroup bool
 	grace    time.Duration
 	self     int
+
+	// deadline is the local deadline the plugin sent last (zero: none
+	// yet): SIGTERM goes out grace before it and SIGKILL at it, unless the
+	// plugin moves it first. The plugin may be frozen or dead by then; the
+	// supervisor does not wait to be told.
+	deadline time.Time
+	// killBy is when SIGKILL goes out at the latest once stopping began
+	// (zero: not yet): never moved later.
+	killBy time.Time
+	// terminated: SIGTERM was sent. killing: SIGKILL rounds go out, the
+	// next one at nextKill.
+	terminated, killing bool
+	nextKill            time.Time
 }
 
 // run supervises until no process is left below the supervisor, and
@@ -115,57 +135,119 @@ type supervisor struct {
 func (s *supervisor) run(control *os.File, forwarded <-chan os.Signal) int {
 	exited, empty := make(chan int, 1), make(chan struct{})
 	go reap(s.cmd.Process.Pid, exited, empty)
-	orders := make(chan bool)
+	orders := make(chan order)
 	go readControl(control, orders)
 
 	code := exitRunFailed
-	var killAt time.Time
-	terminated := false
-	kill := time.NewTimer(time.Hour)
-	kill.Stop()
-	// stop sends SIGTERM (with grace) and arranges SIGKILL after grace,
-	// unless an earlier SIGKILL is arranged already.
-	stop := func(grace time.Duration) {
-		at := time.Now().Add(grace)
-		if !killAt.IsZero() && !at.Before(killAt) {
-			return
-		}
-		if grace > 0 && !terminated {
-			terminated = true
-			_, _ = s.signalAll(unix.SIGTERM)
-			_, _ = s.signalAll(unix.SIGCONT) // a stopped process gets its SIGTERM too
-		}
-		killAt = at
-		kill.Reset(grace)
-	}
+	timer := time.NewTimer(time.Hour)
 	for {
 		select {
 		case code = <-exited:
-			stop(s.grace) // what the command left running
+			s.stop(time.Now().Add(s.grace)) // what the command left running
 		case <-empty:
 			select {
 			case code = <-exited:
 			default:
 			}
 			return code
-		case lockLost := <-orders:
-			if lockLost {
-				stop(s.grace)
-			} else {
-				stop(0) // the plugin is gone
+		case o := <-orders:
+			switch {
+			case o.closed:
+				s.stop(time.Now()) // the plugin is gone
+			case o.stop:
+				s.stop(time.Now().Add(s.grace))
+			default:
+				s.deadline = o.deadline
 			}
 		case sig := <-forwarded:
 			s.forward(sig)
-		case <-kill.C:
-			if sent, refused := s.signalAll(unix.SIGKILL); sent == 0 && refused != nil {
-				// Only processes the supervisor may not signal are
-				// left (they changed their user): it cannot wait for them.
-				fmt.Fprintf(os.Stderr, "kubectl-lockwarden: cannot kill what the command started: %v; it keeps running\n", refused)
-				return code
-			}
-			kill.Reset(killRetry)
+		case <-timer.C:
+		}
+		if refused := s.act(time.Now()); refused != nil {
+			// Only processes the supervisor may not signal are left
+			// (they changed their user): it cannot wait for them.
+			fmt.Fprintf(os.Stderr, "kubectl-lockwarden: cannot kill what the command started: %v; it keeps running\n", refused)
+			return code
+		}
+		timer.Reset(time.Until(s.next()))
+	}
+}
+
+// stop begins stopping the command's tree: SIGTERM (and SIGCONT) at once,
+// SIGKILL at by, or at the deadline if that comes first. by = now: SIGKILL
+// at once, without SIGTERM.
+func (s *supervisor) stop(by time.Time) {
+	if s.killBy.IsZero() || by.Before(s.killBy) {
+		s.killBy = by
+	}
+	if !s.terminated && time.Until(by) > 0 {
+		s.terminate()
+	}
+}
+
+// terminate sends SIGTERM, and SIGCONT so that a stopped process handles it.
+func (s *supervisor) terminate() {
+	s.terminated = true
+	_, _ = s.signalAll(unix.SIGTERM)
+	_, _ = s.signalAll(unix.SIGCONT)
+}
+
+// killLead is how long before the deadline the first SIGKILL round goes
+// out: listing /proc and signalling every process takes a moment (about
+// 10 ms on a loaded machine), and the last process must be dead at the
+// deadline, not signalled.
+const killLead = 100 * time.Millisecond
+
+// killAt is when SIGKILL is due: the earlier of killBy and the deadline
+// less killLead (zero: not due).
+func (s *supervisor) killAt() time.Time {
+	at := s.killBy
+	if d := s.deadline.Add(-killLead); !s.deadline.IsZero() && (at.IsZero() || d.Before(at)) {
+		at = d
+	}
+	return at
+}
+
+// act does what is due at now: SIGTERM grace before the deadline, SIGKILL
+// at the deadline or at killBy, and again every killRetry once it began.
+// It returns the error of a process it may not signal when no process was
+// reached.
+func (s *supervisor) act(now time.Time) error {
+	if !s.terminated && !s.deadline.IsZero() && !now.Before(s.deadline.Add(-s.grace)) {
+		// The plugin did not move its deadline in time: frozen, cut off,
+		// or slower than the clock. Stopping, once begun, is not undone.
+		s.stop(s.deadline.Add(-killLead))
+	}
+	at := s.killAt()
+	if at.IsZero() || now.Before(at) || (s.killing && now.Before(s.nextKill)) {
+		return nil
+	}
+	s.killing = true
+	s.nextKill = now.Add(killRetry)
+	if sent, refused := s.signalAll(unix.SIGKILL); sent == 0 && refused != nil {
+		return refused
+	}
+	return nil
+}
+
+// next is when act has something to do next (far ahead when nothing is
+// due).
+func (s *supervisor) next() time.Time {
+	next := time.Now().Add(time.Hour)
+	earliest := func(t time.Time) {
+		if !t.IsZero() && t.Before(next) {
+			next = t
 		}
 	}
+	if !s.terminated && !s.deadline.IsZero() {
+		earliest(s.deadline.Add(-s.grace))
+	}
+	if s.killing {
+		earliest(s.nextKill)
+	} else {
+		earliest(s.killAt())
+	}
+	return next
 }
 
 // forward passes sig on to the command's process group, or to the command
@@ -223,18 +305,37 @@ func waitCode(ws unix.WaitStatus) int {
 	return ws.ExitStatus()
 }
 
-// readControl sends true on orders for every stop byte the plugin writes,
-// and false once the pipe is closed: the plugin has exited, however it
-// ended.
-func readControl(control *os.File, orders chan<- bool) {
-	b := make([]byte, 1)
+// order is one message from the plugin on the control pipe.
+type order struct {
+	// closed: the pipe is closed, the plugin has exited, however it ended.
+	closed bool
+	// stop: the lock is lost or in doubt.
+	stop bool
+	// deadline: the local deadline moved (neither closed nor stop).
+	deadline time.Time
+}
+
+// readControl sends every order the plugin writes on control, and a closed
+// one once the pipe is closed. A deadline comes as CLOCK_MONOTONIC
+// nanoseconds, the clock the plugin measured it on, and goes out as a
+// time.Time of this process.
+func readControl(control *os.File, orders chan<- order) {
+	r := bufio.NewReader(control)
 	for {
-		if _, err := control.Read(b); err != nil {
-			orders <- false
+		line, err := r.ReadString('\n')
+		if err != nil {
+			orders <- order{closed: true}
 			return
 		}
-		if b[0] == stopByte {
-			orders <- true
+		line = strings.TrimSuffix(line, "\n")
+		switch {
+		case line == stopLine:
+			orders <- order{stop: true}
+		case strings.HasPrefix(line, deadlinePrefix):
+			at, err := strconv.ParseInt(strings.TrimPrefix(line, deadlinePrefix), 10, 64)
+			if err == nil {
+				orders <- order{deadline: time.Now().Add(time.Duration(at - monoNow()))}
+			}
 		}
 	}
 }

@@ -337,3 +337,85 @@ func readFile(path string) string {
 }
 
 func fileContains(path, s string) bool { return strings.Contains(readFile(path), s) }
+
+// heartbeatChild ignores SIGTERM, logs it to $DIR/term, and writes the
+// time (nanoseconds since the epoch) to $DIR/alive every 20 ms until it is
+// killed.
+const heartbeatChild = `trap 'echo term >> "$DIR/term"' TERM
+while :; do date +%s%N > "$DIR/alive.tmp"; mv "$DIR/alive.tmp" "$DIR/alive"; touch "$DIR/up"; sleep 0.02; done`
+
+// lastAlive is the command's last heartbeat (heartbeatChild).
+func (tr tree) lastAlive(t *testing.T) time.Time {
+	t.Helper()
+	ns, err := strconv.ParseInt(strings.TrimSpace(readFile(filepath.Join(tr.dir, "alive"))), 10, 64)
+	if err != nil {
+		t.Fatalf("the command's last heartbeat: %v", err)
+	}
+	return time.Unix(0, ns)
+}
+
+// A plugin that sent its local deadline and then says nothing more (it is
+// frozen, or starved) still has its command killed at that deadline, by
+// the supervisor alone: SIGTERM the grace before it, SIGKILL at it. A
+// deadline moved in time keeps the command running.
+func TestSupervisorStopsAtTheDeadlineUnlessMoved(t *testing.T) {
+	tr := newTree(t)
+	grace := time.Second
+	c := startTree(t, tr, heartbeatChild, grace)
+	waited := make(chan int, 1)
+	go func() { waited <- c.Wait() }()
+
+	c.Extend(func() time.Duration { return time.Second })
+	first := time.Now().Add(time.Second + grace) // SIGKILL at the latest
+	within(t, 2*time.Second, "a moved deadline is sent", func() bool {
+		// Moved before SIGTERM was due: the first deadline no longer counts.
+		c.Extend(func() time.Duration { return 2 * time.Second })
+		return true
+	})
+	moved := time.Now().Add(2*time.Second + grace)
+	within(t, 10*time.Second, "the command gets SIGTERM", func() bool { return fileContains(filepath.Join(tr.dir, "term"), "term") })
+	select {
+	case code := <-waited:
+		if code != 128+int(syscall.SIGKILL) {
+			t.Errorf("exit code %d, want 137 (SIGKILL)", code)
+		}
+	case <-time.After(2*time.Second + grace + settle):
+		t.Fatalf("the command still runs %s after its deadline", time.Since(moved))
+	}
+	last := tr.lastAlive(t)
+	t.Logf("last heartbeat %s after the first deadline, %s before the moved one", last.Sub(first), moved.Sub(last))
+	if !last.After(first) {
+		t.Errorf("the command was killed at the first deadline, though the plugin moved it")
+	}
+	if !last.Before(moved) {
+		t.Errorf("the command ran %s past the local deadline", last.Sub(moved))
+	}
+	if left := tr.running(); len(left) > 0 {
+		t.Fatalf("processes %v still run after the deadline", left)
+	}
+}
+
+// A stop that arrives late (the plugin was slow to tell the supervisor)
+// does not push SIGKILL past the local deadline: the grace counts back
+// from the deadline, not from when the stop was read.
+func TestSupervisorStopKillsAtTheDeadline(t *testing.T) {
+	tr := newTree(t)
+	grace := 2 * time.Second
+	c := startTree(t, tr, heartbeatChild, grace)
+	waited := make(chan int, 1)
+	go func() { waited <- c.Wait() }()
+	c.Extend(func() time.Duration { return 300 * time.Millisecond })
+	deadline := time.Now().Add(300*time.Millisecond + grace)
+	<-time.After(time.Second) // the plugin is late with its stop
+	c.Stop()
+	select {
+	case <-waited:
+	case <-time.After(grace + settle):
+		t.Fatalf("the command still runs %s after its deadline", time.Since(deadline))
+	}
+	last := tr.lastAlive(t)
+	t.Logf("last heartbeat %s before the local deadline", deadline.Sub(last))
+	if !last.Before(deadline) {
+		t.Errorf("the command ran %s past the local deadline: its SIGKILL counted the grace from the late stop", last.Sub(deadline))
+	}
+}

@@ -6,6 +6,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -105,22 +106,81 @@ func TestRunKillsInsideTheLease(t *testing.T) {
 
 // A `kubectl lock run` cut off from the API server while its command runs
 // (a partition: its lease renewals and its session renewals stop getting
-// through): the command, which ignores SIGTERM, is dead before the registry
-// ends the grant, whichever of the lease and the session ends it, and so
-// before the next waiter's command starts. Its session is as long as its
-// grace needs; with the default 5 s session the registry ended the grant
-// for the lapsed session about 6 s after the last renewal, while the
-// command had 4.5 s + its grace (4.7 s for a 20 s lease) to live.
+// through): the command, which ignores SIGTERM, is dead at least 1 s before
+// the registry can end the grant, whichever of the lease and the session
+// ends it, and so before the next waiter's command starts. Its session is
+// as long as its grace needs; with the default 5 s session the registry
+// ended the grant for the lapsed session about 6 s after the last renewal,
+// while the command had 4.5 s + its grace (4.7 s for a 20 s lease) to live.
+// With a 10 s lease and a 2 s grace the SIGKILL once counted the grace
+// from when the supervisor read the stop, and landed 0.74 to 0.97 s before
+// the lease's end: it must land at the local deadline, a margin before it.
 func TestRunKillsBeforeTheRegistryEndsTheGrant(t *testing.T) {
+	for _, tc := range []struct{ name, ttl, grace string }{
+		{name: "default grace", ttl: "20s"},
+		{name: "short lease", ttl: "10s", grace: "2s"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ns := namespace(t)
+			dir, next := t.TempDir(), t.TempDir()
+			px := startProxy(t)
+			kc := proxyKubeconfig(t, px, kubeconfigs["alice"])
+
+			args := []string{"-n", ns, "run", "b10/cut", "--ttl", tc.ttl}
+			if tc.grace != "" {
+				args = append(args, "--grace", tc.grace)
+			}
+			a := kubectlLockAt(t, kc, []string{"DIR=" + dir}, append(args, "--", "sh", "-c", aliveChild)...)
+			eventually(t, 30*time.Second, "the child runs", func() bool { return fileHas(filepath.Join(dir, "alive"), "") })
+			b := startSuccessor(t, ns, "b10/cut", next)
+			held := awaitHeldAndWaiting(t, ns)
+			px.Partition()
+			if code := a.wait(t, 60*time.Second); code != 123 {
+				t.Fatalf("run exited %d, want 123:\n%s", code, a.stderr)
+			}
+			checkDeadBeforeSuccessor(t, ns, dir, next, b, held)
+		})
+	}
+}
+
+// A `kubectl lock run` whose own process is frozen (SIGSTOP) while its
+// command runs renews nothing and stops nothing: its command, which
+// ignores SIGTERM, is killed all the same at the local deadline, by the
+// supervisor alone, at least 1 s before the registry can end the grant and
+// before the next waiter is granted the lock. Woken up, the run says the
+// lock was lost and exits 123.
+func TestRunFrozenPluginKillsBeforeTheSuccessor(t *testing.T) {
 	ns := namespace(t)
 	dir, next := t.TempDir(), t.TempDir()
-	px := startProxy(t)
-	kc := proxyKubeconfig(t, px, kubeconfigs["alice"])
-
-	a := kubectlLockAt(t, kc, []string{"DIR=" + dir}, "-n", ns, "run", "b10/cut", "--ttl", "20s", "--", "sh", "-c", aliveChild)
+	a := kubectlLock(t, "alice", []string{"DIR=" + dir}, "-n", ns, "run", "b10/frozen", "--ttl", "10s", "--grace", "2s", "--", "sh", "-c", aliveChild)
 	eventually(t, 30*time.Second, "the child runs", func() bool { return fileHas(filepath.Join(dir, "alive"), "") })
-	b := kubectlLock(t, "bob", []string{"DIR=" + next}, "-n", ns, "run", "b10/cut", "--ttl", "20s", "--wait", "90s", "--",
+	b := startSuccessor(t, ns, "b10/frozen", next)
+	held := awaitHeldAndWaiting(t, ns)
+	// Freeze the plugin (kubectl exec'd into it), not its supervisor.
+	if err := syscall.Kill(a.cmd.Process.Pid, syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	checkDeadBeforeSuccessor(t, ns, dir, next, b, held)
+	if err := syscall.Kill(a.cmd.Process.Pid, syscall.SIGCONT); err != nil {
+		t.Fatal(err)
+	}
+	if code := a.wait(t, 30*time.Second); code != 123 || !strings.Contains(a.stderr.String(), "lost while the command ran") {
+		t.Fatalf("the woken run exited %d, want 123 and that the lock was lost:\n%s", code, a.stderr)
+	}
+}
+
+// startSuccessor starts bob's `kubectl lock run` on resource, which waits
+// for the lock and writes the time it started to $DIR/started.
+func startSuccessor(t *testing.T, ns, resource, dir string) *proc {
+	t.Helper()
+	return kubectlLock(t, "bob", []string{"DIR=" + dir}, "-n", ns, "run", resource, "--ttl", "20s", "--wait", "90s", "--",
 		"sh", "-c", `date +%s%N > "$DIR/started"`)
+}
+
+// awaitHeldAndWaiting waits until ns has one Held grant and one Pending,
+// and returns the Held one.
+func awaitHeldAndWaiting(t *testing.T, ns string) lockingv1alpha1.LockGrant {
+	t.Helper()
 	var held lockingv1alpha1.LockGrant
 	eventually(t, 30*time.Second, "the next run waits", func() bool {
 		var list lockingv1alpha1.LockGrantList
@@ -138,20 +198,42 @@ func TestRunKillsBeforeTheRegistryEndsTheGrant(t *testing.T) {
 		}
 		return held.Name != "" && waiting == 1
 	})
-	px.Partition()
-	if code := a.wait(t, 60*time.Second); code != 123 {
-		t.Fatalf("run exited %d, want 123:\n%s", code, a.stderr)
-	}
+	return held
+}
+
+// checkDeadBeforeSuccessor waits for the successor b to finish and checks
+// that the child's last sign of life ($dir/alive) came at least 1 s before
+// the registry could end the held grant (its lease's end, or its end if
+// the session lapsed first), and before the successor's grant and command
+// started.
+func checkDeadBeforeSuccessor(t *testing.T, ns, dir, next string, b *proc, held lockingv1alpha1.LockGrant) {
+	t.Helper()
 	if code := b.wait(t, 60*time.Second); code != 0 {
 		t.Fatalf("the next run exited %d:\n%s", code, b.stderr)
 	}
 	last, started := unixNanoIn(t, filepath.Join(dir, "alive")), unixNanoIn(t, filepath.Join(next, "started"))
 	g := waitFinal(t, client.ObjectKeyFromObject(&held))
 	ended := g.Status.EndedAt.Time
-	t.Logf("child last alive %s; the registry ended the grant %s (%s, %s), %s later; the next command started %s later",
-		last.Format(time.RFC3339Nano), ended.Format(time.RFC3339Nano), g.Status.Phase, readyReason(g), ended.Sub(last), started.Sub(last))
-	if !last.Before(ended) {
-		t.Fatalf("the child was still running %s after the registry ended its grant (%s)", last.Sub(ended), readyReason(g))
+	if g.Status.ExpiresAt != nil && g.Status.ExpiresAt.Before(g.Status.EndedAt) {
+		ended = g.Status.ExpiresAt.Time
+	}
+	var list lockingv1alpha1.LockGrantList
+	if err := admin.List(t.Context(), &list, client.InNamespace(ns)); err != nil {
+		t.Fatal(err)
+	}
+	var granted time.Time
+	for _, s := range list.Items {
+		if s.UID != held.UID && s.Status.GrantedAt != nil {
+			granted = s.Status.GrantedAt.Time
+		}
+	}
+	t.Logf("child last alive %s; the registry could end the grant %s (%s, %s), %s later; the next grant %s later, its command %s later",
+		last.Format(time.RFC3339Nano), ended.Format(time.RFC3339Nano), g.Status.Phase, readyReason(g), ended.Sub(last), granted.Sub(last), started.Sub(last))
+	if margin := ended.Sub(last); margin < time.Second {
+		t.Fatalf("the child was still running %s before the registry could end its grant (%s), want at least 1s", margin, readyReason(g))
+	}
+	if granted.IsZero() || !last.Before(granted) {
+		t.Fatalf("the child was still running when the next holder was granted the lock (%s)", granted.Format(time.RFC3339Nano))
 	}
 	if !last.Before(started) {
 		t.Fatalf("the child was still running %s after the next holder's command started", last.Sub(started))
