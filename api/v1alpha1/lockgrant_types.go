@@ -248,13 +248,16 @@ const (
 // LockGrantStatus is written only by the lockwarden controller. The API
 // server keeps a status that lands late (decided on an older fence record,
 // or sent before a newer one by another replica) from replacing a newer
-// one: a final phase, an issued fence and a published record never change,
-// and counterGeneration never decreases while the fence stays.
+// one: a final phase, with its end and lease end, an issued fence and a
+// published record (proof and record) never change, and counterGeneration
+// (unset reads as 0) never decreases while the fence stays.
 //
 // +kubebuilder:validation:XValidation:rule="!has(oldSelf.phase) || !(oldSelf.phase in ['Expired', 'Released', 'TimedOut', 'Revoked']) || (has(self.phase) && self.phase == oldSelf.phase)",message="ALREADY_ENDED: a final phase never changes"
 // +kubebuilder:validation:XValidation:rule="(has(oldSelf.fenceToken) ? oldSelf.fenceToken : 0) == 0 || (has(self.fenceToken) ? self.fenceToken : 0) == oldSelf.fenceToken",message="FENCE_REGRESSION: a grant's fence never changes once issued"
 // +kubebuilder:validation:XValidation:rule="!has(oldSelf.proof) || (has(self.proof) && self.proof == oldSelf.proof)",message="FENCE_REGRESSION: a published record never changes"
-// +kubebuilder:validation:XValidation:rule="!has(self.counterGeneration) || !has(oldSelf.counterGeneration) || ((has(self.fenceToken) ? self.fenceToken : 0) == 0) != ((has(oldSelf.fenceToken) ? oldSelf.fenceToken : 0) == 0) || self.counterGeneration >= oldSelf.counterGeneration",message="FENCE_REGRESSION: counterGeneration never decreases while the fence stays"
+// +kubebuilder:validation:XValidation:rule="((has(self.fenceToken) ? self.fenceToken : 0) == 0) != ((has(oldSelf.fenceToken) ? oldSelf.fenceToken : 0) == 0) || (has(self.counterGeneration) ? self.counterGeneration : 0) >= (has(oldSelf.counterGeneration) ? oldSelf.counterGeneration : 0)",message="FENCE_REGRESSION: counterGeneration never decreases while the fence stays"
+// +kubebuilder:validation:XValidation:rule="!has(oldSelf.record) || (has(self.record) && self.record == oldSelf.record)",message="FENCE_REGRESSION: a published record never changes"
+// +kubebuilder:validation:XValidation:rule="!has(oldSelf.phase) || !(oldSelf.phase in ['Expired', 'Released', 'TimedOut', 'Revoked']) || (has(self.endedAt) == has(oldSelf.endedAt) && (!has(self.endedAt) || self.endedAt == oldSelf.endedAt) && has(self.expiresAt) == has(oldSelf.expiresAt) && (!has(self.expiresAt) || self.expiresAt == oldSelf.expiresAt))",message="ALREADY_ENDED: a final grant's end and lease end never change"
 type LockGrantStatus struct {
 	// conditions are Ready, Renewed, WithinLimit and FenceRegression.
 	// +optional
