@@ -147,11 +147,21 @@ func (w *statusWriter) run(resource types.NamespacedName) {
 		q.items = q.items[1:]
 		w.mu.Unlock()
 		if err := w.write(ctx, it); err != nil {
-			w.r.own.wroteStatus(it.grant.UID, it.seq, "", w.r.Clock.Now())
+			// The statuses planned after this one are not written either:
+			// they may say that a grant holds which must not read Held
+			// before this one has ended (the pass's order). They are
+			// decided again, from what is stored.
+			w.mu.Lock()
+			rest := append([]*statusItem{it}, q.items...)
+			q.items = nil
+			w.mu.Unlock()
+			for _, r := range rest {
+				w.r.own.wroteStatus(r.grant.UID, r.seq, "", w.r.Clock.Now())
+			}
 			if ctx.Err() != nil {
 				continue // stopping: forget the rest
 			}
-			logf.FromContext(ctx).V(1).Info("Status not written; deciding the resource again", "grant", it.grant.Name, "error", err.Error())
+			logf.FromContext(ctx).V(1).Info("Status not written; deciding the resource again", "grant", it.grant.Name, "dropped", len(rest)-1, "error", err.Error())
 			w.again(ctx, resource)
 		}
 	}
