@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
@@ -432,5 +433,59 @@ func TestPassReturnsBeforeItsStatusesAreWritten(t *testing.T) {
 	}
 	if g := e.grant(t, "b"); g.Status.CounterGeneration != e.counter(t).Generation {
 		t.Fatalf("b's status names counter generation %d, the counter is at %d", g.Status.CounterGeneration, e.counter(t).Generation)
+	}
+}
+
+// refusingStatus refuses every status write of the grant named refuse, as
+// the API server refuses one its transition rules forbid, and records the
+// writes that got through.
+type refusingStatus struct {
+	*laggingCache
+	refuse  string
+	mu      sync.Mutex
+	written []string
+}
+
+func (c *refusingStatus) Status() client.SubResourceWriter {
+	return refusingWriter{SubResourceWriter: c.laggingCache.Status(), c: c}
+}
+
+type refusingWriter struct {
+	client.SubResourceWriter
+	c *refusingStatus
+}
+
+func (w refusingWriter) Patch(ctx context.Context, obj client.Object, patch client.Patch, opts ...client.SubResourcePatchOption) error {
+	if obj.GetName() == w.c.refuse {
+		return apierrors.NewInvalid(lockingv1alpha1.GroupVersion.WithKind("LockGrant").GroupKind(), obj.GetName(), nil)
+	}
+	w.c.mu.Lock()
+	w.c.written = append(w.c.written, obj.GetName())
+	w.c.mu.Unlock()
+	return w.SubResourceWriter.Patch(ctx, obj, patch, opts...)
+}
+
+// When the ended holder's status cannot be written, the new holder's,
+// planned after it, is not written either: a user reading statuses never
+// sees both Held. The resource is decided again instead.
+func TestStatusesAfterAFailedOneAreNotWritten(t *testing.T) {
+	a := passHeld(passGrant("a", 0), 1)
+	a.Spec.Release = true
+	e := newPassEnv(t, a, passGrant("b", 1), passCounter(1, a))
+	refusing := &refusingStatus{laggingCache: e.cache, refuse: "a"}
+	e.r.Client = refusing
+	e.startStatuses(t)
+	e.pass(t)
+
+	if c := e.counter(t); c.Spec.Holder == nil || c.Spec.Holder.Name != "b" {
+		t.Fatalf("counter %+v after the pass; want b holding", c.Spec)
+	}
+	refusing.mu.Lock()
+	defer refusing.mu.Unlock()
+	if len(refusing.written) != 0 {
+		t.Fatalf("statuses written after the ended holder's was refused: %v", refusing.written)
+	}
+	if a, b := e.grant(t, "a"), e.grant(t, "b"); a.Status.Phase != lockingv1alpha1.PhaseHeld || b.Status.Phase == lockingv1alpha1.PhaseHeld {
+		t.Fatalf("a %s, b %s; want a still Held in its status and b not yet", a.Status.Phase, b.Status.Phase)
 	}
 }
