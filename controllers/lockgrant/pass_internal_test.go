@@ -489,3 +489,133 @@ func TestStatusesAfterAFailedOneAreNotWritten(t *testing.T) {
 		t.Fatalf("a %s, b %s; want a still Held in its status and b not yet", a.Status.Phase, b.Status.Phase)
 	}
 }
+
+// droppingStatus holds the status write of the grant named refuse until the
+// test lets it go, then refuses it, as the API server refuses one its
+// transition rules forbid; onSwap runs before a counter swap once armed.
+// It records the writes that got through with the phase they wrote.
+type droppingStatus struct {
+	*laggingCache
+	refuse  string
+	release chan struct{}
+	onSwap  func()
+	mu      sync.Mutex
+	written []string
+}
+
+func (c *droppingStatus) Status() client.SubResourceWriter {
+	return droppingWriter{SubResourceWriter: c.laggingCache.Status(), c: c}
+}
+
+func (c *droppingStatus) Update(ctx context.Context, obj client.Object, opts ...client.UpdateOption) error {
+	c.mu.Lock()
+	hook := c.onSwap
+	c.onSwap = nil
+	c.mu.Unlock()
+	if _, ok := obj.(*lockingv1alpha1.FenceCounter); ok && hook != nil {
+		hook()
+	}
+	return c.laggingCache.Update(ctx, obj, opts...)
+}
+
+type droppingWriter struct {
+	client.SubResourceWriter
+	c *droppingStatus
+}
+
+func (w droppingWriter) Patch(ctx context.Context, obj client.Object, patch client.Patch, opts ...client.SubResourcePatchOption) error {
+	if obj.GetName() == w.c.refuse {
+		select {
+		case <-w.c.release:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+		return apierrors.NewInvalid(lockingv1alpha1.GroupVersion.WithKind("LockGrant").GroupKind(), obj.GetName(), nil)
+	}
+	w.c.mu.Lock()
+	w.c.written = append(w.c.written, obj.GetName()+"="+string(obj.(*lockingv1alpha1.LockGrant).Status.Phase))
+	w.c.mu.Unlock()
+	return w.SubResourceWriter.Patch(ctx, obj, patch, opts...)
+}
+
+// A pass decides on this replica's planned statuses before they are
+// written. When a write fails, the statuses queued behind it are dropped;
+// a pass that decided on one of them meanwhile (the ended holder taken as
+// Released) must not write its new holder Held while the ended one still
+// reads Held: its statuses are decided again.
+func TestStatusesDecidedOnDroppedPlansAreDecidedAgain(t *testing.T) {
+	// s ended long ago, but this replica's cache still shows it Held: its
+	// status write is refused. a holds and has asked to be released.
+	s := passHeld(passGrant("s", 0), 1)
+	s.Spec.Release = true
+	a := passHeld(passGrant("a", 1), 2)
+	a.Spec.Release = true
+	storedS := s.DeepCopy()
+	storedS.Status.Phase = lockingv1alpha1.PhaseReleased
+	e := newPassEnv(t, storedS, a, passCounter(2, a))
+	e.cache.mu.Lock()
+	e.cache.grants = []lockingv1alpha1.LockGrant{*s.DeepCopy(), *a.DeepCopy()}
+	e.cache.mu.Unlock()
+	dropping := &droppingStatus{laggingCache: e.cache, refuse: "s", release: make(chan struct{})}
+	e.r.Client = dropping
+	e.startStatuses(t)
+
+	// The first pass frees the resource and queues s's end, then a's; the
+	// write of s's is held.
+	if _, err := e.r.Reconcile(t.Context(), reconcile.Request{NamespacedName: counterKey}); err != nil {
+		t.Fatal(err)
+	}
+	if c := e.counter(t); c.Spec.Holder != nil {
+		t.Fatalf("counter %+v after the first pass; want it free", c.Spec)
+	}
+	// b asks; the second pass decides on a as planned (Released) and
+	// grants b. Before its swap lands, s's write is refused, and the
+	// writer drops a's status queued behind it.
+	b := passGrant("b", 2)
+	if err := e.api.Create(t.Context(), b); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.api.Get(t.Context(), client.ObjectKeyFromObject(b), b); err != nil {
+		t.Fatal(err)
+	}
+	e.cache.mu.Lock()
+	e.cache.grants = append(e.cache.grants, *b.DeepCopy())
+	e.cache.mu.Unlock()
+	dropping.mu.Lock()
+	dropping.onSwap = func() {
+		close(dropping.release)
+		err := wait.PollUntilContextTimeout(t.Context(), time.Millisecond, 10*time.Second, true, func(context.Context) (bool, error) {
+			e.r.statuses.mu.Lock()
+			defer e.r.statuses.mu.Unlock()
+			return len(e.r.statuses.queues) == 0, nil
+		})
+		if err != nil {
+			t.Error("the writer never dropped the statuses behind the refused one")
+		}
+	}
+	dropping.mu.Unlock()
+	if _, err := e.r.Reconcile(t.Context(), reconcile.Request{NamespacedName: counterKey}); err != nil {
+		t.Fatal(err)
+	}
+	if c := e.counter(t); c.Spec.Holder == nil || c.Spec.Holder.Name != "b" {
+		t.Fatalf("counter %+v after the second pass; want b holding", c.Spec)
+	}
+
+	// The cache catches up; passes run until b reads Held.
+	e.cache.mu.Lock()
+	e.cache.grants = nil
+	e.cache.mu.Unlock()
+	err := wait.PollUntilContextTimeout(t.Context(), 10*time.Millisecond, 10*time.Second, true, func(context.Context) (bool, error) {
+		e.pass(t)
+		return e.grant(t, "b").Status.Phase == lockingv1alpha1.PhaseHeld, nil
+	})
+	if err != nil {
+		t.Fatalf("b never read Held: %s", e.grant(t, "b").Status.Phase)
+	}
+	dropping.mu.Lock()
+	defer dropping.mu.Unlock()
+	ia, ib := slices.Index(dropping.written, "a=Released"), slices.Index(dropping.written, "b=Held")
+	if ia < 0 || ib < ia {
+		t.Fatalf("statuses written %v: b read Held while a still read Held", dropping.written)
+	}
+}

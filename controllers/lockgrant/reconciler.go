@@ -287,8 +287,14 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reco
 	if res, left := r.leaveToPreferred(ctx, req); left {
 		return res, nil // another replica is preferred for it (ownership.go)
 	}
+	if r.statuses != nil {
+		defer r.statuses.end(req.NamespacedName)
+	}
 	mode := cachedCounters
 	for round := 1; ; round++ {
+		if r.statuses != nil {
+			r.statuses.begin(req.NamespacedName)
+		}
 		f, p, err := r.decide(ctx, req, mode)
 		if errors.Is(err, errCacheBehind) {
 			logf.FromContext(ctx).V(1).Info("Grants cache behind the API server; deciding again once it caught up")
@@ -325,6 +331,15 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reco
 			}
 		}
 		if err := r.writeStatuses(ctx, req.NamespacedName, p); err != nil {
+			if errors.Is(err, errStatusesDropped) {
+				// Its counters are written; its statuses may rest on plans
+				// that were dropped: decide them again on what is stored.
+				statusesRedecided.Inc()
+				if round < maxPassRounds {
+					continue
+				}
+				return reconcile.Result{RequeueAfter: statusAgainAfter}, nil
+			}
 			if refused(err) {
 				// A newer status is stored than the one decided on:
 				// decide again once the cache shows it.
@@ -849,6 +864,13 @@ var counterConflicts = prometheus.NewCounter(prometheus.CounterOpts{
 	Help: "Passes whose FenceCounter compare-and-swap conflicted (the counter had moved since the pass read it, from the cache or directly); each was decided again at once on a direct read.",
 })
 
+// statusesRedecided counts the passes decided again because statuses of
+// their resource were dropped while they decided.
+var statusesRedecided = prometheus.NewCounter(prometheus.CounterOpts{
+	Name: "lockwarden_grant_statuses_redecided_total",
+	Help: "Passes whose statuses were not queued because a status write of the same resource failed while they decided (they may have decided on the dropped plans); each was decided again at once.",
+})
+
 // selfEvents counts the counter watch events of this replica's own
 // compare-and-swaps, which start no pass.
 var selfEvents = prometheus.NewCounter(prometheus.CounterOpts{
@@ -857,5 +879,5 @@ var selfEvents = prometheus.NewCounter(prometheus.CounterOpts{
 })
 
 func init() {
-	metrics.Registry.MustRegister(transitions, staleGrants, counterConflicts, selfEvents)
+	metrics.Registry.MustRegister(transitions, staleGrants, counterConflicts, statusesRedecided, selfEvents)
 }

@@ -38,6 +38,13 @@ import (
 // rules (LockGrantStatus: a final phase, an issued fence and a published
 // record never change, and counterGeneration never decreases).
 //
+// A failed write drops the resource's statuses queued behind it, and with
+// them this replica's record of having planned them. A pass of the
+// resource running meanwhile may have decided on those plans (an ended
+// holder it took as Released); its own statuses are then refused at
+// enqueue (errStatusesDropped) and the pass decides again, so that no new
+// holder is written Held while the grant it replaced still reads Held.
+//
 // Events and the transitions metric follow a status once it is written.
 type statusWriter struct {
 	r *Reconciler
@@ -55,7 +62,15 @@ type statusWriter struct {
 
 	mu     sync.Mutex
 	queues map[types.NamespacedName]*statusQueue
+	// passes holds the resources whose pass is deciding (the work queue
+	// runs one pass of a resource at a time): true once a status of the
+	// resource was dropped since the pass began.
+	passes map[types.NamespacedName]bool
 }
+
+// errStatusesDropped: statuses planned by this replica were dropped after
+// the pass began, so it may have decided on plans that were never written.
+var errStatusesDropped = errors.New("statuses this pass may have decided on were dropped; deciding again")
 
 var _ manager.LeaderElectionRunnable = (*statusWriter)(nil)
 
@@ -76,7 +91,23 @@ func newStatusWriter(r *Reconciler, needLeader bool) *statusWriter {
 		r: r, needLeader: needLeader, ready: make(chan struct{}),
 		kick:   make(chan event.TypedGenericEvent[*lockingv1alpha1.FenceCounter], 64),
 		queues: map[types.NamespacedName]*statusQueue{},
+		passes: map[types.NamespacedName]bool{},
 	}
+}
+
+// begin records that a pass of resource starts deciding: from now on, a
+// dropped status of resource makes its enqueue fail.
+func (w *statusWriter) begin(resource types.NamespacedName) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.passes[resource] = false
+}
+
+// end records that the pass of resource has returned.
+func (w *statusWriter) end(resource types.NamespacedName) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	delete(w.passes, resource)
 }
 
 // Start runs the writer until ctx ends, then waits for the writes in
@@ -94,7 +125,9 @@ func (w *statusWriter) NeedLeaderElection() bool { return w.needLeader }
 
 // enqueue hands a pass's statuses to the writer, in the plan's order,
 // and records each as this replica's own (the next pass decides on it).
-// It returns at once, or when ctx ends before the writer has started.
+// It returns at once, or when ctx ends before the writer has started. It
+// returns errStatusesDropped, queuing nothing, when a status of resource
+// was dropped since the pass began (begin).
 func (w *statusWriter) enqueue(ctx context.Context, resource types.NamespacedName, statuses []*lockingv1alpha1.LockGrant, events []grantplan.Event) error {
 	if len(statuses) == 0 {
 		return nil
@@ -107,6 +140,9 @@ func (w *statusWriter) enqueue(ctx context.Context, resource types.NamespacedNam
 	now := w.r.Clock.Now()
 	w.mu.Lock()
 	defer w.mu.Unlock()
+	if w.passes[resource] {
+		return errStatusesDropped
+	}
 	q := w.queues[resource]
 	start := q == nil
 	if start {
@@ -154,6 +190,9 @@ func (w *statusWriter) run(resource types.NamespacedName) {
 			w.mu.Lock()
 			rest := append([]*statusItem{it}, q.items...)
 			q.items = nil
+			if _, deciding := w.passes[resource]; deciding {
+				w.passes[resource] = true
+			}
 			w.mu.Unlock()
 			for _, r := range rest {
 				w.r.own.wroteStatus(r.grant.UID, r.seq, "", w.r.Clock.Now())

@@ -41,6 +41,11 @@ type replicaCache struct {
 	ownStatuses map[types.UID]*ownStatus
 	writers     map[string][]*statusItem
 	writing     map[string]bool
+	// drops counts, per resource, the times the writer dropped its queue
+	// after a refused write: a pass that began before a drop and enqueues
+	// after it may have decided on a dropped status, and is decided again
+	// (controllers/lockgrant: errStatusesDropped).
+	drops map[string]int
 }
 
 // ownStatus is a status the replica planned: written is the grant's
@@ -72,7 +77,7 @@ func (rp *replica) watchLag() time.Duration { return rp.between(time.Millisecond
 func newReplicaCache(r *registry) *replicaCache {
 	c := &replicaCache{grants: map[types.UID]*lockingv1alpha1.LockGrant{}, counters: map[string]*lockingv1alpha1.FenceCounter{},
 		ownCounters: map[string]*lockingv1alpha1.FenceCounter{}, ownStatuses: map[types.UID]*ownStatus{},
-		writers: map[string][]*statusItem{}, writing: map[string]bool{}}
+		writers: map[string][]*statusItem{}, writing: map[string]bool{}, drops: map[string]int{}}
 	c.relist(r)
 	return c
 }
@@ -289,6 +294,7 @@ func (w *world) writeNextStatus(rp *replica, resource string) {
 				delete(c.ownStatuses, rest.grant.UID)
 			}
 			c.writers[resource] = nil
+			c.drops[resource]++
 			w.s.after(50*time.Millisecond, func() { w.scheduleReplica(rp, resource, 0) })
 			return
 		default:

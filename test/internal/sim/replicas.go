@@ -35,6 +35,10 @@ type replica struct {
 	skew time.Duration
 	// pending marks a pass already scheduled per resource.
 	pending map[string]bool
+	// busy marks a resource whose pass is running, from its read to its
+	// writes (the work queue never runs a key twice at once); again marks
+	// one asked for meanwhile, run once the pass is over.
+	busy, again map[string]bool
 	// rng draws the replica's own delays, apart from the world's stream, so
 	// that the replicas leave the rest of a round's schedule as it was.
 	rng *rand.Rand
@@ -87,7 +91,7 @@ func (w *world) newReplicas() []*replica {
 	rs := make([]*replica, 2)
 	for i := range rs {
 		rp := &replica{
-			id: fmt.Sprintf("replica-%d", i), pending: map[string]bool{},
+			id: fmt.Sprintf("replica-%d", i), pending: map[string]bool{}, busy: map[string]bool{}, again: map[string]bool{},
 			rng:      rand.New(rand.NewPCG(w.seed, 0x5e11ca+uint64(i))),
 			takeover: &membership.Takeover{Delay: replicaTakeover},
 		}
@@ -148,6 +152,9 @@ type pass struct {
 	params    issuer.Params
 	// direct says the counter was read directly, not from the cache.
 	direct bool
+	// drops is the replica's count of dropped status queues of the
+	// resource when the pass read it.
+	drops int
 	// ended are the grants of the resource that had ended (final, asked
 	// to be released, or gone) in the registry when the pass read it: the
 	// oracle's view, not the replica's.
@@ -180,7 +187,7 @@ const (
 func (w *world) gather(rp *replica, resource string, mode readMode) pass {
 	r, now, skew := w.reg, w.s.now, rp.skew
 	cached := rp.cachedGrants(resource)
-	ps := pass{resource: resource, ended: map[types.UID]bool{}, direct: mode == directCounters}
+	ps := pass{resource: resource, ended: map[types.UID]bool{}, direct: mode == directCounters, drops: rp.cache.drops[resource]}
 	for uid := range cached {
 		if cur := r.grants[uid]; cur == nil || cur.Spec.Release || cur.Status.Phase.Final() {
 			ps.ended[uid] = true
@@ -318,8 +325,10 @@ func newHolders(f grantplan.Facts, p grantplan.Plan) []types.UID {
 // by compare-and-swap, then hands the statuses, in the plan's order (the
 // ended holders, the new holder, the rest), to the replica's status writer.
 // It reports whether the compare-and-swap conflicted: the pass is then
-// decided again on a direct read.
-func (w *world) applyPass(rp *replica, ps pass) (requeue time.Duration, conflict bool) {
+// decided again on a direct read; and whether the replica's writer dropped
+// statuses of the resource since the pass read it: its statuses are then
+// not queued, and it is decided again.
+func (w *world) applyPass(rp *replica, ps pass) (requeue time.Duration, conflict, dropped bool) {
 	r := w.reg
 	p := ps.plan
 	c := r.counters[ps.resource]
@@ -328,11 +337,11 @@ func (w *world) applyPass(rp *replica, ps pass) (requeue time.Duration, conflict
 		curRV = c.ResourceVersion
 	}
 	if p.Counter != nil && curRV != ps.counterRV {
-		return 0, true // the compare-and-swap fails: the counter moved
+		return 0, true, false // the compare-and-swap fails: the counter moved
 	}
 	revision, generation := ps.counterRV, int64(0)
-	if c != nil {
-		generation = c.Generation
+	if ps.f.Counter != nil {
+		generation = ps.f.Counter.Generation // the counter it decided on
 	}
 	if p.Counter != nil {
 		if h := p.Counter.Holder; h != nil && ps.ended[types.UID(h.UID)] && (c == nil || c.Spec.Holder == nil || c.Spec.Holder.UID != h.UID) {
@@ -357,14 +366,17 @@ func (w *world) applyPass(rp *replica, ps pass) (requeue time.Duration, conflict
 		clear(rp.cache.ownStatuses)
 		clear(rp.cache.ownCounters)
 		rp.cache.relist(r)
-		return time.Millisecond, false
+		return time.Millisecond, false, false
 	}
 	grantplan.Sign(p, ps.params, revision)
 	for _, g := range p.Statuses {
 		g.Status.CounterGeneration = generation
 	}
+	if len(p.Statuses) > 0 && rp.cache.drops[ps.resource] != ps.drops {
+		return 0, false, true
+	}
 	w.enqueueStatuses(rp, ps.resource, p.Statuses)
-	return p.RequeueAfter, false
+	return p.RequeueAfter, false, false
 }
 
 // kickReplicas schedules a pass over resource on every replica, each after
@@ -400,6 +412,10 @@ func (w *world) replicaStep(rp *replica, resource string) {
 		return
 	}
 	rp.pending[resource] = false
+	if rp.busy[resource] {
+		rp.again[resource] = true
+		return
+	}
 	key := namespace + "/" + lockingv1alpha1.FenceCounterName(resource)
 	preferred := membership.Preferred(key, w.live(rp)) == rp.id
 	wait := rp.takeover.Wait(key, preferred, rp.state(resource), epochBase.Add(w.s.now+rp.skew))
@@ -417,7 +433,18 @@ func (w *world) replicaStep(rp *replica, resource string) {
 		}
 		w.rep.Faults["replica-takeover"]++
 	}
+	rp.busy[resource] = true
 	w.replicaPass(rp, resource)
+}
+
+// passDone ends rp's pass over resource, and starts the one asked for
+// meanwhile.
+func (w *world) passDone(rp *replica, resource string) {
+	rp.busy[resource] = false
+	if rp.again[resource] {
+		rp.again[resource] = false
+		w.scheduleReplica(rp, resource, 0)
+	}
 }
 
 // replicaPass gathers and decides at the replica's clock, on its caches,
@@ -455,16 +482,25 @@ func (w *world) passRound(rp *replica, resource string, round int, mode readMode
 			w.s.at(rp.frozenUntil, apply)
 			return
 		}
-		requeue, conflict := w.applyPass(rp, ps)
+		requeue, conflict, dropped := w.applyPass(rp, ps)
 		w.notePhantoms()
-		if conflict {
+		switch {
+		case conflict:
 			w.rep.Faults["replica-conflict"]++
 			if round < maxPassRounds {
 				w.passRound(rp, resource, round+1, directCounters)
 				return
 			}
 			requeue = time.Millisecond
+		case dropped:
+			w.rep.Faults["replica-statuses-redecided"]++
+			if round < maxPassRounds {
+				w.passRound(rp, resource, round+1, mode)
+				return
+			}
+			requeue = 50 * time.Millisecond
 		}
+		w.passDone(rp, resource)
 		w.afterPass(resource, requeue)
 	}
 	w.s.after(rp.between(time.Millisecond, maxReplicaHop), apply)
