@@ -68,6 +68,14 @@ func (w *world) scheduleAdversary() {
 				rp.cache.relist(w.reg)
 				clear(rp.cache.ownCounters)
 				clear(rp.cache.ownStatuses)
+				// The API servers were stopped for the restore
+				// (docs/segments.md, the runbook), far longer than the
+				// status writer retries: the statuses it had queued
+				// were dropped.
+				for res := range rp.cache.writers {
+					rp.cache.drops[res]++
+				}
+				clear(rp.cache.writers)
 			}
 			for k, o := range objs {
 				*w.objects[k] = o // guarded objects live in the same etcd
