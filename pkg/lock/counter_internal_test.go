@@ -132,7 +132,7 @@ func TestLostFromTheFenceCounter(t *testing.T) {
 				return
 			}
 			if !errors.Is(err, ErrLost) || fencing.ReasonOf(err) != tc.want || !closed(h.Context().Done()) {
-				t.Fatalf("Err %v (Done closed %v), want ErrLost with %s", err, closed(h.Context().Done()), tc.want)
+				t.Fatalf("cause %v (context ended %v), want ErrLost with %s", err, closed(h.Context().Done()), tc.want)
 			}
 			if checkErr(h) == nil {
 				t.Fatal("Check passes after the loss")

@@ -102,7 +102,7 @@ func TestAcquireStampRelease(t *testing.T) {
 
 	release(t, h, "")
 	if !closed(h.Context().Done()) || !errors.Is(context.Cause(h.Context()), lock.ErrReleased) || !errors.Is(context.Cause(h.Context()), lock.ErrReleased) {
-		t.Fatalf("after Release: Done closed %v, Err %v", closed(h.Context().Done()), context.Cause(h.Context()))
+		t.Fatalf("after Release: context ended %v, cause %v", closed(h.Context().Done()), context.Cause(h.Context()))
 	}
 	if h.State() != holder.Released {
 		t.Fatalf("state %s, want RELEASED", h.State())
@@ -190,9 +190,9 @@ func TestHolderClockSkewAndRate(t *testing.T) {
 	if stoppedAt.IsZero() || !stoppedAt.Before(expiry) {
 		t.Fatalf("A stopped at %s, want before the controller's expiry %s", stoppedAt, expiry)
 	}
-	eventually(t, "A's Done is closed", func() bool { return closed(a.Context().Done()) })
+	eventually(t, "A's context ends", func() bool { return closed(a.Context().Done()) })
 	if !errors.Is(context.Cause(a.Context()), lock.ErrOwnershipUnknown) {
-		t.Fatalf("A's Err = %v, want ErrOwnershipUnknown", context.Cause(a.Context()))
+		t.Fatalf("A's cause = %v, want ErrOwnershipUnknown", context.Cause(a.Context()))
 	}
 	b := <-bDone
 	if b.err != nil {
@@ -241,9 +241,9 @@ func TestRenewAfterExpiry(t *testing.T) {
 			at(0.7) // the renew is due (TTL/3) and sent; the network holds it
 			eventually(t, "A is renewing", func() bool { return a.State() == holder.Renewing })
 			at(1) // the local deadline: TTL 2 s - margin 1 s
-			eventually(t, "A's Done is closed", func() bool { return closed(a.Context().Done()) })
+			eventually(t, "A's context ends", func() bool { return closed(a.Context().Done()) })
 			if !errors.Is(context.Cause(a.Context()), lock.ErrOwnershipUnknown) {
-				t.Fatalf("A's Err = %v, want ErrOwnershipUnknown", context.Cause(a.Context()))
+				t.Fatalf("A's cause = %v, want ErrOwnershipUnknown", context.Cause(a.Context()))
 			}
 			at(2)
 			wake(t, a.Info().Grant)
