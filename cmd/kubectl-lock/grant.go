@@ -152,7 +152,7 @@ func heldGrant(ctx context.Context, h *lock.Handle, c client.WithWatch) (*lockin
 	if _, err := h.AwaitRecord(ctx); err != nil {
 		return nil, err
 	}
-	return lock.WaitForGrant(ctx, c, h.Grant(), func(g *lockingv1alpha1.LockGrant) bool { return g != nil })
+	return lock.WaitForGrant(ctx, c, h.Info().Grant, func(g *lockingv1alpha1.LockGrant) bool { return g != nil })
 }
 
 func (a *app) renewCmd() *cobra.Command {

@@ -234,23 +234,25 @@ func (a *app) run(resource string, argv []string, o acquireOptions, grace time.D
 		}
 		return exitRunFailed, err
 	}
-	acquired := fmt.Sprintf("acquired %s: grant %s, ", resource, h.Grant().Name)
-	if permit := handlePermitText(h, o.permits); permit != "" {
+	info := h.Info()
+	acquired := fmt.Sprintf("acquired %s: grant %s, ", resource, info.Grant.Name)
+	if permit := heldPermitText(info, o.permits); permit != "" {
 		acquired += strings.TrimPrefix(permit, " ") + ", "
 	}
-	p.finish(acquired + fmt.Sprintf("fence %d", h.Fence()))
+	p.finish(acquired + fmt.Sprintf("fence %d", info.Fence))
 	// release ends the grant. After the lock was lost or became doubtful
 	// it gives up sooner: the lease runs out by itself within the margin.
 	release := func(timeout time.Duration) error {
 		rctx, rcancel := context.WithTimeout(context.Background(), timeout)
 		defer rcancel()
-		wasLost := !errors.Is(h.Err(), lock.ErrReleased) && h.Err() != nil
+		cause := context.Cause(h.Context())
+		wasLost := cause != nil && !errors.Is(cause, lock.ErrReleased)
 		err := h.Release(rctx)
 		switch {
 		case err == nil:
 			return nil
 		case fencing.ReasonOf(err) == "":
-			return fmt.Errorf("releasing grant %s: %w (its lease will run out)", h.Grant().Name, err)
+			return fmt.Errorf("releasing grant %s: %w (its lease will run out)", info.Grant.Name, err)
 		case wasLost:
 			return nil // the loss was reported already
 		}
@@ -259,24 +261,24 @@ func (a *app) run(resource string, argv []string, o acquireOptions, grace time.D
 	}
 
 	if len(argv) == 0 {
-		return a.hold(h, resource, handlePermitText(h, o.permits), sigs, release)
+		return a.hold(h, resource, heldPermitText(info, o.permits), sigs, release)
 	}
 	// The command gets the signed record with its fence: wait for the
 	// grant's status, which may come a moment after the lock is held.
 	if _, err := h.AwaitRecord(h.Context()); err != nil {
 		_ = release(releaseTimeout)
-		return exitLockLost, fmt.Errorf("lock on %s lost before the command started (grant %s): %w", resource, h.Grant().Name, err)
+		return exitLockLost, fmt.Errorf("lock on %s lost before the command started (grant %s): %w", resource, info.Grant.Name, err)
 	}
 	env := append(os.Environ(),
-		EnvFence+"="+fencing.FormatFence(h.Fence()),
-		EnvGrant+"="+h.Grant().Name,
-		EnvGrantUID+"="+string(h.UID()),
-		EnvNamespace+"="+h.Grant().Namespace,
+		EnvFence+"="+fencing.FormatFence(info.Fence),
+		EnvGrant+"="+info.Grant.Name,
+		EnvGrantUID+"="+string(info.UID),
+		EnvNamespace+"="+info.Grant.Namespace,
 		EnvResource+"="+resource,
-		EnvRequestID+"="+h.RequestID(),
+		EnvRequestID+"="+info.RequestID,
 		EnvProof+"="+h.Proof(),
-		EnvPermit+"="+strconv.Itoa(int(h.Permit())),
-		EnvFencedResource+"="+h.FencedResource(),
+		EnvPermit+"="+strconv.Itoa(int(info.Permit)),
+		EnvFencedResource+"="+info.FencedResource,
 	)
 	interactive := isTerminal(a.streams.In)
 	child, code, err := startCommand(argv, env, a.streams, interactive, grace)
@@ -288,16 +290,20 @@ func (a *app) run(resource string, argv []string, o acquireOptions, grace time.D
 	go func() { exited <- child.Wait() }()
 	// The supervisor stops the command at the local deadline by itself,
 	// unless told that it moved: a frozen or dead plugin moves nothing.
-	child.Extend(h.Remaining)
+	remaining := func() time.Duration {
+		left, _ := h.Check()
+		return left
+	}
+	child.Extend(remaining)
 	extend := time.NewTicker(extendEvery)
 	defer extend.Stop()
 
 	for {
 		select {
 		case <-extend.C:
-			child.Extend(h.Remaining)
+			child.Extend(remaining)
 		case code := <-exited:
-			if err := h.Check(); err != nil && !errors.Is(err, lock.ErrReleased) {
+			if _, err := h.Check(); err != nil && !errors.Is(err, lock.ErrReleased) {
 				// The supervisor stopped the command at the deadline
 				// (this process was frozen or slow), or the lock was
 				// lost as the command ended.
@@ -311,8 +317,8 @@ func (a *app) run(resource string, argv []string, o acquireOptions, grace time.D
 				fmt.Fprintf(a.streams.ErrOut, "kubectl-lockwarden: warning: %v\n", rerr)
 			}
 			return code, nil
-		case <-h.Done():
-			cause := h.Err()
+		case <-h.Context().Done():
+			cause := context.Cause(h.Context())
 			fmt.Fprintf(a.streams.ErrOut, "kubectl-lockwarden: %v; stopping the command (SIGTERM, SIGKILL after %s)\n", cause, grace)
 			child.Stop()
 			<-exited // the command's exit status no longer matters once the lock is lost
@@ -338,8 +344,9 @@ type command interface {
 	// Stop ends the command and everything it started because the lock
 	// is lost or in doubt: SIGTERM at once, SIGKILL after the grace.
 	Stop()
-	// Extend passes on the local deadline: remaining is the handle's
-	// Remaining, the time until Done, which comes the grace early. On
+	// Extend passes on the local deadline: remaining is the time left that
+	// the handle's Check reports, until its Context ends, which comes the
+	// grace early. On
 	// Linux the supervisor stops the command at that deadline by itself
 	// (SIGTERM the grace before it, SIGKILL at it) unless Extend moves it
 	// first; elsewhere it does nothing.
@@ -362,15 +369,16 @@ func startErrorCode(err error) int {
 // hold keeps h until a signal (release, exit 0) or until ownership is lost
 // or in doubt (exit 123).
 func (a *app) hold(h *lock.Handle, resource, permit string, sigs <-chan os.Signal, release func(time.Duration) error) (int, error) {
-	fmt.Fprintf(a.streams.Out, "grant %s%s fence %d\n", h.Grant().Name, permit, h.Fence())
+	info := h.Info()
+	fmt.Fprintf(a.streams.Out, "grant %s%s fence %d\n", info.Grant.Name, permit, info.Fence)
 	select {
 	case <-sigs:
 		if err := release(releaseTimeout); err != nil {
 			return exitRunFailed, err
 		}
 		return exitOK, nil
-	case <-h.Done():
-		cause := h.Err()
+	case <-h.Context().Done():
+		cause := context.Cause(h.Context())
 		if rerr := release(lostReleaseTimeout); rerr != nil {
 			fmt.Fprintf(a.streams.ErrOut, "kubectl-lockwarden: %v\n", rerr)
 		}
@@ -404,12 +412,12 @@ func exitCode(ps *os.ProcessState, err error) int {
 	return ps.ExitCode()
 }
 
-// handlePermitText is " permit K (FENCED-RESOURCE)" for a handle on a
-// resource with permits (the request named more than one, or the registry
-// gave it a slot other than 0), "" for an exclusive lock.
-func handlePermitText(h *lock.Handle, permits int32) string {
-	if permits <= 1 && h.Permit() == 0 {
+// heldPermitText is " permit K (FENCED-RESOURCE)" for a handle on a resource
+// with permits (the request named more than one, or the registry gave it a
+// slot other than 0), "" for an exclusive lock.
+func heldPermitText(info lock.Info, permits int32) string {
+	if permits <= 1 && info.Permit == 0 {
 		return ""
 	}
-	return fmt.Sprintf(" permit %d (%s)", h.Permit(), h.FencedResource())
+	return fmt.Sprintf(" permit %d (%s)", info.Permit, info.FencedResource)
 }

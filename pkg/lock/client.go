@@ -230,7 +230,7 @@ func (c *Client) releaseByDelete(ctx context.Context, clk clock.WithTicker, t ta
 			case g == nil || g.UID != t.uid:
 				if ambiguous && last != nil {
 					// Most likely deleted by the earlier attempt.
-					return c.awaitCounterFreed(ctx, t, last)
+					return c.awaitCounterFreed(ctx, clk, t, last)
 				}
 				if ambiguous {
 					return nil
@@ -254,7 +254,7 @@ func (c *Client) releaseByDelete(ctx context.Context, clk clock.WithTicker, t ta
 			cancel()
 			switch {
 			case err == nil:
-				return c.awaitCounterFreed(ctx, t, cur)
+				return c.awaitCounterFreed(ctx, clk, t, cur)
 			case apierrors.IsConflict(err):
 				cur = nil // changed since the read: judge it again
 				continue
@@ -320,12 +320,12 @@ func deletable(g *lockingv1alpha1.LockGrant) error {
 // returns nil at once when the grant was not the holder of record (a
 // waiting request), when the caller may not watch FenceCounters, and when
 // ctx ends first: a delete cannot be undone.
-func (c *Client) awaitCounterFreed(ctx context.Context, t target, g *lockingv1alpha1.LockGrant) error {
+func (c *Client) awaitCounterFreed(ctx context.Context, clk clock.WithTicker, t target, g *lockingv1alpha1.LockGrant) error {
 	if g.Status.Phase != lockingv1alpha1.PhaseHeld && g.Status.Phase != "" && g.Status.Phase != lockingv1alpha1.PhasePending {
 		return nil
 	}
 	key := types.NamespacedName{Namespace: t.key.Namespace, Name: lockingv1alpha1.FenceCounterName(g.HeldFencedResource())}
-	_ = watchCounter(ctx, c.c, key, func(fc *lockingv1alpha1.FenceCounter) (bool, error) {
+	_ = watchCounter(ctx, c.c, clk, key, func(fc *lockingv1alpha1.FenceCounter) (bool, error) {
 		return fc == nil || fc.Spec.Holder == nil || fc.Spec.Holder.UID != string(t.uid), nil
 	})
 	return nil
@@ -339,7 +339,7 @@ func (c *Client) release(ctx context.Context, clk clock.WithTicker, t target, am
 	for {
 		_, err := c.patchSpec(ctx, t, "release", true)
 		if err == nil {
-			return c.releaseOutcome(ctx, t)
+			return c.releaseOutcome(ctx, clk, t)
 		}
 		if errors.Is(err, errGone) {
 			return fmt.Errorf("lock: releasing grant %s: %w", t.key, gone(t.key, t.uid, err))
@@ -369,8 +369,8 @@ func (c *Client) release(ctx context.Context, clk clock.WithTicker, t target, am
 // whose release the API server accepted: nil, or an EXPIRED refusal when the
 // controller found the lease already over. When ctx ends first the answer is
 // nil: an accepted release cannot be undone.
-func (c *Client) releaseOutcome(ctx context.Context, t target) error {
-	g, err := WaitForGrant(ctx, c.c, t.key, func(g *lockingv1alpha1.LockGrant) bool {
+func (c *Client) releaseOutcome(ctx context.Context, clk clock.WithTicker, t target) error {
+	g, err := waitForGrant(ctx, c.c, clk, t.key, func(g *lockingv1alpha1.LockGrant) bool {
 		return g == nil || g.UID != t.uid || g.Status.Phase.Final()
 	})
 	if err == nil && g != nil && g.UID == t.uid && g.Status.Phase == lockingv1alpha1.PhaseExpired {
@@ -440,7 +440,7 @@ func (c *Client) Renew(ctx context.Context, key types.NamespacedName, uid types.
 		case <-clk.After(b.Step()):
 		}
 	}
-	g, err := WaitForGrant(ctx, c.c, key, func(g *lockingv1alpha1.LockGrant) bool {
+	g, err := waitForGrant(ctx, c.c, clk, key, func(g *lockingv1alpha1.LockGrant) bool {
 		return g == nil || g.UID != uid || g.Status.ObservedRenewals >= want || g.Status.Phase.Final()
 	})
 	switch {

@@ -38,7 +38,7 @@ func (h *Handle) counterKey() types.NamespacedName {
 // stops, and the handle learns from the grant's status alone.
 func (h *Handle) followCounter(ctx context.Context, out chan<- *lockingv1alpha1.FenceCounter) {
 	key := h.counterKey()
-	err := watchCounter(ctx, h.c.c, key, func(fc *lockingv1alpha1.FenceCounter) (bool, error) {
+	err := watchCounter(ctx, h.c.c, h.clk, key, func(fc *lockingv1alpha1.FenceCounter) (bool, error) {
 		select {
 		case out <- fc:
 			return false, nil

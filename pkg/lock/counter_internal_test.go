@@ -61,8 +61,8 @@ func TestHeldFromTheFenceCounter(t *testing.T) {
 	}
 
 	h.feedCounter(counterNaming(g.Spec.Resource, 7, &lockingv1alpha1.FenceHolder{Name: g.Name, UID: string(g.UID), Fence: 7}))
-	if h.State() != holder.Held || h.Fence() != 7 || h.Check() != nil {
-		t.Fatalf("after the counter named it: state %s, fence %d, Check %v; want HELD with fence 7", h.State(), h.Fence(), h.Check())
+	if h.State() != holder.Held || h.Info().Fence != 7 || checkErr(h) != nil {
+		t.Fatalf("after the counter named it: state %s, fence %d, Check %v; want HELD with fence 7", h.State(), h.Info().Fence, checkErr(h))
 	}
 	if h.Record() != nil || h.Proof() != "" {
 		t.Fatalf("record %+v, proof %q before the status arrived; want none yet", h.Record(), h.Proof())
@@ -89,15 +89,15 @@ func TestHeldFromTheFenceCounter(t *testing.T) {
 	case <-time.After(10 * time.Second):
 		t.Fatal("AwaitRecord did not return once the status arrived")
 	}
-	if h.State() != holder.Held || h.Fence() != 7 {
-		t.Fatalf("after the status: state %s, fence %d; want HELD with 7", h.State(), h.Fence())
+	if h.State() != holder.Held || h.Info().Fence != 7 {
+		t.Fatalf("after the status: state %s, fence %d; want HELD with 7", h.State(), h.Info().Fence)
 	}
 
 	// A status that names another fence than the counter did stops it.
 	h2 := waitingHandle(t, g)
 	h2.feedCounter(counterNaming(g.Spec.Resource, 8, &lockingv1alpha1.FenceHolder{Name: g.Name, UID: string(g.UID), Fence: 8}))
 	h2.feedGrant(g)
-	if err := h2.Err(); !errors.Is(err, ErrLost) || fencing.ReasonOf(err) != fencing.ReasonBindingMismatch {
+	if err := context.Cause(h2.Context()); !errors.Is(err, ErrLost) || fencing.ReasonOf(err) != fencing.ReasonBindingMismatch {
 		t.Fatalf("after a status with fence 7 under a counter that issued 8: %v, want ErrLost with BINDING_MISMATCH", err)
 	}
 }
@@ -124,17 +124,17 @@ func TestLostFromTheFenceCounter(t *testing.T) {
 			h.feedCounter(counterNaming(g.Spec.Resource, 7, self))
 			h.feedGrant(g)
 			h.feedCounter(tc.counter)
-			err := h.Err()
+			err := context.Cause(h.Context())
 			if tc.want == "" {
-				if err != nil || h.Check() != nil {
-					t.Fatalf("Err %v, Check %v; want the handle still holding", err, h.Check())
+				if err != nil || checkErr(h) != nil {
+					t.Fatalf("cause %v, Check %v; want the handle still holding", err, checkErr(h))
 				}
 				return
 			}
-			if !errors.Is(err, ErrLost) || fencing.ReasonOf(err) != tc.want || !closed(h.Done()) {
-				t.Fatalf("Err %v (Done closed %v), want ErrLost with %s", err, closed(h.Done()), tc.want)
+			if !errors.Is(err, ErrLost) || fencing.ReasonOf(err) != tc.want || !closed(h.Context().Done()) {
+				t.Fatalf("cause %v (context ended %v), want ErrLost with %s", err, closed(h.Context().Done()), tc.want)
 			}
-			if h.Check() == nil {
+			if checkErr(h) == nil {
 				t.Fatal("Check passes after the loss")
 			}
 		})
@@ -148,7 +148,7 @@ func TestLostFromTheFenceCounter(t *testing.T) {
 	h.m.ReleaseSent(h.mono())
 	h.mu.Unlock()
 	h.feedCounter(counterNaming(g.Spec.Resource, 7, nil))
-	if err := h.Err(); errors.Is(err, ErrLost) {
+	if err := context.Cause(h.Context()); errors.Is(err, ErrLost) {
 		t.Fatalf("a release's own counter write ended the handle as lost: %v", err)
 	}
 }

@@ -7,13 +7,13 @@
 //	h, err := locks.Acquire(ctx, "invoice-batch/2026-07-19", lock.WithTTL(30*time.Second), lock.WithWait(time.Minute))
 //	if err != nil { ... }
 //	defer h.Release(context.WithoutCancel(ctx)) // nil, or a refusal: fencing.ErrExpired, ...
-//	work := h.Context()          // cancelled when ownership is unknown or lost
-//	_ = h.Stamp(configMap)       // the fence goes with the write
+//	work := h.Context()           // cancelled when ownership is unknown or lost; context.Cause says why
+//	_ = h.Stamp(configMap)        // the fence goes with the write
 //	_ = c.Update(work, configMap) // refused by admission if the fence is stale
 //
 // A lock is one LockGrant (api/v1alpha1): Acquire creates it, named after a
 // request ID, and follows it with a watch until the controller grants it.
-// The grant's fencing token (Handle.Fence) is strictly larger than every
+// The grant's fencing token (Info.Fence) is strictly larger than every
 // token issued before for the resource, and every protected write must carry
 // it: Handle.Stamp for a guarded Kubernetes object, Handle.NextSegment for a
 // segment store. This is Chubby's sequencer (Burrows, OSDI 2006) and
@@ -39,16 +39,19 @@
 //     handle renews a third of the TTL after each confirmed send, and
 //     resends a renew whose outcome is unknown (lost reply, timeout) with
 //     the same renewals value, so a retry never renews twice.
-//   - Done closes, and Context is cancelled, the moment the deadline passes
-//     without a confirmed renew (ErrOwnershipUnknown), or the registry says
-//     the acquisition ended (ErrLost wrapping the refusal, e.g.
-//     fencing.ErrExpired: a renew after expiry never re-acquires), or
-//     on Release (ErrReleased). The handle then renews no more; it keeps
-//     reading the grant until it is final, which State reports.
+//   - Context is cancelled the moment the deadline passes without a
+//     confirmed renew (ErrOwnershipUnknown; the handle wakes at the
+//     deadline on its clock, and Check judges it exactly), or the registry
+//     says the acquisition ended (ErrLost wrapping the refusal, e.g.
+//     fencing.ErrExpired: a renew after expiry never re-acquires), or on
+//     Release (ErrReleased); context.Cause says which. From the deadline on
+//     the handle sends no renew, not even the resend of one whose outcome
+//     is unknown; it keeps reading the grant until it is final, which
+//     State reports.
 //   - Every refusal matches its fencing sentinel (errors.Is with
 //     fencing.ErrExpired, fencing.ErrRevoked, ...) and fencing.ReasonOf,
-//     whether Acquire, Release, Renew or Handle.Err returned it; every
-//     refusal of a renew ends the handle.
+//     whether Acquire, Release or Renew returned it or it is the cause of
+//     a handle's Context; every refusal of a renew ends the handle.
 //   - Silence: the library logs only to a logger the caller gives it
 //     (WithLogger, or the context's logr logger).
 //   - A request whose process has died does not hold the resource for a
@@ -60,9 +63,9 @@
 //
 // # What it does not guarantee
 //
-// Closing Done does not stop effects already sent, and a process can be
-// paused between Check and its write for any length of time. Safety comes
-// from the enforcement point that checks the fence in the same atomic step
+// Cancelling the Context does not stop effects already sent, and a process
+// can be paused between Check and its write for any length of time. Safety
+// comes from the enforcement point that checks the fence in the same atomic step
 // as the write: the guarded-write admission webhook for Kubernetes objects,
 // a segment store for a database. A resource written without such a check
 // is not protected, whatever the holder believes. The local deadline is
@@ -70,15 +73,29 @@
 // least (TTL - margin)/TTL as fast as the controller's (90% with the default
 // margin); see package holder.
 //
+// # A Handle's methods
+//
+// Info is the acquisition's identity and fence, constant once Acquire
+// returned (DriverToken, a credential, is apart from it). Liveness is
+// reported two ways, for two uses: Context, cancelled when the lock can no
+// longer be proven, for the work to derive its contexts from and
+// context.Cause to say why; and Check, a judgement made now with the time
+// left, right before an effect or to bound one. State is the holder
+// machine's state, for diagnostics: after the Context ended, whether the
+// acquisition has ended for good. Stamp, StampDelete, Delete, NextSegment
+// and ResumeSegmentsAfter carry the fence into writes; Record, Proof and
+// AwaitRecord give the signed record; ReportFenceRegression and Release
+// end the list.
+//
 // # Counted permits
 //
 // WithPermits(n) makes the lock a semaphore: at most n holders of the
 // resource at once (like consul lock -n), with fencing that stays exact.
 // The resource is n exclusive slots sharing one FIFO queue, and a grant
-// holds one of them: Handle.Permit is its number, and
-// Handle.FencedResource its fenced resource ID, the resource ID itself for
-// slot 0 and "ID#k" for slot k. Each slot has its own fence sequence, so
-// Handle.Fence is strictly larger than every fence issued before for that
+// holds one of them: Info.Permit is its number, and Info.FencedResource its
+// fenced resource ID, the resource ID itself for slot 0 and "ID#k" for slot
+// k. Each slot has its own fence sequence, so Info.Fence is strictly
+// larger than every fence issued before for that
 // slot, and the signed record names the slot. Stamp binds a guarded object
 // to the slot and NextSegment names it, so that an object or a store row
 // written under one slot refuses every other slot's fences: what is
@@ -91,7 +108,7 @@
 // # Tracing
 //
 // WithTrace reports every step of a Handle as it happens: each holder state
-// change with the fence and the local deadline, the closing of Done and
+// change with the fence and the local deadline, the end of its Context and
 // why, and each renew sent and its answer. lockwarden's chaos suite records
 // its workers' beliefs this way and checks them against what the registry
 // and the guarded objects recorded; a program can log or export them.

@@ -54,7 +54,7 @@ func ExampleClient_Acquire() {
 		fmt.Println(err)
 		return
 	}
-	fmt.Println("state:", h.State(), "fence:", h.Fence())
+	fmt.Println("state:", h.State(), "fence:", h.Info().Fence)
 
 	// The work runs under h.Context(): it is cancelled the moment the
 	// holder can no longer prove it holds the lock.
@@ -176,7 +176,92 @@ func ExampleHandle_Stamp_createOrUpdate() {
 		fmt.Println("not written:", err)
 		return
 	}
-	fmt.Println("written under fence", h.Fence())
+	fmt.Println("written under fence", h.Info().Fence)
+}
+
+// The handle's Context is the one signal that the lock is over: derive the
+// work's contexts from it, and read why it ended with context.Cause.
+func ExampleHandle_Context() {
+	ctx := context.Background()
+	c, err := newClient()
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	locks := lock.NewClient(c, lock.WithNamespace("default"))
+	defer locks.Close(context.WithoutCancel(ctx)) //nolint:errcheck // example
+	h, err := locks.Acquire(ctx, "example/context")
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	work, cancel := context.WithTimeout(h.Context(), time.Minute)
+	defer cancel()
+	fmt.Println("while held:", context.Cause(h.Context()))
+
+	_ = h.Release(context.WithoutCancel(ctx))
+	<-work.Done() // the work's context ends with the handle's
+	cause := context.Cause(h.Context())
+	fmt.Println("after release:", cause, errors.Is(cause, lock.ErrReleased))
+	// Output:
+	// while held: <nil>
+	// after release: lock: released true
+}
+
+// Check judges now whether the holder may act, and how long it may: bound
+// an operation that no enforcement point checks by the time left.
+func ExampleHandle_Check() {
+	ctx := context.Background()
+	c, err := newClient()
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	locks := lock.NewClient(c, lock.WithNamespace("default"))
+	defer locks.Close(context.WithoutCancel(ctx)) //nolint:errcheck // example
+	h, err := locks.Acquire(ctx, "example/check", lock.WithTTL(30*time.Second))
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	defer h.Release(context.WithoutCancel(ctx)) //nolint:errcheck // example
+
+	left, err := h.Check()
+	if err != nil {
+		fmt.Println("may not act:", err)
+		return
+	}
+	op, cancel := context.WithTimeout(h.Context(), left) // e.g. a statement timeout
+	defer cancel()
+	deadline, _ := op.Deadline()
+	fmt.Println("bounded within the lease:", time.Until(deadline) <= 30*time.Second)
+	// Output:
+	// bounded within the lease: true
+}
+
+// Info is the acquisition's identity and fence, constant once Acquire
+// returned: what a holder logs and passes on.
+func ExampleHandle_Info() {
+	ctx := context.Background()
+	c, err := newClient()
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	locks := lock.NewClient(c, lock.WithNamespace("default"))
+	defer locks.Close(context.WithoutCancel(ctx)) //nolint:errcheck // example
+	h, err := locks.Acquire(ctx, "example/info", lock.WithRequestID("nightly-2026-07-19"), lock.WithTTL(20*time.Second))
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	defer h.Release(context.WithoutCancel(ctx)) //nolint:errcheck // example
+	info := h.Info()
+	fmt.Println("resource:", info.Resource, "fenced:", info.FencedResource, "fence:", info.Fence)
+	fmt.Println("request:", info.RequestID, "ttl:", info.TTL, "grant in:", info.Grant.Namespace)
+	// Output:
+	// resource: example/info fenced: example/info fence: 1
+	// request: nightly-2026-07-19 ttl: 20s grant in: default
 }
 
 // TryAcquire does not wait in the queue.
@@ -342,7 +427,8 @@ func ExampleWithPermits() {
 		}
 		defer h.Release(context.WithoutCancel(ctx)) //nolint:errcheck // example
 		held = append(held, h)
-		fmt.Println("permit:", h.Permit(), "fence:", h.Fence(), "fenced resource:", h.FencedResource())
+		info := h.Info()
+		fmt.Println("permit:", info.Permit, "fence:", info.Fence, "fenced resource:", info.FencedResource)
 	}
 	_, err = locks.TryAcquire(ctx, "example/render-farm", lock.WithPermits(2))
 	fmt.Println("third:", err)

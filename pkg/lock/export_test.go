@@ -13,3 +13,9 @@ func (h *Handle) Settled() bool {
 	at, ok := h.m.NextRenew(now)
 	return !ok || at > now
 }
+
+// checkErr is Check's verdict alone.
+func checkErr(h *Handle) error {
+	_, err := h.Check()
+	return err
+}

@@ -16,8 +16,8 @@ import (
 // Stamp prepares obj for one guarded write under this lock: it labels it
 // locking.lockwarden.io/guarded=true and sets the annotation
 // locking.lockwarden.io/resource (the lock's fenced resource ID,
-// FencedResource: the resource ID itself for an exclusive lock, the slot's
-// ID "ID#k" for slot k of a resource with permits) and the write's claim:
+// Info.FencedResource: the resource ID itself for an exclusive lock, the
+// slot's ID "ID#k" for slot k of a resource with permits) and the write's claim:
 // locking.lockwarden.io/grant ("NAMESPACE/NAME" of the grant),
 // locking.lockwarden.io/fence (the fence, in decimal) and
 // locking.lockwarden.io/proof (the signed grant record, when the registry
@@ -50,10 +50,10 @@ func (h *Handle) StampDelete(obj metav1.Object) error {
 }
 
 func (h *Handle) stamp(obj metav1.Object, intent string) error {
-	if err := h.Check(); err != nil {
+	if _, err := h.Check(); err != nil {
 		return err
 	}
-	fenced, err := h.boundResource()
+	fenced, fence, proof, err := h.claim()
 	if err != nil {
 		return err
 	}
@@ -72,8 +72,8 @@ func (h *Handle) stamp(obj metav1.Object, intent string) error {
 	labels[lockingv1alpha1.GuardedLabel] = "true"
 	ann[lockingv1alpha1.ResourceAnnotation] = fenced
 	ann[lockingv1alpha1.GrantAnnotation] = h.key.Namespace + "/" + h.key.Name
-	ann[lockingv1alpha1.FenceAnnotation] = fencing.FormatFence(h.Fence())
-	if proof := h.Proof(); proof != "" {
+	ann[lockingv1alpha1.FenceAnnotation] = fencing.FormatFence(fence)
+	if proof != "" {
 		ann[lockingv1alpha1.ProofAnnotation] = proof
 	} else {
 		delete(ann, lockingv1alpha1.ProofAnnotation)
@@ -144,7 +144,7 @@ func (h *Handle) ReportFenceRegression(ctx context.Context, detail string) error
 // so a store keys its records by Grant.Namespace and Resource together (in
 // pkg/store/postgres: Segment.Namespace and Segment.Resource).
 type Segment struct {
-	// Resource is the fenced resource ID of the lock (Handle.FencedResource),
+	// Resource is the fenced resource ID of the lock (Info.FencedResource),
 	// scoped to Grant.Namespace: the resource ID of an exclusive lock, or
 	// the slot's ID "ID#k" for slot k of a resource with permits.
 	Resource string
@@ -181,10 +181,10 @@ func (s Segment) Fencing(payload []byte) fencing.Segment {
 // n+2, ...). It fails with Check's error while the holder may not start an
 // effect, and then consumes no sequence number.
 func (h *Handle) NextSegment() (Segment, error) {
-	if err := h.Check(); err != nil {
+	if _, err := h.Check(); err != nil {
 		return Segment{}, err
 	}
-	fenced, err := h.boundResource()
+	fenced, fence, _, err := h.claim()
 	if err != nil {
 		return Segment{}, err
 	}
@@ -193,7 +193,7 @@ func (h *Handle) NextSegment() (Segment, error) {
 		Grant:         h.key,
 		GrantUID:      h.uid,
 		Owner:         h.owner,
-		Fence:         h.Fence(),
+		Fence:         fence,
 		OperationRoot: h.opRoot,
 		Seq:           h.seq.Add(1),
 	}, nil
@@ -212,17 +212,22 @@ func (h *Handle) ResumeSegmentsAfter(seq int64) {
 	}
 }
 
-// boundResource returns the fenced resource ID every write of this handle
-// is bound to, after checking that the grant's signed record, when the
-// registry publishes one, names the same: a proof of another slot would be
-// refused by every verifier, so the write is not sent.
-func (h *Handle) boundResource() (string, error) {
+// claim returns what a write of this handle carries: the fenced resource
+// ID it is bound to, the fence and the proof ("" before the status
+// arrived, or when the registry publishes none), after checking that the
+// grant's signed record, when the registry publishes one, names the same
+// fenced resource ID: a proof of another slot would be refused by every
+// verifier, so the write is not sent.
+func (h *Handle) claim() (fenced string, fence int64, proof string, err error) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	fenced := h.fencedLocked()
+	fenced = h.fencedLocked()
 	if h.last != nil && h.last.Status.Record != nil && h.last.Status.Record.Resource != fenced {
-		return "", fmt.Errorf("lock: %w", &fencing.Error{Reason: fencing.ReasonBindingMismatch,
+		return "", 0, "", fmt.Errorf("lock: %w", &fencing.Error{Reason: fencing.ReasonBindingMismatch,
 			Detail: fmt.Sprintf("grant %s holds %q, but its signed record names %q", h.key, fenced, h.last.Status.Record.Resource)})
 	}
-	return fenced, nil
+	if h.last != nil {
+		proof = h.last.Status.Proof
+	}
+	return fenced, h.m.Fence(), proof, nil
 }

@@ -18,13 +18,13 @@ import (
 )
 
 // Handle is one acquisition of a lock: one LockGrant, identified by its UID.
-// It renews the lease in the background and closes Done the moment the
-// holder can no longer prove it holds the lock. All methods are safe for
-// concurrent use.
+// It renews the lease in the background and ends its Context the moment
+// the holder can no longer prove it holds the lock. All methods are safe
+// for concurrent use.
 //
-// A Handle is spent once Done is closed: Check, Stamp and NextSegment fail
-// from then on, even if a later read shows the grant still held. Acquire
-// again for a new fence, and Release this one.
+// A Handle is spent once its Context has ended: Check, Stamp and
+// NextSegment fail from then on, even if a later read shows the grant
+// still held. Acquire again for a new fence, and Release this one.
 type Handle struct {
 	c      *Client
 	clk    clock.WithTicker
@@ -64,7 +64,7 @@ type Handle struct {
 	// resource ID, from the first read that shows it Held; constant after.
 	permit int32
 	fenced string
-	// cause is non-nil once Done is closed.
+	// cause is non-nil once ctx is cancelled (spend), with it as its cause.
 	cause   error
 	ctx     context.Context
 	cancel  context.CancelCauseFunc
@@ -95,65 +95,76 @@ type observation struct {
 	g *lockingv1alpha1.LockGrant
 }
 
-// renewResult is the answer to one renew request.
+// renewResult is the answer to one renew request (target > 0), or a
+// refusal a read of the grant found (target 0).
 type renewResult struct {
 	target int64
 	g      *lockingv1alpha1.LockGrant
 	err    error
 }
 
-// Timing of the renew loop, on the handle's clock.
-const (
-	// confirmWait is how long after an accepted renew the handle waits for
-	// the watch to show the controller's answer before reading the grant.
-	confirmWait = time.Second
-	// retryWait is the pause before resending a renew whose outcome is unknown.
-	retryWait = 500 * time.Millisecond
-)
-
 func (h *Handle) mono() holder.Mono { return holder.Mono(h.clk.Since(h.origin)) }
 
-// Fence returns the grant's fencing token (status.fenceToken): strictly
-// larger than every token issued before for the resource. Every protected
-// write must carry it (see Stamp). 0 before the grant is Held.
-func (h *Handle) Fence() int64 {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	return h.m.Fence()
+// Info is what identifies one acquisition and the fence it holds: what a
+// holder passes on to its logs, to a store, or to a command it runs. The
+// Info of a Handle that Acquire returned never changes.
+type Info struct {
+	// Grant is the LockGrant's namespace and name. Its namespace is the
+	// namespace the resource ID and the fence belong to.
+	Grant types.NamespacedName
+	// UID is the LockGrant's UID: the identity of this acquisition, which
+	// every renew and the release carry as a precondition.
+	UID types.UID
+	// Resource is the resource ID the lock is on (spec.resource).
+	Resource string
+	// Fence is the grant's fencing token (status.fenceToken): strictly
+	// larger than every token issued before for FencedResource. Every
+	// protected write carries it (Handle.Stamp, Handle.NextSegment).
+	Fence int64
+	// Permit is the slot the grant holds (status.permit), from 0 to the
+	// resource's permits minus 1 (WithPermits): 0 for an exclusive lock.
+	Permit int32
+	// FencedResource is the fenced resource ID of that slot
+	// (status.fencedResource): the ID the fence belongs to, that the signed
+	// record names, and that guarded objects and store rows written under
+	// the handle are bound to. It is Resource for an exclusive lock and for
+	// slot 0, and Resource followed by "#k" for slot k
+	// (api/v1alpha1.SlotResource).
+	FencedResource string
+	// RequestID is the request ID the grant is named after (WithRequestID,
+	// or a random one).
+	RequestID string
+	// Owner is the grant's owner identity (spec.owner): the Kubernetes
+	// user the client authenticated as.
+	Owner string
+	// OperationRoot is the grant's operation root (spec.operationRoot),
+	// shared by every segment and retry of the operation.
+	OperationRoot string
+	// TTL is the lease duration (spec.leaseDurationSeconds).
+	TTL time.Duration
 }
 
-// Grant returns the namespace and name of the LockGrant.
-func (h *Handle) Grant() types.NamespacedName { return h.key }
-
-// UID returns the LockGrant's UID, the owner token of this acquisition.
-func (h *Handle) UID() types.UID { return h.uid }
-
-// Resource returns the resource ID the lock is on (spec.resource).
-func (h *Handle) Resource() string { return h.resource }
-
-// Permit returns the slot the grant holds (status.permit), from 0 to the
-// resource's permits minus 1 (see WithPermits): 0 for an exclusive lock,
-// and 0 before the grant is Held. It never changes once Held.
-func (h *Handle) Permit() int32 {
+// Info returns the acquisition's identity and fence (see Info). It is
+// read once the grant is Held, which it is when Acquire returns it.
+func (h *Handle) Info() Info {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	return h.permit
+	return Info{
+		Grant:          h.key,
+		UID:            h.uid,
+		Resource:       h.resource,
+		Fence:          h.m.Fence(),
+		Permit:         h.permit,
+		FencedResource: h.fencedLocked(),
+		RequestID:      h.requestID,
+		Owner:          h.owner,
+		OperationRoot:  h.opRoot,
+		TTL:            h.ttl,
+	}
 }
 
-// FencedResource returns the fenced resource ID of the slot the grant holds
-// (status.fencedResource): the ID the fence belongs to, that the signed
-// record names, and that guarded objects and store rows written under this
-// handle are bound to. It is Resource for an exclusive lock and for slot 0,
-// and Resource followed by "#k" for slot k
-// (api/v1alpha1.SlotResource). Before the grant is Held it is Resource.
-// It never changes once Held.
-func (h *Handle) FencedResource() string {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	return h.fencedLocked()
-}
-
-// fencedLocked is FencedResource; h.mu held.
+// fencedLocked is Info.FencedResource; h.mu held. It is the resource ID
+// until a read shows the grant Held in a slot.
 func (h *Handle) fencedLocked() string {
 	if h.fenced == "" {
 		return h.resource
@@ -161,29 +172,17 @@ func (h *Handle) fencedLocked() string {
 	return h.fenced
 }
 
-// RequestID returns the request ID the grant is named after.
-func (h *Handle) RequestID() string { return h.requestID }
-
 // DriverToken returns the driver token the grant is bound to (annotation
 // locking.lockwarden.io/driver), "" for a detached grant. A process that
-// saves it can resume the same attempt after a restart with WithSession
-// and the same request ID; keep it as private as a credential.
+// saves it can resume the same attempt after a restart with
+// WithDriverToken and the same request ID. It is not part of Info, which
+// is meant to be logged and passed on: keep it as private as a credential.
 func (h *Handle) DriverToken() string { return h.driver }
 
 // target is this acquisition, for requests.
 func (h *Handle) target() target {
 	return target{key: h.key, uid: h.uid, driver: h.driver, timeout: h.timeout}
 }
-
-// Owner returns the grant's owner identity (spec.owner), the Kubernetes user
-// the client authenticated as.
-func (h *Handle) Owner() string { return h.owner }
-
-// TTL returns the lease duration.
-func (h *Handle) TTL() time.Duration { return h.ttl }
-
-// OperationRoot returns the grant's operation root (spec.operationRoot).
-func (h *Handle) OperationRoot() string { return h.opRoot }
 
 // Record returns the signed grant record (lockGrant.v1, status.record) the
 // issuer published when the grant became Held, or nil when the registry
@@ -205,12 +204,12 @@ func (h *Handle) Record() *lockingv1alpha1.GrantRecord {
 // none). A Handle that learned it holds from the resource's FenceCounter
 // returns from Acquire before the status; call AwaitRecord before handing
 // Proof or Record to anyone who checks them, such as a verifier outside the
-// cluster. It returns Err when Done closes first, and ctx's error when ctx
-// ends first.
+// cluster. It returns the cause of the handle's Context when that ends
+// first, and ctx's cause when ctx ends first.
 func (h *Handle) AwaitRecord(ctx context.Context) (*lockingv1alpha1.GrantRecord, error) {
 	for {
 		st, last, changed := h.changes()
-		if err := h.Err(); err != nil {
+		if err := context.Cause(h.ctx); err != nil {
 			return nil, err
 		}
 		if last != nil && last.Status.Phase == lockingv1alpha1.PhaseHeld && (st == holder.Held || st == holder.Renewing) {
@@ -218,7 +217,7 @@ func (h *Handle) AwaitRecord(ctx context.Context) (*lockingv1alpha1.GrantRecord,
 		}
 		select {
 		case <-changed:
-		case <-h.Done():
+		case <-h.ctx.Done():
 		case <-ctx.Done():
 			return nil, fmt.Errorf("lock: waiting for the status of grant %s: %w", h.key, context.Cause(ctx))
 		}
@@ -239,73 +238,38 @@ func (h *Handle) Proof() string {
 	return h.last.Status.Proof
 }
 
-// State returns the holder state machine's state (see package holder). It
-// may go back to HELD after OWNERSHIP_UNKNOWN if a read proves a renew
-// landed; the handle stays spent all the same.
-func (h *Handle) State() holder.State {
-	defer h.flushTrace()
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	h.m.Tick(h.mono())
-	h.publish()
-	return h.m.State()
-}
-
-// Done returns a channel closed the moment ownership becomes unknown or is
-// lost, or the handle is released. Err then says why.
-func (h *Handle) Done() <-chan struct{} { return h.ctx.Done() }
-
-// Context returns a context cancelled when Done is closed, with Err's value
-// as its cause (context.Cause). It carries the values of the context given
-// to Acquire, but not its cancellation: the lock outlives the acquiring call.
-// Derive the contexts of the work the lock protects from it.
+// Context returns the handle's context: cancelled the moment the holder
+// can no longer prove it holds the lock, with the reason as its cause
+// (context.Cause): ErrOwnershipUnknown (the local deadline passed without
+// a confirmed renew, or the session no longer keeps the handle valid: then
+// wrapping ErrSessionExpired too), ErrReleased (Release was called), or an
+// error wrapping ErrLost and the *fencing.Error that says why the registry
+// ended the acquisition (errors.Is with fencing.ErrExpired,
+// fencing.ErrRevoked, fencing.ErrAlreadyEnded, fencing.ErrUnknownGrant,
+// fencing.ErrDriverMismatch, ...; fencing.ReasonOf gives the code). The
+// cause is nil while the context runs, and never changes once set.
+//
+// It is cancelled no later than the local deadline (see Check), on the
+// handle's clock. It carries the values of the context given to Acquire,
+// but not its cancellation: the lock outlives the acquiring call. Derive
+// the contexts of the work the lock protects from it.
 func (h *Handle) Context() context.Context { return h.ctx }
 
-// Err returns nil while Done is open, and afterwards why it closed:
-// ErrOwnershipUnknown, ErrReleased, or an error wrapping ErrLost and the
-// *fencing.Error that says why (errors.Is with fencing.ErrExpired,
-// fencing.ErrRevoked, fencing.ErrAlreadyEnded, fencing.ErrUnknownGrant,
-// fencing.ErrDriverMismatch, ...; fencing.ReasonOf gives the code).
-func (h *Handle) Err() error {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	return h.cause
-}
-
-// Remaining returns how long, on the local monotonic clock, the holder may
-// still start effects: the local deadline minus now, or 0 when Check fails.
-// The local deadline is the earlier of the lease's (TTL - margin after the
-// last confirmed renew was sent) and the session's (its validity after its
-// last confirmed renewal was sent), each less the stop grace
-// (WithStopGrace): no later than the registry can end the grant either way.
-// Use it to bound an operation (a statement timeout, an RPC deadline).
-func (h *Handle) Remaining() time.Duration {
-	defer h.flushTrace()
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	now := h.mono()
-	h.m.Tick(now)
-	h.publish()
-	d, ok := h.m.Deadline()
-	if h.cause != nil || !ok || !h.m.Valid(now) {
-		return 0
-	}
-	left := time.Duration(d - now)
-	if h.sess != nil {
-		if h.sessionEnd() != nil {
-			return 0
-		}
-		left = min(left, h.sess.validFor(h.sessionGrace()))
-	}
-	return left
-}
-
-// Check returns nil while the holder may start a new effect: the grant is
-// HELD or RENEWING, the local deadline (judged now, on the monotonic clock;
-// see Remaining) has not passed, and Done is open. Otherwise it returns Err
-// (closing Done if the deadline just passed). Passing Check does not make a
-// write safe: the enforcement point that checks the fence does.
-func (h *Handle) Check() error {
+// Check judges, now, whether the holder may start a new effect: the grant
+// is HELD or RENEWING, the local deadline has not passed, the session
+// still keeps the handle valid, and the Context has not ended. It returns
+// how long, on the local monotonic clock, the holder may still start
+// effects, and nil; or 0 and the cause of the Context (cancelling it if
+// the deadline has just passed). Use the duration to bound an operation (a
+// statement timeout, an RPC deadline).
+//
+// The local deadline is the earlier of the lease's (TTL - margin after
+// the last confirmed renew was sent) and the session's (its validity after
+// its last confirmed renewal was sent), each less the stop grace
+// (WithStopGrace): no later than the registry can end the grant either
+// way. Passing Check does not make a write safe: the enforcement point
+// that checks the fence does.
+func (h *Handle) Check() (time.Duration, error) {
 	defer h.flushTrace()
 	h.mu.Lock()
 	defer h.mu.Unlock()
@@ -313,17 +277,37 @@ func (h *Handle) Check() error {
 	h.m.Tick(now)
 	h.publish()
 	if h.cause != nil {
-		return h.cause
+		return 0, h.cause
 	}
-	if !h.m.Valid(now) {
-		return ErrOwnershipUnknown
+	d, ok := h.m.Deadline()
+	if !ok || !h.m.Valid(now) {
+		return 0, ErrOwnershipUnknown
 	}
 	if err := h.sessionEnd(); err != nil {
 		h.spend(unknownBy(err))
 		h.bump()
-		return h.cause
+		return 0, h.cause
 	}
-	return nil
+	left := time.Duration(d - now)
+	if h.sess != nil {
+		left = min(left, h.sess.validFor(h.sessionGrace()))
+	}
+	return left, nil
+}
+
+// State returns the holder state machine's state (see package holder):
+// after the Context has ended, it says whether the handle is still
+// learning the grant's fate (OWNERSHIP_UNKNOWN) or the acquisition has
+// ended for good (EXPIRED, RELEASED). It may go back to HELD after
+// OWNERSHIP_UNKNOWN if a read proves a renew landed; the handle stays
+// spent all the same. Decide on Check or the Context, not on State.
+func (h *Handle) State() holder.State {
+	defer h.flushTrace()
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.m.Tick(h.mono())
+	h.publish()
+	return h.m.State()
 }
 
 // publish applies the machine's state to the handle; h.mu held.
@@ -351,7 +335,7 @@ func (h *Handle) publish() {
 		}
 	}
 	if step >= 0 {
-		h.traceQ[step].Err = h.cause // the state change may have closed Done
+		h.traceQ[step].Err = h.cause // the state change may have spent the handle
 	}
 	if st != h.lastState {
 		h.lastState = st
@@ -360,7 +344,7 @@ func (h *Handle) publish() {
 	}
 }
 
-// spend closes Done with cause; h.mu held.
+// spend cancels the handle's context with cause; h.mu held.
 func (h *Handle) spend(cause error) {
 	if h.cause != nil {
 		return
@@ -413,132 +397,36 @@ func (h *Handle) stopLoop() {
 }
 
 // run is the handle's loop: it watches the grant (and, when it follows
-// it, the resource's FenceCounter), renews on schedule,
-// retries renews whose outcome is unknown, and ticks the machine at the
-// local deadline. It returns when the machine is final or stopLoop is called.
+// it, the resource's FenceCounter), sends the renews and reads its
+// schedule says are due, and ticks the machine at the local deadline. It
+// returns when the machine is final or stopLoop is called.
 func (h *Handle) run(ctx context.Context) {
 	defer close(h.stopped)
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	obs := make(chan observation, 4)
-	go func() {
-		_ = watchGrant(ctx, h.c.c, h.key, func(g *lockingv1alpha1.LockGrant) (bool, error) {
-			select {
-			case obs <- observation{g: g}:
-				return false, nil
-			case <-ctx.Done():
-				return true, nil
-			}
-		})
-	}()
+	go h.followGrant(ctx, obs)
 	var counters chan *lockingv1alpha1.FenceCounter // nil: not followed
 	if h.counter {
 		counters = make(chan *lockingv1alpha1.FenceCounter, 4)
 		go h.followCounter(ctx, counters)
 	}
-	renewed := make(chan renewResult, 1)
-	var (
-		inFlight          bool
-		retryAt, readAt   holder.Mono
-		hasRetry, hasRead bool
-	)
+	answers := make(chan renewResult, 1)
+	var sched schedule
 	for {
-		h.mu.Lock()
-		now := h.mono()
-		h.m.Tick(now)
-		st := h.m.State()
-		// A spent handle renews no more: its owner was told to stop. Nor
-		// does one that learned it holds from the counter, until its
-		// status says so too: admission judges a renew on the status.
-		mayRenew := h.cause == nil && !inFlight && h.statusHeld()
-		var target int64
-		sendRenew := false
-		if _, _, pending := h.m.PendingRenew(); !pending {
-			hasRetry = false // settled by a read meanwhile
-		}
-		if mayRenew {
-			at, due := h.m.NextRenew(now)
-			if (due && at <= now) || (hasRetry && retryAt <= now) {
-				target, sendRenew = h.m.RenewSent(now)
-				inFlight, hasRetry = sendRenew, false
-				if sendRenew {
-					h.traceStep(TraceEvent{Kind: TraceRenewSent, Renewals: target})
-				}
-			}
-		}
-		sendRead := hasRead && readAt <= now
-		if sendRead {
-			hasRead = false
-		}
-		// The next instant something is due.
-		var next holder.Mono
-		hasNext := false
-		wake := func(at holder.Mono) {
-			if !hasNext || at < next {
-				next, hasNext = at, true
-			}
-		}
-		if mayRenew && !inFlight {
-			if at, ok := h.m.NextRenew(now); ok {
-				wake(at)
-			}
-			if hasRetry {
-				wake(retryAt)
-			}
-		}
-		if hasRead {
-			wake(readAt)
-		}
-		if d, ok := h.m.Deadline(); ok && (st == holder.Held || st == holder.Renewing) {
-			wake(d)
-		}
-		h.publish()
-		h.mu.Unlock()
-		h.flushTrace()
-
+		now, st, next := h.due(&sched)
 		if st.Final() {
 			return
 		}
-		if sendRenew {
-			go func(target int64) {
-				g, err := h.c.patchSpec(ctx, h.target(), "renewals", target)
-				renewed <- renewResult{target: target, g: g, err: err}
-			}(target)
+		if next.renew != 0 {
+			go h.renew(ctx, next.renew, answers)
 		}
-		if sendRead {
-			go func() {
-				g, err := h.c.get(ctx, h.key)
-				if err == nil && g != nil && g.UID == h.uid && h.driver != "" && g.Annotations[lockingv1alpha1.DriverAnnotation] != h.driver {
-					// Another driver took the grant over: this one stops.
-					select {
-					case renewed <- renewResult{err: driverMismatch(g)}:
-					case <-ctx.Done():
-					}
-					return
-				}
-				if err == nil {
-					select {
-					case obs <- observation{g: g}:
-					case <-ctx.Done():
-					}
-				}
-			}()
+		if next.read {
+			go h.read(ctx, obs, answers)
 		}
-		var timer clock.Timer
-		var timerC <-chan time.Time
-		if hasNext {
-			if d := time.Duration(next - now); d > 0 {
-				timer = h.clk.NewTimer(d)
-				timerC = timer.C()
-			} else {
-				// Due already (the state changed meanwhile): go round again.
-				closed := make(chan time.Time)
-				close(closed)
-				timerC = closed
-			}
-		}
+		wake, stopTimer := next.timer(h.clk, now)
 		select {
-		case <-timerC:
+		case <-wake:
 		case o := <-obs:
 			h.mu.Lock()
 			h.observe(h.mono(), o.g)
@@ -547,51 +435,118 @@ func (h *Handle) run(ctx context.Context) {
 			h.mu.Lock()
 			h.observeCounter(h.mono(), fc)
 			h.mu.Unlock()
-		case r := <-renewed:
-			inFlight = false
-			h.mu.Lock()
-			now := h.mono()
-			if r.target != 0 {
-				h.traceRenewAnswer(r)
-			}
-			switch ref := Refusal(r.err); {
-			case r.err == nil:
-				h.observe(now, r.g)
-				if _, _, pending := h.m.PendingRenew(); pending {
-					readAt, hasRead = now+holder.Mono(confirmWait), true
-				}
-			case ref != nil:
-				h.log.V(1).Info("Renew refused", "grant", h.key, "reason", string(ref.Reason))
-				h.m.Refused(now, ref.Reason)
-				retryAt, hasRetry = now+holder.Mono(retryWait), true
-			case errors.Is(r.err, errGone):
-				h.m.Observe(now, holder.Facts{Gone: true})
-			default:
-				// Outcome unknown (lost reply, timeout, 409, 5xx): read the
-				// grant to learn the truth, and resend the same renewals
-				// value unless the read settles it first.
-				h.log.V(1).Info("Renew outcome unknown", "grant", h.key, "error", r.err.Error())
-				readAt, hasRead = now, true
-				retryAt, hasRetry = now+holder.Mono(retryWait), true
-			}
-			h.mu.Unlock()
-			h.flushTrace()
+		case r := <-answers:
+			h.answered(&sched, r)
 		case <-h.stop:
-			if timer != nil {
-				timer.Stop()
-			}
+			stopTimer()
 			return
 		}
-		if timer != nil {
-			timer.Stop()
+		stopTimer()
+	}
+}
+
+// due ticks the machine to now, takes the schedule's next step (recording
+// a renew it sends) and publishes the state. It returns now, the state and
+// the step.
+func (h *Handle) due(sched *schedule) (holder.Mono, holder.State, step) {
+	defer h.flushTrace()
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	now := h.mono()
+	st := h.m.Tick(now)
+	// A spent handle renews no more: its owner was told to stop. Nor does
+	// one that learned it holds from the counter, until its status says so
+	// too: admission judges a renew on the status.
+	next := sched.next(now, h.m, h.cause == nil && h.statusHeld())
+	if next.renew != 0 {
+		h.traceStep(TraceEvent{Kind: TraceRenewSent, Renewals: next.renew})
+	}
+	h.publish()
+	return now, st, next
+}
+
+// followGrant watches the grant and sends every state of it (nil while it
+// does not exist) to obs, until ctx ends.
+func (h *Handle) followGrant(ctx context.Context, obs chan<- observation) {
+	_ = watchGrant(ctx, h.c.c, h.clk, h.key, func(g *lockingv1alpha1.LockGrant) (bool, error) {
+		select {
+		case obs <- observation{g: g}:
+			return false, nil
+		case <-ctx.Done():
+			return true, nil
 		}
+	})
+}
+
+// renew sends the renew that sets spec.renewals to target and passes its
+// answer on.
+func (h *Handle) renew(ctx context.Context, target int64, answers chan<- renewResult) {
+	g, err := h.c.patchSpec(ctx, h.target(), "renewals", target)
+	select {
+	case answers <- renewResult{target: target, g: g, err: err}:
+	case <-ctx.Done():
+	}
+}
+
+// read reads the grant once and passes it on as an observation, or, when
+// another driver has taken the grant over, that refusal as an answer: this
+// handle then stops.
+func (h *Handle) read(ctx context.Context, obs chan<- observation, answers chan<- renewResult) {
+	g, err := h.c.get(ctx, h.key)
+	if err != nil {
+		return // the schedule resends the renew; the watch goes on
+	}
+	if g != nil && g.UID == h.uid && h.driver != "" && g.Annotations[lockingv1alpha1.DriverAnnotation] != h.driver {
+		select {
+		case answers <- renewResult{err: driverMismatch(g)}:
+		case <-ctx.Done():
+		}
+		return
+	}
+	select {
+	case obs <- observation{g: g}:
+	case <-ctx.Done():
+	}
+}
+
+// answered applies the answer to a renew, or a refusal a read found, to
+// the machine and the schedule.
+func (h *Handle) answered(sched *schedule, r renewResult) {
+	defer h.flushTrace()
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	now := h.mono()
+	if r.target == 0 {
+		// Not a renew's answer: the renew in flight, if any, is still out.
+		h.m.Refused(now, fencing.ReasonOf(r.err))
+		return
+	}
+	h.traceRenewAnswer(r)
+	switch ref := Refusal(r.err); {
+	case r.err == nil:
+		h.observe(now, r.g)
+		_, _, unconfirmed := h.m.PendingRenew()
+		sched.accepted(now, unconfirmed)
+	case ref != nil:
+		h.log.V(1).Info("Renew refused", "grant", h.key, "reason", string(ref.Reason))
+		h.m.Refused(now, ref.Reason)
+		sched.refused(now)
+	case errors.Is(r.err, errGone):
+		h.m.Observe(now, holder.Facts{Gone: true})
+		sched.gone()
+	default:
+		// Outcome unknown (lost reply, timeout, 409, 5xx): read the grant
+		// to learn the truth, and resend the same renewals value unless
+		// the read settles it first.
+		h.log.V(1).Info("Renew outcome unknown", "grant", h.key, "error", r.err.Error())
+		sched.unknown(now)
 	}
 }
 
 // Release ends exactly this acquisition (UID and driver-token preconditions) and
-// stops the background renewal. Done is closed (cause ErrReleased, unless it
-// was already closed) before the request is sent: no new effects from the
-// moment Release is called. It returns nil when the registry accepted the
+// stops the background renewal. The handle's Context is cancelled (cause
+// ErrReleased, unless it had ended already) before the request is sent: no
+// new effects from the moment Release is called. It returns nil when the registry accepted the
 // release, and otherwise, as Client.Release, an error matching the
 // refusal's fencing sentinel: fencing.ErrExpired (the lease had run out
 // first), fencing.ErrAlreadyEnded (ended before, for example by an earlier

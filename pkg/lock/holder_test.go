@@ -57,15 +57,15 @@ func TestOneLiveHolderPerRequestID(t *testing.T) {
 	if !strings.Contains(err.Error(), "another process") {
 		t.Errorf("the refusal does not say why: %v", err)
 	}
-	if _, err := second.Renew(t.Context(), first.Grant(), first.UID()); !errors.Is(err, fencing.ErrDriverMismatch) {
+	if _, err := second.Renew(t.Context(), first.Info().Grant, first.Info().UID); !errors.Is(err, fencing.ErrDriverMismatch) {
 		t.Fatalf("second process renewing the first one's grant: %v, want DRIVER_MISMATCH", err)
 	}
 	// TryAcquire is refused the same way.
 	if _, err := second.TryAcquire(t.Context(), res, lock.WithRequestID(rid)); !errors.Is(err, fencing.ErrDriverMismatch) {
 		t.Fatalf("second TryAcquire: %v, want DRIVER_MISMATCH", err)
 	}
-	g := grantOf(t, first.Grant())
-	if err := first.Check(); err != nil || g.Status.Phase != lockingv1alpha1.PhaseHeld || g.Spec.Renewals != 0 || g.Spec.Release {
+	g := grantOf(t, first.Info().Grant)
+	if err := checkErr(first); err != nil || g.Status.Phase != lockingv1alpha1.PhaseHeld || g.Spec.Renewals != 0 || g.Spec.Release {
 		t.Fatalf("the first holder after the second's attempts: Check %v, phase %s, renewals %d, release %v", err, g.Status.Phase, g.Spec.Renewals, g.Spec.Release)
 	}
 	release(t, first, "")
@@ -86,13 +86,13 @@ func TestSecondDriverStopsTheHandle(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	patchAnnotation(t, h.Grant(), lockingv1alpha1.DriverAnnotation, "another-session-token-0123456789")
+	patchAnnotation(t, h.Info().Grant, lockingv1alpha1.DriverAnnotation, "another-session-token-0123456789")
 	hclk.Step(11 * time.Second) // the renew is due
-	eventually(t, "the handle stops", func() bool { return closed(h.Done()) })
-	if err := h.Err(); !errors.Is(err, lock.ErrLost) || !errors.Is(err, fencing.ErrDriverMismatch) {
-		t.Fatalf("Err = %v, want ErrLost and DRIVER_MISMATCH", err)
+	eventually(t, "the handle stops", func() bool { return closed(h.Context().Done()) })
+	if err := context.Cause(h.Context()); !errors.Is(err, lock.ErrLost) || !errors.Is(err, fencing.ErrDriverMismatch) {
+		t.Fatalf("cause = %v, want ErrLost and DRIVER_MISMATCH", err)
 	}
-	if g := grantOf(t, h.Grant()); g.Spec.Renewals != 0 {
+	if g := grantOf(t, h.Info().Grant); g.Spec.Renewals != 0 {
 		t.Fatalf("the handle renewed a grant another session drives: renewals %d", g.Spec.Renewals)
 	}
 	if err := h.Release(t.Context()); !errors.Is(err, fencing.ErrDriverMismatch) {
@@ -100,7 +100,7 @@ func TestSecondDriverStopsTheHandle(t *testing.T) {
 	}
 }
 
-// Every refusal of a renew ends the handle, and its Err matches the
+// Every refusal of a renew ends the handle, and its cause matches the
 // refusal's sentinel and reason code; NOT_HELD alone does not end it.
 func TestRenewRefusalsEndTheHandle(t *testing.T) {
 	for _, r := range []fencing.Reason{
@@ -116,15 +116,15 @@ func TestRenewRefusalsEndTheHandle(t *testing.T) {
 				t.Fatal(err)
 			}
 			fa.mu.Lock()
-			fa.refuseRenews = admissionRefusal(r, h.Grant().Name)
+			fa.refuseRenews = admissionRefusal(r, h.Info().Grant.Name)
 			fa.mu.Unlock()
 			hclk.Step(11 * time.Second)
-			eventually(t, "the handle ends", func() bool { return closed(h.Done()) && h.State().Final() })
-			err = h.Err()
+			eventually(t, "the handle ends", func() bool { return closed(h.Context().Done()) && h.State().Final() })
+			err = context.Cause(h.Context())
 			if !errors.Is(err, lock.ErrLost) || !errors.Is(err, r.Sentinel()) || fencing.ReasonOf(err) != r {
-				t.Fatalf("Err = %v; want ErrLost matching %s", err, r)
+				t.Fatalf("cause = %v; want ErrLost matching %s", err, r)
 			}
-			if err := h.Check(); !errors.Is(err, r.Sentinel()) {
+			if err := checkErr(h); !errors.Is(err, r.Sentinel()) {
 				t.Fatalf("Check = %v, want %s", err, r)
 			}
 		})
@@ -142,7 +142,7 @@ func TestReleaseRefusalsMatch(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		fa.refuseReleases = admissionRefusal(r, h.Grant().Name)
+		fa.refuseReleases = admissionRefusal(r, h.Info().Grant.Name)
 		err = h.Release(t.Context())
 		if !errors.Is(err, r.Sentinel()) || fencing.ReasonOf(err) != r || !apierrors.IsForbidden(err) {
 			t.Fatalf("%s: Release = %v, want the refusal matching %s", r, err, r)
@@ -157,7 +157,7 @@ func TestReleaseRefusalsMatch(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	fa.refuseReleases = apierrors.NewForbidden(lockGrants, h.Grant().Name, errors.New(`User "relref-a" cannot patch resource "lockgrants"`))
+	fa.refuseReleases = apierrors.NewForbidden(lockGrants, h.Info().Grant.Name, errors.New(`User "relref-a" cannot patch resource "lockgrants"`))
 	ctx, cancel := context.WithTimeout(t.Context(), 20*time.Second)
 	defer cancel()
 	start := time.Now()
@@ -288,8 +288,8 @@ func TestConfigureTransport(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if h.Owner() != "system:serviceaccount:billing:transport-a" {
-		t.Fatalf("owner %q: impersonation lost", h.Owner())
+	if h.Info().Owner != "system:serviceaccount:billing:transport-a" {
+		t.Fatalf("owner %q: impersonation lost", h.Info().Owner)
 	}
 	release(t, h, "")
 	if _, err := lock.ConfigureTransport(hc); !errors.Is(err, lock.ErrInvalidOption) {
@@ -328,11 +328,11 @@ func TestPartitionHealSettlesQuickly(t *testing.T) {
 		t.Fatal(err)
 	}
 	px.Partition()
-	eventually(t, "ownership becomes unknown", func() bool { return errors.Is(h.Err(), lock.ErrOwnershipUnknown) })
+	eventually(t, "ownership becomes unknown", func() bool { return errors.Is(context.Cause(h.Context()), lock.ErrOwnershipUnknown) })
 	// The controller expires the grant meanwhile.
 	clk.Step(5 * time.Second)
-	wake(t, h.Grant())
-	waitPhase(t, h.Grant(), lockingv1alpha1.PhaseExpired)
+	wake(t, h.Info().Grant)
+	waitPhase(t, h.Info().Grant, lockingv1alpha1.PhaseExpired)
 	// The health checks find the connection dead and the client dials
 	// again, during the partition.
 	eventually(t, "the client gives up its dead connection", func() bool { return px.Refused() > 0 })

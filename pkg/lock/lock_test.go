@@ -31,7 +31,7 @@ func release(t *testing.T, h *lock.Handle, want fencing.Reason) {
 	t.Helper()
 	err := h.Release(t.Context())
 	if want == "" && err != nil || want != "" && (!errors.Is(err, want.Sentinel()) || fencing.ReasonOf(err) != want) {
-		t.Fatalf("Release of %s = %v; want %q", h.Grant(), err, want)
+		t.Fatalf("Release of %s = %v; want %q", h.Info().Grant, err, want)
 	}
 }
 
@@ -45,18 +45,18 @@ func TestAcquireStampRelease(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if h.State() != holder.Held || h.Fence() != 1 || h.Check() != nil {
-		t.Fatalf("after Acquire: state %s, fence %d, Check %v; want HELD, 1, nil", h.State(), h.Fence(), h.Check())
+	if h.State() != holder.Held || h.Info().Fence != 1 || checkErr(h) != nil {
+		t.Fatalf("after Acquire: state %s, fence %d, Check %v; want HELD, 1, nil", h.State(), h.Info().Fence, checkErr(h))
 	}
-	if want := "system:serviceaccount:billing:basic-a"; h.Owner() != want {
-		t.Fatalf("owner %q, want %q", h.Owner(), want)
+	if want := "system:serviceaccount:billing:basic-a"; h.Info().Owner != want {
+		t.Fatalf("owner %q, want %q", h.Info().Owner, want)
 	}
-	if r := h.Remaining(); r <= 15*time.Second || r > 27*time.Second {
-		t.Fatalf("Remaining = %s, want about TTL - margin (27s)", r)
+	if r := remaining(h); r <= 15*time.Second || r > 27*time.Second {
+		t.Fatalf("Check leaves %s, want about TTL - margin (27s)", r)
 	}
-	g := grantOf(t, h.Grant())
-	if g.UID != h.UID() || g.Labels[lockingv1alpha1.RequestIDLabel] != h.RequestID() || g.Spec.Renewals != 0 {
-		t.Fatalf("grant %+v does not match the handle (uid %s, request %s), or was renewed to confirm", g.ObjectMeta, h.UID(), h.RequestID())
+	g := grantOf(t, h.Info().Grant)
+	if g.UID != h.Info().UID || g.Labels[lockingv1alpha1.RequestIDLabel] != h.Info().RequestID || g.Spec.Renewals != 0 {
+		t.Fatalf("grant %+v does not match the handle (uid %s, request %s), or was renewed to confirm", g.ObjectMeta, h.Info().UID, h.Info().RequestID)
 	}
 
 	// The record comes with the grant's status, which may land a moment
@@ -64,7 +64,7 @@ func TestAcquireStampRelease(t *testing.T) {
 	if _, err := h.AwaitRecord(t.Context()); err != nil {
 		t.Fatal(err)
 	}
-	if rec := h.Record(); rec == nil || rec.FenceToken != 1 || rec.LeaseID != string(h.UID()) || rec.OperationRoot != h.OperationRoot() || h.Proof() == "" {
+	if rec := h.Record(); rec == nil || rec.FenceToken != 1 || rec.LeaseID != string(h.Info().UID) || rec.OperationRoot != h.Info().OperationRoot || h.Proof() == "" {
 		t.Fatalf("signed grant record %+v, proof %q; want fence 1 of this acquisition and its operation root", rec, h.Proof())
 	}
 	cm := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "result"}, Data: map[string]string{"total": "1"}}
@@ -72,14 +72,14 @@ func TestAcquireStampRelease(t *testing.T) {
 		t.Fatal(err)
 	}
 	if cm.Annotations[lockingv1alpha1.ProofAnnotation] != h.Proof() || cm.Annotations[lockingv1alpha1.FenceAnnotation] != "1" ||
-		cm.Annotations[lockingv1alpha1.GrantAnnotation] != ns+"/"+h.Grant().Name || cm.Labels[lockingv1alpha1.GuardedLabel] != "true" {
+		cm.Annotations[lockingv1alpha1.GrantAnnotation] != ns+"/"+h.Info().Grant.Name || cm.Labels[lockingv1alpha1.GuardedLabel] != "true" {
 		t.Fatalf("stamped object: labels %v, annotations %v", cm.Labels, cm.Annotations)
 	}
 	if err := c.Create(h.Context(), cm); err != nil {
 		t.Fatalf("guarded create under the lock: %v", err)
 	}
 	seg, err := h.NextSegment()
-	if err != nil || seg.Seq != 1 || seg.Fence != 1 || seg.GrantUID != h.UID() || seg.OperationRoot == "" {
+	if err != nil || seg.Seq != 1 || seg.Fence != 1 || seg.GrantUID != h.Info().UID || seg.OperationRoot == "" {
 		t.Fatalf("NextSegment = %+v, %v", seg, err)
 	}
 	if seg, _ := h.NextSegment(); seg.Seq != 2 {
@@ -87,7 +87,7 @@ func TestAcquireStampRelease(t *testing.T) {
 	}
 	h.ResumeSegmentsAfter(5)
 	h.ResumeSegmentsAfter(3) // never back
-	if seg, _ := h.NextSegment(); seg.Seq != 6 || seg.Owner != h.Owner() || seg.Fencing([]byte("x")).Digest == "" {
+	if seg, _ := h.NextSegment(); seg.Seq != 6 || seg.Owner != h.Info().Owner || seg.Fencing([]byte("x")).Digest == "" {
 		t.Fatalf("segment after resuming at 5: %+v, want seq 6 of this owner", seg)
 	}
 
@@ -97,12 +97,12 @@ func TestAcquireStampRelease(t *testing.T) {
 		t.Fatal(err)
 	}
 	eventually(t, "the FenceRegression condition is raised", func() bool {
-		return meta.IsStatusConditionTrue(grantOf(t, h.Grant()).Status.Conditions, lockingv1alpha1.ConditionFenceRegression)
+		return meta.IsStatusConditionTrue(grantOf(t, h.Info().Grant).Status.Conditions, lockingv1alpha1.ConditionFenceRegression)
 	})
 
 	release(t, h, "")
-	if !closed(h.Done()) || !errors.Is(h.Err(), lock.ErrReleased) || !errors.Is(context.Cause(h.Context()), lock.ErrReleased) {
-		t.Fatalf("after Release: Done closed %v, Err %v", closed(h.Done()), h.Err())
+	if !closed(h.Context().Done()) || !errors.Is(context.Cause(h.Context()), lock.ErrReleased) || !errors.Is(context.Cause(h.Context()), lock.ErrReleased) {
+		t.Fatalf("after Release: context ended %v, cause %v", closed(h.Context().Done()), context.Cause(h.Context()))
 	}
 	if h.State() != holder.Released {
 		t.Fatalf("state %s, want RELEASED", h.State())
@@ -155,8 +155,8 @@ func TestHolderClockSkewAndRate(t *testing.T) {
 	// invariant: A may act only inside the controller's lease.
 	invariant := func() {
 		t.Helper()
-		g := grantOf(t, a.Grant())
-		if a.Check() == nil && (g.Status.Phase != lockingv1alpha1.PhaseHeld || !clk.Now().Before(g.Status.ExpiresAt.Time)) {
+		g := grantOf(t, a.Info().Grant)
+		if checkErr(a) == nil && (g.Status.Phase != lockingv1alpha1.PhaseHeld || !clk.Now().Before(g.Status.ExpiresAt.Time)) {
 			t.Fatalf("at %s A may act, but the controller's lease is %s until %s", clk.Now().Format(time.RFC3339Nano), g.Status.Phase, g.Status.ExpiresAt.Format(time.RFC3339Nano))
 		}
 	}
@@ -166,33 +166,33 @@ func TestHolderClockSkewAndRate(t *testing.T) {
 		step(250 * time.Millisecond)
 		eventually(t, "A's renewal loop settles", a.Settled)
 		invariant()
-		if err := a.Check(); err != nil {
+		if err := checkErr(a); err != nil {
 			t.Fatalf("A lost the lock while renewals got through: %v", err)
 		}
 	}
-	if g := grantOf(t, a.Grant()); g.Status.ObservedRenewals < 1 || g.Status.FenceToken != 1 {
+	if g := grantOf(t, a.Info().Grant); g.Status.ObservedRenewals < 1 || g.Status.FenceToken != 1 {
 		t.Fatalf("after 4 s: %+v, want renewed at least once with fence 1", g.Status)
 	}
 
 	// From now on A's renewals are held up in the network.
 	fa.hold()
 	defer fa.open()
-	expiry := grantOf(t, a.Grant()).Status.ExpiresAt.Time
+	expiry := grantOf(t, a.Info().Grant).Status.ExpiresAt.Time
 	var stoppedAt time.Time
 	for clk.Now().Before(expiry.Add(500 * time.Millisecond)) {
 		step(250 * time.Millisecond)
-		wake(t, a.Grant())
+		wake(t, a.Info().Grant)
 		invariant()
-		if stoppedAt.IsZero() && a.Check() != nil {
+		if stoppedAt.IsZero() && checkErr(a) != nil {
 			stoppedAt = clk.Now()
 		}
 	}
 	if stoppedAt.IsZero() || !stoppedAt.Before(expiry) {
 		t.Fatalf("A stopped at %s, want before the controller's expiry %s", stoppedAt, expiry)
 	}
-	eventually(t, "A's Done is closed", func() bool { return closed(a.Done()) })
-	if !errors.Is(a.Err(), lock.ErrOwnershipUnknown) {
-		t.Fatalf("A's Err = %v, want ErrOwnershipUnknown", a.Err())
+	eventually(t, "A's context ends", func() bool { return closed(a.Context().Done()) })
+	if !errors.Is(context.Cause(a.Context()), lock.ErrOwnershipUnknown) {
+		t.Fatalf("A's cause = %v, want ErrOwnershipUnknown", context.Cause(a.Context()))
 	}
 	b := <-bDone
 	if b.err != nil {
@@ -201,7 +201,7 @@ func TestHolderClockSkewAndRate(t *testing.T) {
 	if _, err := b.h.AwaitRecord(t.Context()); err != nil { // B's status, a moment after its fence record
 		t.Fatal(err)
 	}
-	gb := grantOf(t, b.h.Grant())
+	gb := grantOf(t, b.h.Info().Grant)
 	if gb.Status.FenceToken != 2 || gb.Status.GrantedAt.Time.Before(expiry) {
 		t.Fatalf("B: fence %d granted at %s; want fence 2, granted no earlier than A's expiry %s", gb.Status.FenceToken, gb.Status.GrantedAt, expiry)
 	}
@@ -241,13 +241,13 @@ func TestRenewAfterExpiry(t *testing.T) {
 			at(0.7) // the renew is due (TTL/3) and sent; the network holds it
 			eventually(t, "A is renewing", func() bool { return a.State() == holder.Renewing })
 			at(1) // the local deadline: TTL 2 s - margin 1 s
-			eventually(t, "A's Done is closed", func() bool { return closed(a.Done()) })
-			if !errors.Is(a.Err(), lock.ErrOwnershipUnknown) {
-				t.Fatalf("A's Err = %v, want ErrOwnershipUnknown", a.Err())
+			eventually(t, "A's context ends", func() bool { return closed(a.Context().Done()) })
+			if !errors.Is(context.Cause(a.Context()), lock.ErrOwnershipUnknown) {
+				t.Fatalf("A's cause = %v, want ErrOwnershipUnknown", context.Cause(a.Context()))
 			}
 			at(2)
-			wake(t, a.Grant())
-			waitPhase(t, a.Grant(), lockingv1alpha1.PhaseExpired)
+			wake(t, a.Info().Grant)
+			waitPhase(t, a.Info().Grant, lockingv1alpha1.PhaseExpired)
 			eventually(t, "A reads that its grant expired", func() bool { return a.State() == holder.Expired })
 			if taken {
 				at(3)
@@ -262,11 +262,11 @@ func TestRenewAfterExpiry(t *testing.T) {
 				t.Fatalf("%d renews reached the API server after the local deadline", n)
 			}
 			at(3.5)
-			_, err = locks.Renew(t.Context(), a.Grant(), a.UID())
+			_, err = locks.Renew(t.Context(), a.Info().Grant, a.Info().UID)
 			if !errors.Is(err, fencing.ErrExpired) {
 				t.Fatalf("renew at t=3.5: %v, want EXPIRED", err)
 			}
-			g := grantOf(t, a.Grant())
+			g := grantOf(t, a.Info().Grant)
 			if g.Spec.Renewals != 0 || g.Status.Phase != lockingv1alpha1.PhaseExpired {
 				t.Fatalf("A's grant after the late renew: renewals %d, phase %s; want 0, Expired", g.Spec.Renewals, g.Status.Phase)
 			}
@@ -278,8 +278,8 @@ func TestRenewAfterExpiry(t *testing.T) {
 				if err != nil {
 					t.Fatal(err)
 				}
-				if a2.Fence() != 2 {
-					t.Fatalf("re-acquired fence %d, want 2", a2.Fence())
+				if a2.Info().Fence != 2 {
+					t.Fatalf("re-acquired fence %d, want 2", a2.Info().Fence)
 				}
 				release(t, a2, "")
 			}
@@ -329,23 +329,23 @@ func TestAmbiguousRenew(t *testing.T) {
 					step(500 * time.Millisecond)
 				}
 			}
-			g := grantOf(t, a.Grant())
+			g := grantOf(t, a.Info().Grant)
 			if g.Spec.Renewals != 1 || g.Status.ObservedRenewals != 1 || g.Status.FenceToken != 1 || g.Status.Phase != lockingv1alpha1.PhaseHeld {
 				t.Fatalf("after the ambiguous renew: renewals %d/%d, fence %d, phase %s; want applied once, fence 1, Held",
 					g.Spec.Renewals, g.Status.ObservedRenewals, g.Status.FenceToken, g.Status.Phase)
 			}
-			if err := a.Check(); err != nil || a.State() != holder.Held {
+			if err := checkErr(a); err != nil || a.State() != holder.Held {
 				t.Fatalf("the true owner: state %s, Check %v; want HELD", a.State(), err)
 			}
 			// Deadline = first attempt (3 s) + TTL - margin (8 s) = 11 s.
-			if want := 11*time.Second - elapsed; a.Remaining() != want {
-				t.Fatalf("Remaining = %s, want %s (from the first attempt's send time)", a.Remaining(), want)
+			if want := 11*time.Second - elapsed; remaining(a) != want {
+				t.Fatalf("Check leaves %s, want %s (from the first attempt's send time)", remaining(a), want)
 			}
-			_, err = newTestClient(t, as(t, "c10-b"), lock.WithNamespace(ns)).Renew(t.Context(), a.Grant(), a.UID())
+			_, err = newTestClient(t, as(t, "c10-b"), lock.WithNamespace(ns)).Renew(t.Context(), a.Info().Grant, a.Info().UID)
 			if !errors.Is(err, fencing.ErrDriverMismatch) {
 				t.Fatalf("renew of a handle's grant from elsewhere: %v, want DRIVER_MISMATCH", err)
 			}
-			if err := newTestClient(t, as(t, "c10-b"), lock.WithNamespace(ns)).Release(t.Context(), a.Grant(), a.UID()); !errors.Is(err, fencing.ErrNotOwner) {
+			if err := newTestClient(t, as(t, "c10-b"), lock.WithNamespace(ns)).Release(t.Context(), a.Info().Grant, a.Info().UID); !errors.Is(err, fencing.ErrNotOwner) {
 				t.Fatalf("release by another identity: %v; want NOT_OWNER", err)
 			}
 			fa.loseRenewReplies = 0
@@ -387,10 +387,10 @@ func TestLostAcquireResponse(t *testing.T) {
 	if err := admin.List(t.Context(), &list, client.InNamespace(ns), client.MatchingLabels{lockingv1alpha1.RequestIDLabel: rid}); err != nil {
 		t.Fatal(err)
 	}
-	if len(list.Items) != 1 || list.Items[0].UID != h.UID() {
+	if len(list.Items) != 1 || list.Items[0].UID != h.Info().UID {
 		t.Fatalf("found %d grants for the request, want exactly the handle's", len(list.Items))
 	}
-	if g := list.Items[0]; g.Spec.Renewals < 1 || g.Status.FenceToken != 1 || h.Fence() != 1 {
+	if g := list.Items[0]; g.Spec.Renewals < 1 || g.Status.FenceToken != 1 || h.Info().Fence != 1 {
 		t.Fatalf("grant renewals %d, fence %d; want confirmed by a renew, fence 1", g.Spec.Renewals, g.Status.FenceToken)
 	}
 	// Another process with the same request ID is not a second holder.
@@ -403,14 +403,14 @@ func TestLostAcquireResponse(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if again.UID() != h.UID() || again.Fence() != 1 {
-		t.Fatalf("retry found uid %s fence %d, want %s fence 1", again.UID(), again.Fence(), h.UID())
+	if again.Info().UID != h.Info().UID || again.Info().Fence != 1 {
+		t.Fatalf("retry found uid %s fence %d, want %s fence 1", again.Info().UID, again.Info().Fence, h.Info().UID)
 	}
 	if _, err := locks.Acquire(t.Context(), "ledger/other", lock.WithRequestID(rid)); !errors.Is(err, lock.ErrRequestIDConflict) {
 		t.Fatalf("the request ID reused for another resource: %v, want ErrRequestIDConflict", err)
 	}
 	release(t, h, "")
-	waitPhase(t, h.Grant(), lockingv1alpha1.PhaseReleased)
+	waitPhase(t, h.Info().Grant, lockingv1alpha1.PhaseReleased)
 	release(t, again, fencing.ReasonAlreadyEnded)
 }
 
@@ -434,32 +434,32 @@ func TestReleaseOfEarlierAcquisition(t *testing.T) {
 	if _, err := h2.AwaitRecord(t.Context()); err != nil {
 		t.Fatal(err)
 	}
-	if g := grantOf(t, h2.Grant()); h2.Check() != nil || g.Status.Phase != lockingv1alpha1.PhaseHeld || g.Spec.Release || h2.Fence() != 2 {
-		t.Fatalf("h2 after h1's second release: Check %v, phase %s, release %v, fence %d", h2.Check(), g.Status.Phase, g.Spec.Release, h2.Fence())
+	if g := grantOf(t, h2.Info().Grant); checkErr(h2) != nil || g.Status.Phase != lockingv1alpha1.PhaseHeld || g.Spec.Release || h2.Info().Fence != 2 {
+		t.Fatalf("h2 after h1's second release: Check %v, phase %s, release %v, fence %d", checkErr(h2), g.Status.Phase, g.Spec.Release, h2.Info().Fence)
 	}
 
 	// An administrator deletes h1's grant and a new acquisition takes its
 	// name (same request ID): h1's UID cannot reach it.
 	release(t, h2, "")
-	if err := admin.Delete(t.Context(), &lockingv1alpha1.LockGrant{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: h1.Grant().Name}}); err != nil {
+	if err := admin.Delete(t.Context(), &lockingv1alpha1.LockGrant{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: h1.Info().Grant.Name}}); err != nil {
 		t.Fatal(err)
 	}
 	eventually(t, "h1's grant is gone", func() bool {
 		var list lockingv1alpha1.LockGrantList
-		_ = admin.List(t.Context(), &list, client.InNamespace(ns), client.MatchingLabels{lockingv1alpha1.RequestIDLabel: h1.RequestID()})
+		_ = admin.List(t.Context(), &list, client.InNamespace(ns), client.MatchingLabels{lockingv1alpha1.RequestIDLabel: h1.Info().RequestID})
 		return len(list.Items) == 0
 	})
-	h3, err := locks.Acquire(t.Context(), res, lock.WithRequestID(h1.RequestID()))
+	h3, err := locks.Acquire(t.Context(), res, lock.WithRequestID(h1.Info().RequestID))
 	if err != nil {
 		t.Fatal(err)
 	}
-	if h3.Grant() != h1.Grant() || h3.UID() == h1.UID() || h3.Fence() != 3 {
-		t.Fatalf("h3: %s uid %s fence %d; want h1's name, a new UID, fence 3", h3.Grant(), h3.UID(), h3.Fence())
+	if h3.Info().Grant != h1.Info().Grant || h3.Info().UID == h1.Info().UID || h3.Info().Fence != 3 {
+		t.Fatalf("h3: %s uid %s fence %d; want h1's name, a new UID, fence 3", h3.Info().Grant, h3.Info().UID, h3.Info().Fence)
 	}
-	if err := locks.Release(t.Context(), h1.Grant(), h1.UID()); !errors.Is(err, fencing.ErrUnknownGrant) {
+	if err := locks.Release(t.Context(), h1.Info().Grant, h1.Info().UID); !errors.Is(err, fencing.ErrUnknownGrant) {
 		t.Fatalf("release with h1's UID: %v; want UNKNOWN_GRANT (no such acquisition)", err)
 	}
-	if h3.Check() != nil || grantOf(t, h3.Grant()).Spec.Release {
+	if checkErr(h3) != nil || grantOf(t, h3.Info().Grant).Spec.Release {
 		t.Fatal("the release aimed at h1 released h3")
 	}
 	release(t, h3, "")
@@ -472,8 +472,8 @@ func TestReleaseOfEarlierAcquisition(t *testing.T) {
 	}
 	clk.Step(2 * time.Second)
 	hclk.Step(2 * time.Second)
-	wake(t, h4.Grant())
-	waitPhase(t, h4.Grant(), lockingv1alpha1.PhaseExpired)
+	wake(t, h4.Info().Grant)
+	waitPhase(t, h4.Info().Grant, lockingv1alpha1.PhaseExpired)
 	release(t, h4, fencing.ReasonExpired)
 }
 
@@ -496,8 +496,8 @@ func TestTryAcquire(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if hb.Fence() != 2 {
-		t.Fatalf("fence %d, want 2 (the withdrawn request got none)", hb.Fence())
+	if hb.Info().Fence != 2 {
+		t.Fatalf("fence %d, want 2 (the withdrawn request got none)", hb.Info().Fence)
 	}
 	release(t, hb, "")
 }
@@ -576,8 +576,8 @@ func TestGrantedAfterLongWait(t *testing.T) {
 	if b == nil {
 		t.FailNow()
 	}
-	if g := grantOf(t, b.Grant()); g.Spec.Renewals != 1 || b.Fence() != 2 || b.Remaining() != 9*time.Second {
-		t.Fatalf("B: renewals %d, fence %d, remaining %s; want confirmed by one renew, fence 2, 9s", g.Spec.Renewals, b.Fence(), b.Remaining())
+	if g := grantOf(t, b.Info().Grant); g.Spec.Renewals != 1 || b.Info().Fence != 2 || remaining(b) != 9*time.Second {
+		t.Fatalf("B: renewals %d, fence %d, remaining %s; want confirmed by one renew, fence 2, 9s", g.Spec.Renewals, b.Info().Fence, remaining(b))
 	}
 	release(t, b, "")
 }
@@ -612,12 +612,12 @@ func TestGrantedLateInTheTTL(t *testing.T) {
 		t.FailNow()
 	}
 	// TTL 20 s, margin 2 s: 18 s from the renew, sent 0 s ago on B's clock.
-	if g := grantOf(t, b.Grant()); g.Spec.Renewals != 1 || b.Remaining() != 18*time.Second {
-		t.Fatalf("B when Acquire returned: renewals %d, remaining %s; want confirmed by one renew, 18s", g.Spec.Renewals, b.Remaining())
+	if g := grantOf(t, b.Info().Grant); g.Spec.Renewals != 1 || remaining(b) != 18*time.Second {
+		t.Fatalf("B when Acquire returned: renewals %d, remaining %s; want confirmed by one renew, 18s", g.Spec.Renewals, remaining(b))
 	}
 	hclk.Step(3 * time.Second) // past the create's send time + TTL - margin
-	if err := b.Check(); err != nil || b.Remaining() != 15*time.Second {
-		t.Fatalf("B 19 s after its create: Check %v, remaining %s; want held, 15s", err, b.Remaining())
+	if err := checkErr(b); err != nil || remaining(b) != 15*time.Second {
+		t.Fatalf("B 19 s after its create: Check %v, remaining %s; want held, 15s", err, remaining(b))
 	}
 	release(t, b, "")
 }
@@ -642,7 +642,7 @@ func TestWatchTransitions(t *testing.T) {
 		t.Fatal(err)
 	}
 	release(t, h, "")
-	if err := admin.Delete(t.Context(), &lockingv1alpha1.LockGrant{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: h.Grant().Name}}); err != nil {
+	if err := admin.Delete(t.Context(), &lockingv1alpha1.LockGrant{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: h.Info().Grant.Name}}); err != nil {
 		t.Fatal(err)
 	}
 	var seen []string
@@ -650,7 +650,7 @@ func TestWatchTransitions(t *testing.T) {
 	for len(seen) < 3 {
 		select {
 		case tr := <-trs:
-			if tr.Grant.UID != h.UID() {
+			if tr.Grant.UID != h.Info().UID {
 				continue
 			}
 			s := string(tr.To)

@@ -133,8 +133,8 @@ func WithLockDelay(d time.Duration) Option {
 // WithPermits asks for one of n permits of the resource (spec.permits, 1
 // to 64): a counted lock, or semaphore, that n holders may hold at once.
 // The resource is then n exclusive slots sharing one FIFO queue; the grant
-// holds one (Handle.Permit), and each slot has its own fence sequence under
-// its own fenced resource ID (Handle.FencedResource): the resource ID itself
+// holds one (Info.Permit), and each slot has its own fence sequence under
+// its own fenced resource ID (Info.FencedResource): the resource ID itself
 // for slot 0, the resource ID and "#k" for slot k. Every fencing rule of an
 // exclusive lock holds per slot: guarded objects and store rows are bound to
 // one slot, and Stamp and NextSegment name the handle's slot.
@@ -232,12 +232,12 @@ func WithSafetyMargin(d time.Duration) Option {
 	}
 }
 
-// WithStopGrace makes Done close d before the handle's local deadline
+// WithStopGrace makes the handle's Context end d before its local deadline
 // instead of at it, for a holder that needs d to stop its effects once
 // told to (kubectl lockwarden run's --grace, from SIGTERM to SIGKILL): work
-// that stops within d of Done has stopped by the deadline, so before the
-// registry can end the grant, whether by its lease or by its session
-// lapsing. Check and Remaining count to that earlier instant too.
+// that stops within d of the Context's end has stopped by the deadline, so
+// before the registry can end the grant, whether by its lease or by its
+// session lapsing. Check counts to that earlier instant too.
 //
 // d comes out of the lease and out of the session. The lease must leave
 // the handle time to renew before it: d must be less than TTL - margin -

@@ -97,8 +97,8 @@ func TestHandleWritesUnderItsSlot(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			h := heldHandle(t, tc.g)
-			if h.Permit() != tc.wantPermit || h.FencedResource() != tc.wantFenced || h.Resource() != res {
-				t.Fatalf("permit %d, fenced resource %q, resource %q; want %d, %q, %q", h.Permit(), h.FencedResource(), h.Resource(), tc.wantPermit, tc.wantFenced, res)
+			if h.Info().Permit != tc.wantPermit || h.Info().FencedResource != tc.wantFenced || h.Info().Resource != res {
+				t.Fatalf("permit %d, fenced resource %q, resource %q; want %d, %q, %q", h.Info().Permit, h.Info().FencedResource, h.Info().Resource, tc.wantPermit, tc.wantFenced, res)
 			}
 			cm := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: "billing", Name: "out"}}
 			if err := h.Stamp(cm); err != nil {
@@ -160,7 +160,7 @@ func TestSlotIsFixedOnceHeld(t *testing.T) {
 	h.mu.Lock()
 	h.observe(h.mono(), later)
 	h.mu.Unlock()
-	if h.Permit() != 1 || h.FencedResource() != res+"#1" {
-		t.Fatalf("after a later read: permit %d, fenced resource %q; want 1, %q", h.Permit(), h.FencedResource(), res+"#1")
+	if h.Info().Permit != 1 || h.Info().FencedResource != res+"#1" {
+		t.Fatalf("after a later read: permit %d, fenced resource %q; want 1, %q", h.Info().Permit, h.Info().FencedResource, res+"#1")
 	}
 }

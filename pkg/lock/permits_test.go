@@ -30,16 +30,16 @@ func TestAcquirePermits(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if a.Permit() == b.Permit() || a.Fence() != 1 || b.Fence() != 1 {
-		t.Fatalf("two holders: permits %d and %d, fences %d and %d; want distinct permits, fence 1 each", a.Permit(), b.Permit(), a.Fence(), b.Fence())
+	if a.Info().Permit == b.Info().Permit || a.Info().Fence != 1 || b.Info().Fence != 1 {
+		t.Fatalf("two holders: permits %d and %d, fences %d and %d; want distinct permits, fence 1 each", a.Info().Permit, b.Info().Permit, a.Info().Fence, b.Info().Fence)
 	}
 	for _, h := range []*lock.Handle{a, b} {
-		g := grantOf(t, h.Grant())
-		if want := lockingv1alpha1.SlotResource(res, h.Permit()); h.FencedResource() != want || g.Status.FencedResource != want || g.Spec.Permits != 2 || h.Resource() != res {
-			t.Fatalf("permit %d: fenced resource %q (status %q), spec.permits %d; want %q, 2", h.Permit(), h.FencedResource(), g.Status.FencedResource, g.Spec.Permits, want)
+		g := grantOf(t, h.Info().Grant)
+		if want := lockingv1alpha1.SlotResource(res, h.Info().Permit); h.Info().FencedResource != want || g.Status.FencedResource != want || g.Spec.Permits != 2 || h.Info().Resource != res {
+			t.Fatalf("permit %d: fenced resource %q (status %q), spec.permits %d; want %q, 2", h.Info().Permit, h.Info().FencedResource, g.Status.FencedResource, g.Spec.Permits, want)
 		}
-		if rec := h.Record(); rec == nil || rec.Resource != h.FencedResource() {
-			t.Fatalf("permit %d: signed record %+v does not name %q", h.Permit(), rec, h.FencedResource())
+		if rec := h.Record(); rec == nil || rec.Resource != h.Info().FencedResource {
+			t.Fatalf("permit %d: signed record %+v does not name %q", h.Info().Permit, rec, h.Info().FencedResource)
 		}
 	}
 	c := newTestClient(t, cc, lock.WithNamespace(ns))
@@ -53,24 +53,24 @@ func TestAcquirePermits(t *testing.T) {
 		t.Fatal(err)
 	}
 	if err := cb.Create(b.Context(), cm); err != nil {
-		t.Fatalf("guarded create under permit %d: %v", b.Permit(), err)
+		t.Fatalf("guarded create under permit %d: %v", b.Info().Permit, err)
 	}
-	if got := cm.Annotations[lockingv1alpha1.ResourceAnnotation]; got != b.FencedResource() {
-		t.Fatalf("the object is bound to %q, want %q", got, b.FencedResource())
+	if got := cm.Annotations[lockingv1alpha1.ResourceAnnotation]; got != b.Info().FencedResource {
+		t.Fatalf("the object is bound to %q, want %q", got, b.Info().FencedResource)
 	}
 	// The holder of the other permit cannot write it, not even with a
 	// claim put on by hand: fence 1 of another fence sequence.
 	forged := cm.DeepCopy()
 	forged.Data["by"] = "a"
-	forged.Annotations[lockingv1alpha1.GrantAnnotation] = ns + "/" + a.Grant().Name
+	forged.Annotations[lockingv1alpha1.GrantAnnotation] = ns + "/" + a.Info().Grant.Name
 	forged.Annotations[lockingv1alpha1.FenceAnnotation] = "1"
 	forged.Annotations[lockingv1alpha1.ProofAnnotation] = a.Proof()
 	forged.Annotations[lockingv1alpha1.WriteIDAnnotation] = "forged-write-id-0123456789"
 	if err := ca.Update(t.Context(), forged); lock.Refusal(err) == nil {
-		t.Fatalf("a write by the holder of permit %d to an object of permit %d: %v, want a fencing refusal", a.Permit(), b.Permit(), err)
+		t.Fatalf("a write by the holder of permit %d to an object of permit %d: %v, want a fencing refusal", a.Info().Permit, b.Info().Permit, err)
 	}
 	if err := a.Stamp(cm.DeepCopy()); !errors.Is(err, fencing.ErrBindingMismatch) {
-		t.Fatalf("stamping permit %d's object under permit %d: %v, want BINDING_MISMATCH", b.Permit(), a.Permit(), err)
+		t.Fatalf("stamping permit %d's object under permit %d: %v, want BINDING_MISMATCH", b.Info().Permit, a.Info().Permit, err)
 	}
 
 	release(t, b, "")
@@ -78,8 +78,8 @@ func TestAcquirePermits(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if hc.Permit() != b.Permit() || hc.FencedResource() != b.FencedResource() || hc.Fence() != 2 {
-		t.Fatalf("after permit %d was released: permit %d (%s), fence %d; want permit %d, fence 2", b.Permit(), hc.Permit(), hc.FencedResource(), hc.Fence(), b.Permit())
+	if hc.Info().Permit != b.Info().Permit || hc.Info().FencedResource != b.Info().FencedResource || hc.Info().Fence != 2 {
+		t.Fatalf("after permit %d was released: permit %d (%s), fence %d; want permit %d, fence 2", b.Info().Permit, hc.Info().Permit, hc.Info().FencedResource, hc.Info().Fence, b.Info().Permit)
 	}
 	cur := &corev1.ConfigMap{}
 	if err := cc.Get(t.Context(), types.NamespacedName{Namespace: ns, Name: "frame"}, cur); err != nil {
@@ -109,8 +109,8 @@ func TestExclusiveRequestAndPermitsConflict(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if g := grantOf(t, h.Grant()); g.Spec.Permits != 0 || h.Permit() != 0 || h.FencedResource() != "farm/exclusive" {
-		t.Fatalf("exclusive request: spec.permits %d, permit %d, fenced resource %q", g.Spec.Permits, h.Permit(), h.FencedResource())
+	if g := grantOf(t, h.Info().Grant); g.Spec.Permits != 0 || h.Info().Permit != 0 || h.Info().FencedResource != "farm/exclusive" {
+		t.Fatalf("exclusive request: spec.permits %d, permit %d, fenced resource %q", g.Spec.Permits, h.Info().Permit, h.Info().FencedResource)
 	}
 	if _, err := locks.Acquire(t.Context(), "farm/exclusive", lock.WithRequestID("x-1"), lock.WithPermits(3)); !errors.Is(err, lock.ErrRequestIDConflict) {
 		t.Fatalf("the same request ID with 3 permits: %v, want ErrRequestIDConflict", err)

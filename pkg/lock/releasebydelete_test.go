@@ -44,20 +44,20 @@ func TestReleaseByDelete(t *testing.T) {
 		return admin.List(t.Context(), &list) == nil && countPhase(list.Items, ns, lockingv1alpha1.PhasePending) == 1
 	})
 	release(t, a, "")
-	if err := admin.Get(t.Context(), a.Grant(), &lockingv1alpha1.LockGrant{}); !apierrors.IsNotFound(err) {
+	if err := admin.Get(t.Context(), a.Info().Grant, &lockingv1alpha1.LockGrant{}); !apierrors.IsNotFound(err) {
 		t.Fatalf("A's grant after its release by delete: %v, want NotFound", err)
 	}
 	fc := &lockingv1alpha1.FenceCounter{}
 	if err := admin.Get(t.Context(), types.NamespacedName{Namespace: ns, Name: lockingv1alpha1.FenceCounterName(res)}, fc); err != nil {
 		t.Fatal(err)
 	}
-	if h := fc.Spec.Holder; h != nil && h.UID == string(a.UID()) {
+	if h := fc.Spec.Holder; h != nil && h.UID == string(a.Info().UID) {
 		t.Fatalf("Release returned while the counter still names A")
 	}
 	// A write that still claims A's grant is refused.
 	cm := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "after-release",
 		Labels: map[string]string{lockingv1alpha1.GuardedLabel: "true"},
-		Annotations: map[string]string{lockingv1alpha1.ResourceAnnotation: res, lockingv1alpha1.GrantAnnotation: ns + "/" + a.Grant().Name,
+		Annotations: map[string]string{lockingv1alpha1.ResourceAnnotation: res, lockingv1alpha1.GrantAnnotation: ns + "/" + a.Info().Grant.Name,
 			lockingv1alpha1.FenceAnnotation: "1"}}}
 	if err := ca.Create(t.Context(), cm); lock.Refusal(err) == nil {
 		t.Fatalf("a write under A's deleted grant: %v, want a refusal", err)
@@ -67,8 +67,8 @@ func TestReleaseByDelete(t *testing.T) {
 		t.Fatal(got.err)
 	}
 	b := got.h
-	if b.Fence() != 2 {
-		t.Fatalf("B's fence = %d, want 2", b.Fence())
+	if b.Info().Fence != 2 {
+		t.Fatalf("B's fence = %d, want 2", b.Info().Fence)
 	}
 	release(t, b, "")
 }
@@ -88,11 +88,11 @@ func TestReleaseByDeleteOfEndedGrant(t *testing.T) {
 	}
 	clk.Step(3 * time.Second)
 	hclk.Step(3 * time.Second)
-	wake(t, a.Grant())
-	waitPhase(t, a.Grant(), lockingv1alpha1.PhaseExpired)
-	eventually(t, "A read that its grant expired", func() bool { return closed(a.Done()) })
+	wake(t, a.Info().Grant)
+	waitPhase(t, a.Info().Grant, lockingv1alpha1.PhaseExpired)
+	eventually(t, "A read that its grant expired", func() bool { return closed(a.Context().Done()) })
 	release(t, a, fencing.ReasonExpired)
-	if g := grantOf(t, a.Grant()); g.Status.Phase != lockingv1alpha1.PhaseExpired {
+	if g := grantOf(t, a.Info().Grant); g.Status.Phase != lockingv1alpha1.PhaseExpired {
 		t.Fatalf("A's grant after the refused release: %s, want it kept, Expired", g.Status.Phase)
 	}
 }
@@ -129,13 +129,13 @@ func TestReleaseByDeleteKeepsLockDelayedGrant(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := locks.Release(t.Context(), h.Grant(), h.UID(), lock.WithReleaseByDelete()); !errors.Is(err, lock.ErrInvalidOption) {
+	if err := locks.Release(t.Context(), h.Info().Grant, h.Info().UID, lock.WithReleaseByDelete()); !errors.Is(err, lock.ErrInvalidOption) {
 		t.Fatalf("release by delete of a grant with a lock-delay: %v, want ErrInvalidOption", err)
 	}
-	if g := waitPhase(t, h.Grant(), lockingv1alpha1.PhaseHeld); g.Spec.Release {
+	if g := waitPhase(t, h.Info().Grant, lockingv1alpha1.PhaseHeld); g.Spec.Release {
 		t.Fatal("the grant after the refused release by delete asks to be released, want it kept Held")
 	}
-	if err := locks.Release(t.Context(), h.Grant(), h.UID()); err != nil {
+	if err := locks.Release(t.Context(), h.Info().Grant, h.Info().UID); err != nil {
 		t.Fatal(err)
 	}
 }

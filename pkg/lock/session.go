@@ -32,7 +32,8 @@ const DefaultSessionTTL = 5 * time.Second
 // ErrSessionExpired means the client's session could not be renewed before its
 // local deadline, or its Lease is gone. The registry withdraws the
 // session's requests and ends its grants; handles made under it are spent
-// (their Err wraps ErrOwnershipUnknown and ErrSessionExpired).
+// (the cause of their Context wraps ErrOwnershipUnknown and
+// ErrSessionExpired).
 var ErrSessionExpired = errors.New("lock: session expired")
 
 // Session is the liveness of one client process: a coordination.k8s.io/v1
@@ -51,7 +52,7 @@ var ErrSessionExpired = errors.New("lock: session expired")
 // that was accepted, on the local monotonic clock, and spends every handle
 // made under it at that instant: a paused process stops producing effects
 // before the registry drops it, whatever its wall clock says. A handle's
-// local deadline (Handle.Remaining) is never later than its session's.
+// local deadline (Handle.Check) is never later than its session's.
 //
 // By default a Client creates one Session on its first Acquire and shares it
 // among all its requests; Client.Close ends it. The Client's scheme must
@@ -132,7 +133,7 @@ func newSession(ctx context.Context, c client.WithWatch, ns string, ttl time.Dur
 		return nil, fmt.Errorf("%w: session TTL %s is not a whole number of seconds from 1 to 3600", ErrInvalidOption, ttl)
 	}
 	review := &authenticationv1.SelfSubjectReview{}
-	if err := retrying(ctx, func(rctx context.Context) error { return c.Create(rctx, review) }); err != nil {
+	if err := retrying(ctx, clk, func(rctx context.Context) error { return c.Create(rctx, review) }); err != nil {
 		return nil, fmt.Errorf("lock: learning the client's identity for its session: %w", err)
 	}
 	s := &Session{
@@ -156,7 +157,7 @@ func newSession(ctx context.Context, c client.WithWatch, ns string, ttl time.Dur
 	var sent time.Duration
 	// A create whose reply was lost leaves a Lease nobody renews behind;
 	// it holds nothing and no request names it.
-	if err := retrying(ctx, func(rctx context.Context) error {
+	if err := retrying(ctx, clk, func(rctx context.Context) error {
 		sent = s.mono()
 		obj := l.DeepCopy()
 		if err := c.Create(rctx, obj); err != nil {
@@ -173,9 +174,10 @@ func newSession(ctx context.Context, c client.WithWatch, ns string, ttl time.Dur
 	return s, nil
 }
 
-// retrying calls fn with a per-request timeout, again after a pause while
-// its error is transient, until it succeeds, fails for good or ctx ends.
-func retrying(ctx context.Context, fn func(context.Context) error) error {
+// retrying calls fn with a per-request timeout, again after a pause on clk
+// while its error is transient, until it succeeds, fails for good or ctx
+// ends.
+func retrying(ctx context.Context, clk clock.WithTicker, fn func(context.Context) error) error {
 	backoff := 100 * time.Millisecond
 	for {
 		rctx, cancel := context.WithTimeout(ctx, requestTimeout)
@@ -187,7 +189,7 @@ func retrying(ctx context.Context, fn func(context.Context) error) error {
 		select {
 		case <-ctx.Done():
 			return errors.Join(context.Cause(ctx), err)
-		case <-time.After(backoff):
+		case <-clk.After(backoff):
 			backoff = min(2*backoff, 2*time.Second)
 		}
 	}

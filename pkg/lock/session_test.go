@@ -17,8 +17,8 @@ import (
 )
 
 // A Client ties its requests to its own session, held by its own identity.
-// When the session is lost (here its Lease is deleted), the handle closes
-// Done at once and the registry ends the grant; Close deletes the Lease.
+// When the session is lost (here its Lease is deleted), the handle ends its
+// Context at once and the registry ends the grant; Close deletes the Lease.
 func TestAcquireUnderTheClientsSession(t *testing.T) {
 	ns := namespace(t)
 	if err := env.GrantUsersSessions(t.Context(), ns); err != nil {
@@ -29,7 +29,7 @@ func TestAcquireUnderTheClientsSession(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	g := grantOf(t, h.Grant())
+	g := grantOf(t, h.Info().Grant)
 	if g.Spec.Session == nil {
 		t.Fatal("the request names no session")
 	}
@@ -46,7 +46,7 @@ func TestAcquireUnderTheClientsSession(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if s2 := grantOf(t, h2.Grant()).Spec.Session; s2 == nil || *s2 != *g.Spec.Session {
+	if s2 := grantOf(t, h2.Info().Grant).Spec.Session; s2 == nil || *s2 != *g.Spec.Session {
 		t.Fatalf("second request's session %+v, want %+v", s2, g.Spec.Session)
 	}
 	if err := h2.Release(t.Context()); err != nil {
@@ -56,14 +56,14 @@ func TestAcquireUnderTheClientsSession(t *testing.T) {
 	if err := admin.Delete(t.Context(), l); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, "the handle is spent", func() bool { return closed(h.Done()) })
+	eventually(t, "the handle is spent", func() bool { return closed(h.Context().Done()) })
 	// Whichever comes first: the registry's end or the keeper's failed renewal.
-	if err := h.Err(); !errors.Is(err, lock.ErrSessionExpired) && !errors.Is(err, lock.ErrLost) {
-		t.Fatalf("Err = %v, want ErrSessionExpired or ErrLost", err)
+	if err := context.Cause(h.Context()); !errors.Is(err, lock.ErrSessionExpired) && !errors.Is(err, lock.ErrLost) {
+		t.Fatalf("cause = %v, want ErrSessionExpired or ErrLost", err)
 	}
-	ended := waitPhase(t, h.Grant(), lockingv1alpha1.PhaseExpired)
-	if ended.Status.FenceToken != h.Fence() {
-		t.Fatalf("the ended grant's fence changed from %d to %d", h.Fence(), ended.Status.FenceToken)
+	ended := waitPhase(t, h.Info().Grant, lockingv1alpha1.PhaseExpired)
+	if ended.Status.FenceToken != h.Info().Fence {
+		t.Fatalf("the ended grant's fence changed from %d to %d", h.Info().Fence, ended.Status.FenceToken)
 	}
 
 	// The next Acquire makes a new session; Close deletes it.
@@ -71,7 +71,7 @@ func TestAcquireUnderTheClientsSession(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	s3 := grantOf(t, h3.Grant()).Spec.Session
+	s3 := grantOf(t, h3.Info().Grant).Spec.Session
 	if s3 == nil || s3.UID == g.Spec.Session.UID {
 		t.Fatalf("after the loss the request names session %+v, want a new one", s3)
 	}
@@ -119,7 +119,7 @@ func TestSessionEndsAtItsLocalDeadline(t *testing.T) {
 		t.Fatalf("the session ended %s after it was created, after its 2 s TTL", took)
 	}
 	if !errors.Is(s.Err(), lock.ErrSessionExpired) {
-		t.Fatalf("Err = %v, want ErrSessionExpired", s.Err())
+		t.Fatalf("cause = %v, want ErrSessionExpired", s.Err())
 	}
 }
 
@@ -137,14 +137,14 @@ func (c cutLeases) Patch(ctx context.Context, obj client.Object, patch client.Pa
 	return c.WithWatch.Patch(ctx, obj, patch, opts...)
 }
 
-// A holder that bounds its work by Remaining (a statement timeout) is done
-// before the registry ends its grant, also when the grant ends because the
-// holder's session lapsed: with a 30 s lease and the default 5 s session
-// whose renewals do not get through, Remaining counts to the session's
-// local deadline (4.5 s after its last confirmed renewal was sent), not to
+// A holder that bounds its work by the time Check leaves (a statement
+// timeout) is done before the registry ends its grant, also when the grant
+// ends because the holder's session lapsed: with a 30 s lease and the
+// default 5 s session whose renewals do not get through, Check counts to
+// the session's local deadline (4.5 s after its last confirmed renewal was sent), not to
 // the lease's 27 s, and the registry ends the grant 6 s after it last saw
 // the session renewed. Both clocks are fake and step together.
-func TestRemainingEndsBeforeTheSessionLapses(t *testing.T) {
+func TestCheckEndsBeforeTheSessionLapses(t *testing.T) {
 	ns := namespace(t)
 	if err := env.GrantUsersSessions(t.Context(), ns); err != nil {
 		t.Fatal(err)
@@ -158,8 +158,8 @@ func TestRemainingEndsBeforeTheSessionLapses(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer h.Release(context.Background()) //nolint:errcheck // test cleanup
-	if left := h.Remaining(); left != 4500*time.Millisecond {
-		t.Errorf("Remaining = %s right after Acquire, want the session's 4.5 s", left)
+	if left := remaining(h); left != 4500*time.Millisecond {
+		t.Errorf("Check leaves %s right after Acquire, want the session's 4.5 s", left)
 	}
 
 	// The latest instant, by the registry's clock, until which the holder
@@ -167,13 +167,13 @@ func TestRemainingEndsBeforeTheSessionLapses(t *testing.T) {
 	var bound time.Time
 	var ended *lockingv1alpha1.LockGrant
 	for range 60 {
-		if left := h.Remaining(); left > 0 && clk.Now().Add(left).After(bound) {
+		if left := remaining(h); left > 0 && clk.Now().Add(left).After(bound) {
 			bound = clk.Now().Add(left)
 		}
 		clk.Step(250 * time.Millisecond)
 		hclk.Step(250 * time.Millisecond)
-		wake(t, h.Grant())
-		if g := grantOf(t, h.Grant()); g.Status.Phase.Final() {
+		wake(t, h.Info().Grant)
+		if g := grantOf(t, h.Info().Grant); g.Status.Phase.Final() {
 			ended = g
 			break
 		}
@@ -183,10 +183,10 @@ func TestRemainingEndsBeforeTheSessionLapses(t *testing.T) {
 	}
 	t.Logf("the holder counted on the grant until %s, the registry ended it at %s (%s)", bound.Format(time.RFC3339Nano), ended.Status.EndedAt.Format(time.RFC3339Nano), ended.Status.Phase)
 	if !bound.Before(ended.Status.EndedAt.Time) {
-		t.Errorf("Remaining let the holder work until %s, after the registry ended the grant at %s", bound.Format(time.RFC3339Nano), ended.Status.EndedAt.Format(time.RFC3339Nano))
+		t.Errorf("Check let the holder work until %s, after the registry ended the grant at %s", bound.Format(time.RFC3339Nano), ended.Status.EndedAt.Format(time.RFC3339Nano))
 	}
-	if err := h.Err(); !errors.Is(err, lock.ErrOwnershipUnknown) || !errors.Is(err, lock.ErrSessionExpired) {
-		t.Errorf("Err = %v, want ErrOwnershipUnknown and ErrSessionExpired", err)
+	if err := context.Cause(h.Context()); !errors.Is(err, lock.ErrOwnershipUnknown) || !errors.Is(err, lock.ErrSessionExpired) {
+		t.Errorf("cause = %v, want ErrOwnershipUnknown and ErrSessionExpired", err)
 	}
 }
 
@@ -194,9 +194,9 @@ func TestRemainingEndsBeforeTheSessionLapses(t *testing.T) {
 // queue under the default 5 s session, so that its client, if it died
 // there, would be skipped 6 s later; once it holds, its session is
 // lengthened to leave room for the grace (13 s for 3 s). Cut off from the
-// API server, its Done closes at least the grace before the registry ends
+// API server, its Context ends at least the grace before the registry ends
 // the grant for the lapsed session: work that stops within the grace of
-// Done (SIGTERM, then SIGKILL) has stopped before the next waiter is
+// its end (SIGTERM, then SIGKILL) has stopped before the next waiter is
 // granted. Both clocks are fake and step together.
 func TestStopGraceComesOutOfTheSession(t *testing.T) {
 	ns := namespace(t)
@@ -238,8 +238,8 @@ func TestStopGraceComesOutOfTheSession(t *testing.T) {
 		t.Errorf("the holder's session lasts %s, want 13 s for a %s grace", d, grace)
 	}
 	// 13 s - 1.3 s - 3 s after the lengthening renewal was sent.
-	if left := h.Remaining(); left != 8700*time.Millisecond {
-		t.Errorf("Remaining = %s, want 8.7 s", left)
+	if left := remaining(h); left != 8700*time.Millisecond {
+		t.Errorf("Check leaves %s, want 8.7 s", left)
 	}
 
 	next := make(chan result, 1)
@@ -250,16 +250,16 @@ func TestStopGraceComesOutOfTheSession(t *testing.T) {
 	waitPhase(t, keyOf(ns, "grace-c"), lockingv1alpha1.PhasePending)
 
 	cut.Store(true)
-	var doneAt time.Time // by the registry's clock, no earlier than Done
+	var doneAt time.Time // by the registry's clock, no earlier than the Context ended
 	var ended *lockingv1alpha1.LockGrant
 	for range 100 {
 		clk.Step(250 * time.Millisecond)
 		hclk.Step(250 * time.Millisecond)
-		if doneAt.IsZero() && h.Check() != nil {
+		if doneAt.IsZero() && checkErr(h) != nil {
 			doneAt = clk.Now()
 		}
-		wake(t, h.Grant())
-		if g := grantOf(t, h.Grant()); g.Status.Phase.Final() {
+		wake(t, h.Info().Grant)
+		if g := grantOf(t, h.Info().Grant); g.Status.Phase.Final() {
 			ended = g
 			break
 		}
@@ -267,20 +267,21 @@ func TestStopGraceComesOutOfTheSession(t *testing.T) {
 	if doneAt.IsZero() || ended == nil || ended.Status.EndedAt == nil {
 		t.Fatalf("the handle was spent at %s, the registry ended the grant: %v", doneAt, ended != nil)
 	}
-	eventually(t, "Done is closed", func() bool { return closed(h.Done()) })
-	if err := h.Err(); !errors.Is(err, lock.ErrOwnershipUnknown) || !errors.Is(err, lock.ErrSessionExpired) {
-		t.Errorf("Err = %v, want ErrOwnershipUnknown and ErrSessionExpired", err)
+	eventually(t, "the context ends", func() bool { return closed(h.Context().Done()) })
+	if err := context.Cause(h.Context()); !errors.Is(err, lock.ErrOwnershipUnknown) || !errors.Is(err, lock.ErrSessionExpired) {
+		t.Errorf("cause = %v, want ErrOwnershipUnknown and ErrSessionExpired", err)
 	}
 	n := <-next
 	if n.err != nil {
 		t.Fatal(n.err)
 	}
 	defer n.h.Release(context.Background()) //nolint:errcheck // test cleanup
-	granted := grantOf(t, n.h.Grant()).Status.GrantedAt.Time
-	t.Logf("Done at %s, the registry ended the grant %s later (%s), the next waiter was granted %s later",
+	// Acquire may return on the counter's event, before the grant's status.
+	granted := waitPhase(t, n.h.Info().Grant, lockingv1alpha1.PhaseHeld).Status.GrantedAt.Time
+	t.Logf("the Context ended at %s, the registry ended the grant %s later (%s), the next waiter was granted %s later",
 		doneAt.Format(time.RFC3339Nano), ended.Status.EndedAt.Sub(doneAt), ended.Status.Phase, granted.Sub(doneAt))
 	if killed := doneAt.Add(grace); !killed.Before(ended.Status.EndedAt.Time) || !killed.Before(granted) {
-		t.Errorf("work stopped within the %s grace of Done could run until %s, after the registry ended the grant (%s) or granted the next waiter (%s)",
+		t.Errorf("work stopped within the %s grace of the Context's end could run until %s, after the registry ended the grant (%s) or granted the next waiter (%s)",
 			grace, killed.Format(time.RFC3339Nano), ended.Status.EndedAt.Format(time.RFC3339Nano), granted.Format(time.RFC3339Nano))
 	}
 }
@@ -318,7 +319,7 @@ func TestAcquireWithoutLeaseRightsHasNoSession(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer h.Release(t.Context()) //nolint:errcheck // test cleanup
-	if s := grantOf(t, h.Grant()).Spec.Session; s != nil {
+	if s := grantOf(t, h.Info().Grant).Spec.Session; s != nil {
 		t.Fatalf("the request names session %+v, want none", s)
 	}
 }

@@ -178,3 +178,15 @@ func newTestClient(t *testing.T, c client.WithWatch, opts ...lock.Option) *lock.
 	t.Cleanup(func() { _ = l.Close(context.Background()) })
 	return l
 }
+
+// checkErr is Handle.Check's verdict alone.
+func checkErr(h *lock.Handle) error {
+	_, err := h.Check()
+	return err
+}
+
+// remaining is the time Handle.Check leaves the holder (0 when it fails).
+func remaining(h *lock.Handle) time.Duration {
+	left, _ := h.Check()
+	return left
+}

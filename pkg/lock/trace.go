@@ -20,9 +20,10 @@ const (
 	// RELEASED when the acquisition ended, ... A state the handle passed
 	// through between two of its steps is not reported.
 	TraceState TraceKind = "state"
-	// TraceDone means Done closed; Err says why (ErrOwnershipUnknown,
-	// ErrReleased, or ErrLost and the refusal). Reported once, at the
-	// instant the handle stopped allowing new effects.
+	// TraceDone means the handle's Context ended; Err says why
+	// (ErrOwnershipUnknown, ErrReleased, or ErrLost and the refusal).
+	// Reported once, at the instant the handle stopped allowing new
+	// effects.
 	TraceDone TraceKind = "done"
 	// TraceRenewSent means the handle is sending a renew that sets
 	// spec.renewals to Renewals. A renew whose outcome was unknown is
@@ -63,7 +64,8 @@ type TraceEvent struct {
 	// RELEASED, REVOKED, TIMED_OUT, UNKNOWN_GRANT, or the code of the
 	// refusal that ended it), "" while it has not.
 	Reason fencing.Reason
-	// Err is the handle's Err at this step: nil while Done is open.
+	// Err is the cause of the handle's Context at this step
+	// (context.Cause): nil while it runs.
 	Err error
 	// Renewals is the spec.renewals value of the renew a TraceRenewSent or
 	// TraceRenewAnswered reports.
@@ -78,7 +80,7 @@ type TraceEvent struct {
 
 // WithTrace calls fn with every step of the Handle an Acquire makes (see
 // TraceEvent): each holder state change with the fence and the local
-// deadline, the closing of Done, and each renew sent and its answer, from
+// deadline, the end of its Context, and each renew sent and its answer, from
 // the create on, also for an acquisition that Acquire gives up on. Steps
 // are reported in the order they happened, one at a time, never while the
 // handle holds its own lock, so fn may call the Handle's methods (except
@@ -91,7 +93,7 @@ type TraceEvent struct {
 //
 // A holder's trace with the times its requests were sent tells a checker
 // what the holder believed and when: that it held the lock from a HELD
-// state until Done, and that it stopped at the local deadline or when the
+// state until its Context ended, and that it stopped at the local deadline or when the
 // registry said its grant had ended.
 func WithTrace(fn func(TraceEvent)) Option {
 	return func(s *settings) {

@@ -63,7 +63,7 @@ func describe(evs []lock.TraceEvent) string {
 // with the fence and the local deadline counted from the create's send
 // time, each renew sent and answered (a renew of unknown outcome is resent
 // with the same renewals value), the deadline moved by the
-// confirmed renew, OWNERSHIP_UNKNOWN and Done at that deadline once renews
+// confirmed renew, OWNERSHIP_UNKNOWN and the Context's end at that deadline once renews
 // stop getting through, and the release. The trace function may use the
 // handle.
 func TestTrace(t *testing.T) {
@@ -89,9 +89,9 @@ func TestTrace(t *testing.T) {
 		return ok && e.State == holder.Held
 	})
 	held, _ := tr.last(lock.TraceState)
-	if held.Previous != holder.Requested || held.Fence != h.Fence() || held.Fence == 0 || held.Grant != h.Grant() ||
-		held.UID != h.UID() || held.Resource != "ledger/trace" || held.Err != nil {
-		t.Fatalf("the first state step: %+v; want REQUESTED->HELD with the handle's grant, UID and fence %d", held, h.Fence())
+	if held.Previous != holder.Requested || held.Fence != h.Info().Fence || held.Fence == 0 || held.Grant != h.Info().Grant ||
+		held.UID != h.Info().UID || held.Resource != "ledger/trace" || held.Err != nil {
+		t.Fatalf("the first state step: %+v; want REQUESTED->HELD with the handle's grant, UID and fence %d", held, h.Info().Fence)
 	}
 	// Deadline: create sent at start + TTL - margin (8 s).
 	if want := start.Add(8 * time.Second); !held.Deadline.Equal(want) {
@@ -138,14 +138,14 @@ func TestTrace(t *testing.T) {
 	defer fa.open()
 	step(3 * time.Second) // the next renew is sent at +6.5 s or so, and held up
 	step(5 * time.Second) // past the deadline (+11 s), before the controller's expiry (+12 s)
-	eventually(t, "the trace reports Done", func() bool {
+	eventually(t, "the trace reports the Context's end", func() bool {
 		_, ok := tr.last(lock.TraceDone)
 		return ok
 	})
 	unknown, _ := tr.last(lock.TraceState)
 	done, _ := tr.last(lock.TraceDone)
 	if unknown.State != holder.OwnershipUnknown || !errors.Is(unknown.Err, lock.ErrOwnershipUnknown) ||
-		!unknown.Deadline.Equal(start.Add(11*time.Second)) || unknown.Fence != h.Fence() {
+		!unknown.Deadline.Equal(start.Add(11*time.Second)) || unknown.Fence != h.Info().Fence {
 		t.Fatalf("at the deadline: %+v; want OWNERSHIP_UNKNOWN, Err ErrOwnershipUnknown, the deadline +11s, the fence", unknown)
 	}
 	if !errors.Is(done.Err, lock.ErrOwnershipUnknown) || done.State != holder.OwnershipUnknown || done.Time.Before(unknown.Time) {
@@ -173,7 +173,7 @@ func TestTrace(t *testing.T) {
 		}
 	}
 	if dones != 1 {
-		t.Fatalf("Done reported %d times; trace:%s", dones, describe(evs))
+		t.Fatalf("the Context's end reported %d times; trace:%s", dones, describe(evs))
 	}
 }
 

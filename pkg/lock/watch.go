@@ -13,6 +13,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/apimachinery/pkg/watch"
+	"k8s.io/utils/clock"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/event"
 	"sigs.k8s.io/controller-runtime/pkg/predicate"
@@ -26,7 +27,8 @@ import (
 // (onList sees the fresh state) and resumes. It returns when ctx ends
 // (ctx.Err()), a callback returns an error or stop, or a list or watch fails
 // with an error giveUp (when set) reports as final: that error is returned.
-func listThenWatch[T client.Object](ctx context.Context, c client.WithWatch, newList func() client.ObjectList, opts []client.ListOption,
+// It pauses before a list or watch that follows a failed one on clk.
+func listThenWatch[T client.Object](ctx context.Context, c client.WithWatch, clk clock.WithTicker, newList func() client.ObjectList, opts []client.ListOption,
 	giveUp func(error) bool,
 	onList func([]T) (stop bool, err error),
 	onEvent func(watch.EventType, T) (stop bool, err error),
@@ -46,12 +48,12 @@ func listThenWatch[T client.Object](ctx context.Context, c client.WithWatch, new
 		if giveUp != nil && giveUp(err) {
 			return err
 		}
-		t := time.NewTimer(backoff.Step())
+		t := clk.NewTimer(backoff.Step())
 		defer t.Stop()
 		select {
 		case <-ctx.Done():
 			return ctx.Err()
-		case <-t.C:
+		case <-t.C():
 			return nil
 		}
 	}
@@ -153,10 +155,10 @@ func grantList() client.ObjectList { return &lockingv1alpha1.LockGrantList{} }
 // change a watch reports, until fn returns true or an error, ctx ends, or
 // giveUp reports a failed list or watch as final. After a broken watch it
 // reads the object again, so fn always sees the latest state eventually.
-func watchOne[T client.Object](ctx context.Context, c client.WithWatch, newList func() client.ObjectList, key types.NamespacedName,
+func watchOne[T client.Object](ctx context.Context, c client.WithWatch, clk clock.WithTicker, newList func() client.ObjectList, key types.NamespacedName,
 	giveUp func(error) bool, fn func(T) (bool, error)) error {
 	var none T
-	return listThenWatch(ctx, c, newList, byName(key), giveUp,
+	return listThenWatch(ctx, c, clk, newList, byName(key), giveUp,
 		func(items []T) (bool, error) {
 			if len(items) == 0 {
 				return fn(none)
@@ -173,15 +175,15 @@ func watchOne[T client.Object](ctx context.Context, c client.WithWatch, newList 
 
 // watchGrant is watchOne for the LockGrant key: fn sees nil while it does
 // not exist.
-func watchGrant(ctx context.Context, c client.WithWatch, key types.NamespacedName, fn func(g *lockingv1alpha1.LockGrant) (bool, error)) error {
-	return watchOne(ctx, c, grantList, key, nil, fn)
+func watchGrant(ctx context.Context, c client.WithWatch, clk clock.WithTicker, key types.NamespacedName, fn func(g *lockingv1alpha1.LockGrant) (bool, error)) error {
+	return watchOne(ctx, c, clk, grantList, key, nil, fn)
 }
 
 // watchCounter is watchOne for the FenceCounter key: fn sees nil while it
 // does not exist. A list or watch the API server refuses for good (RBAC,
 // no such kind) ends it with that error; other failures are retried.
-func watchCounter(ctx context.Context, c client.WithWatch, key types.NamespacedName, fn func(*lockingv1alpha1.FenceCounter) (bool, error)) error {
-	return watchOne(ctx, c, func() client.ObjectList { return &lockingv1alpha1.FenceCounterList{} }, key, refusedForGood, fn)
+func watchCounter(ctx context.Context, c client.WithWatch, clk clock.WithTicker, key types.NamespacedName, fn func(*lockingv1alpha1.FenceCounter) (bool, error)) error {
+	return watchOne(ctx, c, clk, func() client.ObjectList { return &lockingv1alpha1.FenceCounterList{} }, key, refusedForGood, fn)
 }
 
 // refusedForGood reports whether err is an answer that retrying does not
@@ -200,8 +202,14 @@ func refusedForGood(err error) bool {
 // c must talk to the API server directly (client.NewWithWatch), not through
 // a manager's cache.
 func WaitForGrant(ctx context.Context, c client.WithWatch, key types.NamespacedName, cond func(*lockingv1alpha1.LockGrant) bool) (*lockingv1alpha1.LockGrant, error) {
+	return waitForGrant(ctx, c, clock.RealClock{}, key, cond)
+}
+
+// waitForGrant is WaitForGrant with its reconnect pauses on clk.
+func waitForGrant(ctx context.Context, c client.WithWatch, clk clock.WithTicker, key types.NamespacedName,
+	cond func(*lockingv1alpha1.LockGrant) bool) (*lockingv1alpha1.LockGrant, error) {
 	var got *lockingv1alpha1.LockGrant
-	err := watchGrant(ctx, c, key, func(g *lockingv1alpha1.LockGrant) (bool, error) {
+	err := watchGrant(ctx, c, clk, key, func(g *lockingv1alpha1.LockGrant) (bool, error) {
 		if cond(g) {
 			got = g
 			return true, nil
@@ -263,7 +271,7 @@ func WatchTransitions(ctx context.Context, c client.WithWatch, fn func(Transitio
 		}
 		return fn(Transition{Grant: g, From: old.phase, To: g.Status.Phase})
 	}
-	return listThenWatch(ctx, c, grantList, opts, nil,
+	return listThenWatch(ctx, c, clock.RealClock{}, grantList, opts, nil,
 		func(items []*lockingv1alpha1.LockGrant) (bool, error) {
 			present := map[types.UID]bool{}
 			for _, g := range items {

@@ -52,7 +52,7 @@ func TestCancelledAcquireLeavesNoGrant(t *testing.T) {
 		stop.Stop()
 		cancel()
 		if err == nil {
-			t.Fatalf("cancel after %d ms: Acquire returned %s while %s holds the resource", d, h.Grant(), ha.Grant())
+			t.Fatalf("cancel after %d ms: Acquire returned %s while %s holds the resource", d, h.Info().Grant, ha.Info().Grant)
 		}
 		if !errors.Is(err, context.Canceled) {
 			t.Fatalf("cancel after %d ms: %v, want context.Canceled", d, err)
@@ -63,7 +63,7 @@ func TestCancelledAcquireLeavesNoGrant(t *testing.T) {
 			t.Fatal(err)
 		}
 		for _, g := range list.Items {
-			if g.Spec.Resource != resource || g.UID == ha.UID() || seen[string(g.UID)] {
+			if g.Spec.Resource != resource || g.UID == ha.Info().UID || seen[string(g.UID)] {
 				continue
 			}
 			seen[string(g.UID)] = true
@@ -128,6 +128,6 @@ func TestReleaseWithoutAnAnswerIsFinished(t *testing.T) {
 	if err := h.Release(ctx); err == nil || lock.Refusal(err) != nil {
 		t.Fatalf("Release with a cancelled context: %v, want an error with no definite answer", err)
 	}
-	waitPhase(t, h.Grant(), lockingv1alpha1.PhaseReleased)
+	waitPhase(t, h.Info().Grant, lockingv1alpha1.PhaseReleased)
 	release(t, h, "")
 }

@@ -23,7 +23,7 @@ func acquireRelease(t *testing.T, ns, resource string) int64 {
 	if err := h.Release(t.Context()); err != nil {
 		t.Fatalf("releasing %s: %v", resource, err)
 	}
-	return h.Fence()
+	return h.Info().Fence
 }
 
 // testUninstallKeepsFences: `helm uninstall` keeps every FenceCounter, the

@@ -85,15 +85,15 @@ func (tr *traffic) cycle(ctx context.Context, locks *lock.Client, resource strin
 		sleep(ctx, time.Second)
 		return
 	}
-	hd := hold{fence: h.Fence(), from: time.Now()}
+	hd := hold{fence: h.Info().Fence, from: time.Now()}
 	tr.mu.Lock()
 	tr.acquired = append(tr.acquired, hd.from)
 	tr.mu.Unlock()
-	if err := tr.write(ctx, h, resource); err != nil && ctx.Err() == nil && h.Err() == nil {
+	if err := tr.write(ctx, h, resource); err != nil && ctx.Err() == nil && context.Cause(h.Context()) == nil {
 		tr.fail("%s: the holder's write with fence %d: %v", resource, hd.fence, err)
 	}
 	sleep(ctx, 150*time.Millisecond)
-	hd.to, hd.lost = time.Now(), h.Err() != nil
+	hd.to, hd.lost = time.Now(), context.Cause(h.Context()) != nil
 	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
 	defer cancel()
 	if err := h.Release(rctx); err != nil {
@@ -121,7 +121,7 @@ func (tr *traffic) write(ctx context.Context, h *lock.Handle, resource string) e
 		case err != nil:
 			return err
 		}
-		cm.Data = map[string]string{"fence": fmt.Sprint(h.Fence())}
+		cm.Data = map[string]string{"fence": fmt.Sprint(h.Info().Fence)}
 		if err := h.Stamp(cm); err != nil {
 			return err
 		}
@@ -133,7 +133,7 @@ func (tr *traffic) write(ctx context.Context, h *lock.Handle, resource string) e
 		switch {
 		case apierrors.IsConflict(err) || apierrors.IsAlreadyExists(err):
 			continue
-		case webhookFailed(err) && h.Err() == nil:
+		case webhookFailed(err) && context.Cause(h.Context()) == nil:
 			// The replica the Service chose is gone (a killed container, a
 			// rolled Pod): the write was refused without a decision, and the
 			// writer retries.

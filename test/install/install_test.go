@@ -154,8 +154,8 @@ spec:
 		t.Fatal(err)
 	}
 	defer func() { _ = h.Release(context.WithoutCancel(t.Context())) }()
-	if h.Fence()>>40 != 3 || h.Fence() <= recorded {
-		t.Fatalf("the first fence after recovery is %d (epoch %d), want epoch 3, above %d", h.Fence(), h.Fence()>>40, recorded)
+	if h.Info().Fence>>40 != 3 || h.Info().Fence <= recorded {
+		t.Fatalf("the first fence after recovery is %d (epoch %d), want epoch 3, above %d", h.Info().Fence, h.Info().Fence>>40, recorded)
 	}
 	if err := b.Get(t.Context(), client.ObjectKeyFromObject(ledger), ledger); err != nil {
 		t.Fatal(err)
@@ -165,6 +165,6 @@ spec:
 	}
 	ledger.Data = map[string]string{"total": "after recovery"}
 	if err := b.Update(t.Context(), ledger); err != nil {
-		t.Fatalf("the write with fence %d after recovery was refused: %v", h.Fence(), err)
+		t.Fatalf("the write with fence %d after recovery was refused: %v", h.Info().Fence, err)
 	}
 }

@@ -77,8 +77,8 @@ func (c *cluster) playPausedHolder(a, b client.WithWatch, resource string) int64
 		c.t.Fatalf("B acquires %s: %v", resource, err)
 	}
 	defer func() { _ = h.Release(context.WithoutCancel(ctx)) }()
-	if h.Fence() <= ga.Status.FenceToken {
-		c.t.Fatalf("B's fence %d is not above A's %d", h.Fence(), ga.Status.FenceToken)
+	if h.Info().Fence <= ga.Status.FenceToken {
+		c.t.Fatalf("B's fence %d is not above A's %d", h.Info().Fence, ga.Status.FenceToken)
 	}
 	if err := b.Get(ctx, client.ObjectKeyFromObject(cm), cm); err != nil {
 		c.t.Fatal(err)
@@ -88,7 +88,7 @@ func (c *cluster) playPausedHolder(a, b client.WithWatch, resource string) int64
 	}
 	cm.Data["result"] = "B: correct total"
 	if err := b.Update(ctx, cm); err != nil {
-		c.t.Fatalf("B's write with fence %d was refused: %v", h.Fence(), err)
+		c.t.Fatalf("B's write with fence %d was refused: %v", h.Info().Fence, err)
 	}
 
 	// A wakes and writes what it computed before the pause.
@@ -108,8 +108,8 @@ func (c *cluster) playPausedHolder(a, b client.WithWatch, resource string) int64
 	if cm.Data["result"] != "B: correct total" {
 		c.t.Fatalf("the object holds %q, want B's result", cm.Data["result"])
 	}
-	c.t.Logf("story: A fence %d, B fence %d, A's late write refused: %v", ga.Status.FenceToken, h.Fence(), err)
-	return h.Fence()
+	c.t.Logf("story: A fence %d, B fence %d, A's late write refused: %v", ga.Status.FenceToken, h.Info().Fence, err)
+	return h.Info().Fence
 }
 
 // acquireOnce takes and releases resource as cl and returns its fence.
@@ -123,7 +123,7 @@ func (c *cluster) acquireOnce(cl client.WithWatch, resource string) int64 {
 	if err := h.Release(ctx); err != nil {
 		c.t.Fatal(err)
 	}
-	return h.Fence()
+	return h.Info().Fence
 }
 
 func (c *cluster) waitGrant(g *lockingv1alpha1.LockGrant, phase lockingv1alpha1.LockGrantPhase) {

@@ -49,14 +49,14 @@ type stampingClient struct {
 var _ client.Client = &stampingClient{}
 
 // guarded reports whether obj is a guarded object of the term's fenced
-// resource ID (lock.Handle.FencedResource).
+// resource ID (lock.Info.FencedResource).
 func guarded(obj client.Object, resource string) bool {
 	return obj.GetLabels()[lockingv1alpha1.GuardedLabel] == "true" || obj.GetAnnotations()[lockingv1alpha1.ResourceAnnotation] == resource
 }
 
 // stamp stamps obj when it is guarded.
 func (s *stampingClient) stamp(obj client.Object) (bool, error) {
-	if !guarded(obj, s.term.h.FencedResource()) {
+	if !guarded(obj, s.term.h.Info().FencedResource) {
 		return false, nil
 	}
 	if err := s.term.Stamp(obj); err != nil {
@@ -105,7 +105,7 @@ func (s *stampingClient) Delete(ctx context.Context, obj client.Object, opts ...
 	if err := s.Get(ctx, client.ObjectKeyFromObject(obj), cur); err != nil {
 		return err
 	}
-	if !guarded(cur, s.term.h.FencedResource()) {
+	if !guarded(cur, s.term.h.Info().FencedResource) {
 		return s.Client.Delete(ctx, obj, opts...)
 	}
 	if err := s.term.Context().Err(); err != nil {

@@ -37,9 +37,9 @@
 //   - One term at a time per Elector: Run starts a term only after the
 //     previous term's OnStartedLeading returned and OnStoppedLeading ran.
 //   - The leader context given to OnStartedLeading is cancelled the moment
-//     ownership is in doubt: the term's lock.Handle closed Done (its local
-//     deadline passed without a confirmed renewal, the grant expired, was
-//     revoked or released), or Run's context ended. Its cause
+//     ownership is in doubt: the term's lock.Handle's Context ended (its
+//     local deadline passed without a confirmed renewal, the grant expired,
+//     was revoked or released), or Run's context ended. Its cause
 //     (context.Cause) says which.
 //   - After a term ends the Elector releases its grant (so a cancelled Run
 //     hands over at once, like client-go's ReleaseOnCancel), calls

@@ -83,9 +83,11 @@ type Config struct {
 	// LockOptions are extra options of every term's Acquire, e.g.
 	// lock.WithPolicy, lock.WithSafetyMargin, lock.WithLogger, lock.WithClock.
 	LockOptions []lock.Option
-	// Clock measures how long a finished term's work takes to stop (Check).
-	// Default clock.RealClock. For tests.
-	Clock clock.PassiveClock
+	// Clock measures how long a finished term's work takes to stop (Check)
+	// and how long a term lasted, and times the pause before queuing again
+	// after a failed request. The terms' handles take theirs from
+	// LockOptions (lock.WithClock). Default clock.RealClock. For tests.
+	Clock clock.Clock
 }
 
 // Elector runs one candidate of a fenced election. Create it with New; all
@@ -180,7 +182,7 @@ func (e *Elector) Run(ctx context.Context) error {
 			log.Error(err, "Queuing for leadership failed; trying again")
 			select {
 			case <-ctx.Done():
-			case <-time.After(b.Step()):
+			case <-e.cfg.Clock.After(b.Step()):
 			}
 			continue
 		}
@@ -200,8 +202,9 @@ func (e *Elector) lead(ctx context.Context, h *lock.Handle) {
 	e.mu.Lock()
 	e.term, e.ending = t, time.Time{}
 	e.mu.Unlock()
-	start := time.Now()
-	log.Info("Started leading", "fence", h.Fence(), "grant", klog.KRef(h.Grant().Namespace, h.Grant().Name))
+	start := e.cfg.Clock.Now()
+	info := h.Info()
+	log.Info("Started leading", "fence", info.Fence, "grant", klog.KRef(info.Grant.Namespace, info.Grant.Name))
 
 	done := make(chan struct{})
 	go func() {
@@ -221,7 +224,7 @@ func (e *Elector) lead(ctx context.Context, h *lock.Handle) {
 	e.mu.Lock()
 	e.term, e.ending = nil, time.Time{}
 	e.mu.Unlock()
-	log.Info("Stopped leading", "fence", h.Fence(), "cause", context.Cause(leaderCtx).Error(), "led", time.Since(start).String(),
+	log.Info("Stopped leading", "fence", info.Fence, "cause", context.Cause(leaderCtx).Error(), "led", e.cfg.Clock.Since(start).String(),
 		"releaseRefused", lock.Refusal(err) != nil)
 	if e.cfg.Callbacks.OnStoppedLeading != nil {
 		e.cfg.Callbacks.OnStoppedLeading()
@@ -244,7 +247,11 @@ func (e *Elector) current() *Term {
 // its handle still passes Check (its local deadline has not passed).
 func (e *Elector) IsLeader() bool {
 	t := e.current()
-	return t != nil && t.ctx.Err() == nil && t.h.Check() == nil
+	if t == nil || t.ctx.Err() != nil {
+		return false
+	}
+	_, err := t.h.Check()
+	return err == nil
 }
 
 // Fence returns the fencing token of the current term while IsLeader, and

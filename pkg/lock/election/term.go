@@ -21,19 +21,19 @@ type Term struct {
 
 // Fence returns the term's fencing token: strictly larger than every
 // earlier term's of the same resource.
-func (t *Term) Fence() int64 { return t.h.Fence() }
+func (t *Term) Fence() int64 { return t.h.Info().Fence }
 
 // Grant returns the namespace and name of the term's LockGrant.
-func (t *Term) Grant() types.NamespacedName { return t.h.Grant() }
+func (t *Term) Grant() types.NamespacedName { return t.h.Info().Grant }
 
 // Resource returns the election's resource ID.
-func (t *Term) Resource() string { return t.h.Resource() }
+func (t *Term) Resource() string { return t.h.Info().Resource }
 
 // Identity returns the candidate's identity.
 func (t *Term) Identity() string { return t.identity }
 
 // Context returns the leader context: cancelled when the term ends (the
-// handle's Done closed, or Run's context ended), with the reason as its
+// handle's Context ended, or Run's context ended), with the reason as its
 // cause (lock.ErrOwnershipUnknown, lock.ErrLost, ...).
 func (t *Term) Context() context.Context { return t.ctx }
 

@@ -72,7 +72,7 @@ func (w *worker) acquire(ctx context.Context, resource string) *lease {
 		return nil
 	}
 	l.h = h
-	w.rec.emit(Event{Kind: EventOK, Op: OpAcquire, ID: id, Resource: resource, Grant: l.key.Name, UID: string(h.UID()), Fence: h.Fence()})
+	w.rec.emit(Event{Kind: EventOK, Op: OpAcquire, ID: id, Resource: resource, Grant: l.key.Name, UID: string(h.Info().UID), Fence: h.Info().Fence})
 	return l
 }
 
@@ -159,6 +159,12 @@ func doneReason(e lock.TraceEvent) string {
 	return string(fencing.ReasonOf(e.Err))
 }
 
+// holds reports whether the handle may start an effect now (Handle.Check).
+func (l *lease) holds() bool {
+	_, err := l.h.Check()
+	return err == nil
+}
+
 // wait passes up to d, or less if ctx ends or the handle's Done closes.
 func (l *lease) wait(ctx context.Context, d time.Duration) {
 	t := time.NewTimer(d)
@@ -166,7 +172,7 @@ func (l *lease) wait(ctx context.Context, d time.Duration) {
 	select {
 	case <-t.C:
 	case <-ctx.Done():
-	case <-l.h.Done():
+	case <-l.h.Context().Done():
 	}
 }
 
@@ -194,7 +200,7 @@ func (l *lease) release(ctx context.Context) {
 		return
 	}
 	w := l.w
-	ev := Event{Op: OpRelease, ID: fmt.Sprintf("%s-x%d", w.o.id, w.next()), Resource: l.resource, Grant: l.key.Name, UID: string(l.h.UID())}
+	ev := Event{Op: OpRelease, ID: fmt.Sprintf("%s-x%d", w.o.id, w.next()), Resource: l.resource, Grant: l.key.Name, UID: string(l.h.Info().UID)}
 	w.rec.emit(withKind(ev, EventInvoke))
 	rctx, cancel := context.WithTimeout(ctx, settleTimeout)
 	defer cancel()

@@ -68,7 +68,7 @@ func (w *worker) increment(ctx context.Context, l *lease) bool {
 	default:
 		read.Detail = err.Error()
 		w.rec.emit(withKind(read, EventInfo))
-		return l.h.Check() == nil
+		return l.holds()
 	}
 
 	l.wait(ctx, w.between(0, maxCompute))
@@ -77,7 +77,7 @@ func (w *worker) increment(ctx context.Context, l *lease) bool {
 	}
 	write := Event{
 		Op: OpWrite, ID: w.nextID("w"), Resource: l.resource, Object: key.Name,
-		Grant: l.key.Name, UID: string(l.h.UID()), Fence: l.h.Fence(), ExpectRV: read.RV, Count: read.Count + 1,
+		Grant: l.key.Name, UID: string(l.h.Info().UID), Fence: l.h.Info().Fence, ExpectRV: read.RV, Count: read.Count + 1,
 	}
 	if cm.Data == nil {
 		cm.Data = map[string]string{}
@@ -120,7 +120,7 @@ func (w *worker) increment(ctx context.Context, l *lease) bool {
 		write.Detail = err.Error()
 		w.rec.emit(withKind(write, EventInfo))
 	}
-	return l.h.Check() == nil
+	return l.holds()
 }
 
 // stray sends, once l has ended, what a replica that lost its lease still
@@ -134,7 +134,7 @@ func (w *worker) stray(ctx context.Context, l *lease) {
 		return
 	}
 	cm := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: w.o.namespace, Name: objectName(resource)}}
-	e := Event{Op: OpStray, ID: w.nextID("s"), Resource: resource, Object: cm.Name, Grant: l.key.Name, UID: string(l.h.UID()), Fence: l.h.Fence()}
+	e := Event{Op: OpStray, ID: w.nextID("s"), Resource: resource, Object: cm.Name, Grant: l.key.Name, UID: string(l.h.Info().UID), Fence: l.h.Info().Fence}
 	rctx, cancel := w.requestCtx(ctx)
 	defer cancel()
 	var err error

@@ -167,13 +167,13 @@ func (w *worker) hold(ctx context.Context, l *lease) {
 	// Cleanup runs even when ctx ends (SIGTERM at the end of the run).
 	after := context.WithoutCancel(ctx)
 	writes := 1 + w.rnd.IntN(maxWritesPerGrant)
-	for i := 0; i < writes && ctx.Err() == nil && l.h.Check() == nil; i++ {
+	for i := 0; i < writes && ctx.Err() == nil && l.holds(); i++ {
 		if !w.increment(ctx, l) {
 			break
 		}
 		l.wait(ctx, w.between(0, maxThink))
 	}
-	if ctx.Err() == nil && l.h.Check() == nil && w.rnd.Float64() < abandonRate {
+	if ctx.Err() == nil && l.holds() && w.rnd.Float64() < abandonRate {
 		l.abandon() // the grant expires; the successor waits for it
 		return
 	}
