@@ -529,7 +529,7 @@ func (r *Reconciler) decide(ctx context.Context, req reconcile.Request, mode rea
 			// can hide (a status another replica wrote before its
 			// swap). One direct list of the resource's grants finds it.
 			listed = true
-			stale, err := r.listDirect(ctx, req.Namespace, f, fresher)
+			stale, err := r.listDirect(ctx, req.Namespace, f, fresher, confirmed)
 			if err != nil {
 				return f, grantplan.Plan{}, err
 			}
@@ -599,8 +599,10 @@ func (r *Reconciler) decide(ctx context.Context, req reconcile.Request, mode rea
 // listDirect lists the resource's grants directly from the API server and
 // records in fresher every one the pass gathered out of date: changed
 // since the cache saw it (other than by this replica's own status write),
-// missing from the cache, or gone. It reports whether it found one.
-func (r *Reconciler) listDirect(ctx context.Context, ns string, f grantplan.Facts, fresher map[types.UID]*lockingv1alpha1.LockGrant) (bool, error) {
+// missing from the cache, or gone. The others are confirmed as gathered
+// (the grant about to be granted among them: it needs no read of its
+// own). It reports whether it found one out of date.
+func (r *Reconciler) listDirect(ctx context.Context, ns string, f grantplan.Facts, fresher map[types.UID]*lockingv1alpha1.LockGrant, confirmed map[types.UID]string) (bool, error) {
 	var list lockingv1alpha1.LockGrantList
 	err := r.APIReader.List(ctx, &list, client.InNamespace(ns), client.MatchingFields{ResourceField: f.Resource})
 	if apierrors.IsBadRequest(err) {
@@ -621,6 +623,7 @@ func (r *Reconciler) listDirect(ctx context.Context, ns string, f grantplan.Fact
 		stored[g.UID] = true
 		j := slices.IndexFunc(f.Grants, func(c lockingv1alpha1.LockGrant) bool { return c.UID == g.UID })
 		if j >= 0 && (f.Grants[j].ResourceVersion == g.ResourceVersion || r.own.wrote(g.UID, g.ResourceVersion)) {
+			confirmed[g.UID] = f.Grants[j].ResourceVersion
 			continue
 		}
 		stale = true

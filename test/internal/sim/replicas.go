@@ -219,7 +219,7 @@ func (w *world) gather(rp *replica, resource string, mode readMode) pass {
 			// status for a grant not Held before (controllers/lockgrant:
 			// listDirect); then the counter is read directly again.
 			listed = true
-			if w.listDirect(rp, resource, f, fresher) {
+			if w.listDirect(rp, resource, f, fresher, confirmed) {
 				r.staleReads++
 				mode = directCounters
 				ps.direct = true
@@ -251,9 +251,9 @@ func (w *world) gather(rp *replica, resource string, mode readMode) pass {
 
 // listDirect is the controller's direct list of resource's grants: every
 // gathered grant that differs from its stored version (other than by rp's
-// own status write), is missing, or is gone, goes into fresher. It reports
-// whether it found one.
-func (w *world) listDirect(rp *replica, resource string, f grantplan.Facts, fresher map[types.UID]*lockingv1alpha1.LockGrant) bool {
+// own status write), is missing, or is gone, goes into fresher; the others
+// are confirmed as gathered. It reports whether it found one.
+func (w *world) listDirect(rp *replica, resource string, f grantplan.Facts, fresher map[types.UID]*lockingv1alpha1.LockGrant, confirmed map[types.UID]bool) bool {
 	stale := false
 	stored := map[types.UID]bool{}
 	for uid, g := range w.reg.grants {
@@ -263,6 +263,7 @@ func (w *world) listDirect(rp *replica, resource string, f grantplan.Facts, fres
 		stored[uid] = true
 		i := slices.IndexFunc(f.Grants, func(c lockingv1alpha1.LockGrant) bool { return c.UID == uid })
 		if i >= 0 && (f.Grants[i].ResourceVersion == g.ResourceVersion || rp.wrote(uid, g.ResourceVersion)) {
+			confirmed[uid] = true
 			continue
 		}
 		stale = true
