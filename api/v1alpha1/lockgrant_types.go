@@ -422,6 +422,7 @@ type GrantRecord struct {
 // +kubebuilder:printcolumn:name="Expires",type=string,format=date-time,JSONPath=`.status.expiresAt`
 // +kubebuilder:printcolumn:name="Queue",type=integer,JSONPath=`.status.queuePosition`,priority=1
 // +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
+// +kubebuilder:selectablefield:JSONPath=`.spec.resource`
 type LockGrant struct {
 	metav1.TypeMeta `json:",inline"`
 	// metadata is the standard object metadata.

@@ -135,6 +135,9 @@ func newPassEnv(t *testing.T, objs ...client.Object) *passEnv {
 		WithIndex(&lockingv1alpha1.LockGrant{}, CounterNameField, func(o client.Object) []string {
 			return []string{lockingv1alpha1.FenceCounterName(o.(*lockingv1alpha1.LockGrant).Spec.Resource)}
 		}).
+		WithIndex(&lockingv1alpha1.LockGrant{}, ResourceField, func(o client.Object) []string {
+			return []string{o.(*lockingv1alpha1.LockGrant).Spec.Resource}
+		}).
 		WithStatusSubresource(&lockingv1alpha1.LockGrant{}).
 		WithObjects(objs...).Build()
 	e := &passEnv{api: api, cache: &laggingCache{Client: api}, direct: &countingReader{Reader: api}}
@@ -310,6 +313,44 @@ func TestStatusOnlyPlanIsDecidedOnADirectRead(t *testing.T) {
 	}
 	if n := e.direct.counterReads(); n != 1 {
 		t.Fatalf("the pass read the counter %d times directly; want once, before its status-only plan", n)
+	}
+}
+
+// Another replica swapped the counter from a to b and stopped before it
+// wrote the statuses of that handoff: a is still Held as stored (with its
+// release asked for), b Pending. This replica's grants cache is further
+// behind: it shows a Pending, as before a was granted. Its pass, which
+// writes b's Held status, first lists the resource's grants directly and
+// ends a's status before it: never two Held grants of one resource.
+func TestHeldStatusIsNotWrittenBesideAStoredHolder(t *testing.T) {
+	a, b := passGrant("a", 0), passGrant("b", 1)
+	e := newPassEnv(t, a, b, passCounter(0, nil))
+	e.startStatuses(t)
+	var before lockingv1alpha1.LockGrantList
+	if err := e.api.List(t.Context(), &before, client.InNamespace(passNS)); err != nil {
+		t.Fatal(err)
+	}
+	aHeld := passHeld(e.grant(t, "a"), 1)
+	if err := e.api.Status().Update(t.Context(), aHeld); err != nil {
+		t.Fatal(err)
+	}
+	aHeld = e.grant(t, "a")
+	aHeld.Spec.Release = true
+	if err := e.api.Update(t.Context(), aHeld); err != nil {
+		t.Fatal(err)
+	}
+	bHeld := passHeld(e.grant(t, "b"), 2)
+	e.moveCounter(t, 2, bHeld)
+	e.cache.mu.Lock()
+	e.cache.grants = before.Items // a and b Pending, as before a's grant
+	e.cache.mu.Unlock()
+
+	e.pass(t)
+	if got := e.grant(t, "b"); got.Status.Phase != lockingv1alpha1.PhaseHeld || got.Status.FenceToken != 2 {
+		t.Fatalf("b is %s with fence %d; the counter names it with fence 2", got.Status.Phase, got.Status.FenceToken)
+	}
+	if got := e.grant(t, "a"); !got.Status.Phase.Final() {
+		t.Fatalf("a is %s beside b Held; want it ended first", got.Status.Phase)
 	}
 }
 

@@ -39,6 +39,11 @@ import (
 // FenceCounter, so that one resource's grants are listed from the cache.
 const CounterNameField = "spec.resource.counterName"
 
+// ResourceField is the LockGrant field the API server selects on
+// (selectableFields in its CRD): a pass lists a resource's grants
+// directly by it.
+const ResourceField = "spec.resource"
+
 // PolicyField indexes LockGrants by spec.policy.
 const PolicyField = "spec.policy"
 
@@ -508,6 +513,7 @@ const (
 func (r *Reconciler) decide(ctx context.Context, req reconcile.Request, mode readMode) (grantplan.Facts, grantplan.Plan, error) {
 	fresher := map[types.UID]*lockingv1alpha1.LockGrant{}
 	confirmed := map[types.UID]string{}
+	listed := false
 	for range maxConfirmRounds {
 		f, err := r.gather(ctx, req, mode)
 		if err != nil || f.Resource == "" {
@@ -517,6 +523,24 @@ func (r *Reconciler) decide(ctx context.Context, req reconcile.Request, mode rea
 			f.Grants = grantplan.WithHolder(f.Grants, &lockingv1alpha1.FenceHolder{UID: string(uid)}, g)
 		}
 		p := grantplan.Decide(f)
+		if !listed && len(grantplan.NewlyHeld(f, p)) > 0 {
+			// A Held status for a grant not Held before: no other grant
+			// may still be Held as stored, which a cache that is behind
+			// can hide (a status another replica wrote before its
+			// swap). One direct list of the resource's grants finds it.
+			listed = true
+			stale, err := r.listDirect(ctx, req.Namespace, f, fresher, confirmed)
+			if err != nil {
+				return f, grantplan.Plan{}, err
+			}
+			if stale {
+				// Decided again with the counters read directly after
+				// the list: no counter older than a grant read with it.
+				staleGrants.Inc()
+				mode = directCounters
+				continue
+			}
+		}
 		var toRead []lockingv1alpha1.LockGrant
 		for _, uid := range newHolders(f, p) {
 			i := slices.IndexFunc(f.Grants, func(g lockingv1alpha1.LockGrant) bool { return g.UID == uid })
@@ -570,6 +594,48 @@ func (r *Reconciler) decide(ctx context.Context, req reconcile.Request, mode rea
 		}
 	}
 	return grantplan.Facts{}, grantplan.Plan{}, errCacheBehind
+}
+
+// listDirect lists the resource's grants directly from the API server and
+// records in fresher every one the pass gathered out of date: changed
+// since the cache saw it (other than by this replica's own status write),
+// missing from the cache, or gone. The others are confirmed as gathered
+// (the grant about to be granted among them: it needs no read of its
+// own). It reports whether it found one out of date.
+func (r *Reconciler) listDirect(ctx context.Context, ns string, f grantplan.Facts, fresher map[types.UID]*lockingv1alpha1.LockGrant, confirmed map[types.UID]string) (bool, error) {
+	var list lockingv1alpha1.LockGrantList
+	err := r.APIReader.List(ctx, &list, client.InNamespace(ns), client.MatchingFields{ResourceField: f.Resource})
+	if apierrors.IsBadRequest(err) {
+		// A LockGrant CRD older than this manager (during an upgrade)
+		// selects on no field: list the namespace.
+		err = r.APIReader.List(ctx, &list, client.InNamespace(ns))
+	}
+	if err != nil {
+		return false, fmt.Errorf("listing grants before granting: %w", err)
+	}
+	stale := false
+	stored := map[types.UID]bool{}
+	for i := range list.Items {
+		g := &list.Items[i]
+		if g.Spec.Resource != f.Resource {
+			continue
+		}
+		stored[g.UID] = true
+		j := slices.IndexFunc(f.Grants, func(c lockingv1alpha1.LockGrant) bool { return c.UID == g.UID })
+		if j >= 0 && (f.Grants[j].ResourceVersion == g.ResourceVersion || r.own.wrote(g.UID, g.ResourceVersion)) {
+			confirmed[g.UID] = f.Grants[j].ResourceVersion
+			continue
+		}
+		stale = true
+		fresher[g.UID] = r.own.overlay(g)
+	}
+	for i := range f.Grants {
+		if uid := f.Grants[i].UID; !stored[uid] {
+			stale = true
+			fresher[uid] = nil
+		}
+	}
+	return stale, nil
 }
 
 // newHolders lists the grants p's counter writes name as a new holder:

@@ -948,3 +948,23 @@ func CounterWrites(f Facts, p Plan) []CounterWrite {
 	}
 	return append(ending, granting...)
 }
+
+// NewlyHeld lists the grants p writes Held whose status, as f gathered
+// it, is not Held: those the pass makes holders in their status. Before
+// such a status is written, no other grant of the resource may still be
+// Held as stored; a cache that is behind can hide one (a status written
+// before a swap the cache has not seen), so the pass confirms the
+// resource's grants on a direct read first.
+func NewlyHeld(f Facts, p Plan) []types.UID {
+	var uids []types.UID
+	for _, g := range p.Statuses {
+		if g.Status.Phase != lockingv1alpha1.PhaseHeld {
+			continue
+		}
+		i := slices.IndexFunc(f.Grants, func(c lockingv1alpha1.LockGrant) bool { return c.UID == g.UID })
+		if i < 0 || f.Grants[i].Status.Phase != lockingv1alpha1.PhaseHeld {
+			uids = append(uids, g.UID)
+		}
+	}
+	return uids
+}

@@ -56,6 +56,10 @@ type registry struct {
 	// dropLockDelay stores counters without their lock-delay, as a
 	// controller that forgets it would (tests only).
 	dropLockDelay bool
+	// skipDirectList makes replicas write a Held status for a grant not
+	// Held before without listing the resource's grants directly first,
+	// as the controller did before (tests only).
+	skipDirectList bool
 	// trustCache makes replicas grant on their cache's copy of a grant
 	// without reading it directly, as the controller did before (tests
 	// only).

@@ -205,6 +205,7 @@ func (w *world) gather(rp *replica, resource string, mode readMode) pass {
 	fresher := map[types.UID]*lockingv1alpha1.LockGrant{}
 	confirmed := map[types.UID]bool{}
 	ps.plan = grantplan.Plan{RequeueAfter: replicaCacheCatchUp}
+	listed := false
 	for range maxConfirmRounds {
 		f, rv := w.passFacts(rp, resource, now, skew, cached, fresher, mode)
 		p := grantplan.Decide(f)
@@ -212,6 +213,18 @@ func (w *world) gather(rp *replica, resource string, mode readMode) pass {
 		if r.trustCache || mode == cacheOnly {
 			ps.plan = p
 			break
+		}
+		if !listed && !r.skipDirectList && len(grantplan.NewlyHeld(f, p)) > 0 {
+			// The direct list of the resource's grants before a Held
+			// status for a grant not Held before (controllers/lockgrant:
+			// listDirect); then the counter is read directly again.
+			listed = true
+			if w.listDirect(rp, resource, f, fresher, confirmed) {
+				r.staleReads++
+				mode = directCounters
+				ps.direct = true
+				continue
+			}
 		}
 		stale := false
 		for _, uid := range newHolders(f, p) {
@@ -234,6 +247,35 @@ func (w *world) gather(rp *replica, resource string, mode readMode) pass {
 		}
 	}
 	return ps
+}
+
+// listDirect is the controller's direct list of resource's grants: every
+// gathered grant that differs from its stored version (other than by rp's
+// own status write), is missing, or is gone, goes into fresher; the others
+// are confirmed as gathered. It reports whether it found one.
+func (w *world) listDirect(rp *replica, resource string, f grantplan.Facts, fresher map[types.UID]*lockingv1alpha1.LockGrant, confirmed map[types.UID]bool) bool {
+	stale := false
+	stored := map[types.UID]bool{}
+	for uid, g := range w.reg.grants {
+		if g.Spec.Resource != resource {
+			continue
+		}
+		stored[uid] = true
+		i := slices.IndexFunc(f.Grants, func(c lockingv1alpha1.LockGrant) bool { return c.UID == uid })
+		if i >= 0 && (f.Grants[i].ResourceVersion == g.ResourceVersion || rp.wrote(uid, g.ResourceVersion)) {
+			confirmed[uid] = true
+			continue
+		}
+		stale = true
+		fresher[uid] = rp.overlay(g.DeepCopy())
+	}
+	for i := range f.Grants {
+		if uid := f.Grants[i].UID; !stored[uid] {
+			stale = true
+			fresher[uid] = nil
+		}
+	}
+	return stale
 }
 
 // wrote reports whether rv is the version rp's own status write of grant

@@ -53,3 +53,27 @@ func TestReplicaWithAStaleCacheGrantsNoEndedRequest(t *testing.T) {
 		}
 	}
 }
+
+// A replica swaps a counter to the next holder and freezes before it
+// writes the statuses of that handoff (the ended holder's Released, the
+// new holder's Held). The other replica, its grants cache behind (it shows
+// the ended holder still Pending), writes the new holder's Held status on
+// the counter read directly. Unless it lists the resource's grants
+// directly first, the ended holder's Held status is still stored: two
+// unexpired Held grants of one resource (the gate's seed
+// 1976539317540727533 on the tree before the direct list).
+func TestReplicaWritesNoHeldStatusBesideAStoredHolder(t *testing.T) {
+	const seed = 1976539317540727533
+	for _, skip := range []bool{true, false} {
+		w, _ := roundWorld(seed, nil)
+		w.reg.skipDirectList = skip
+		rep := w.run()
+		t.Logf("without the direct list: %v; %s", skip, rep.Summary())
+		if skip && rep.TwoHolders == 0 {
+			t.Fatalf("the round no longer plays a second Held status without the direct list; pick a seed that does: %s", rep.Summary())
+		}
+		if !skip && rep.Forbidden() != 0 {
+			t.Fatalf("%s", rep)
+		}
+	}
+}

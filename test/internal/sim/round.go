@@ -15,6 +15,19 @@ func Round(seed uint64, faults []Fault) *Report { return round(seed, faults, for
 // round is Round with a controller that forgets lock-delays on slots the way
 // forget says, when the round plays a resource with permits (tests only).
 func round(seed uint64, faults []Fault, forget forgetting) *Report {
+	w, faults := roundWorld(seed, faults)
+	if slices.Contains(faults, FaultSemaphore) {
+		sw := newSemWorld(seed, faults)
+		sw.forget = forget
+		return sw.run()
+	}
+	return w.run()
+}
+
+// roundWorld makes the world of the round with seed, and its faults (a
+// mixed schedule's when faults is nil). A round with FaultSemaphore is
+// played by a semaphore world of its own instead.
+func roundWorld(seed uint64, faults []Fault) (*world, []Fault) {
 	w := newWorld(seed, nil)
 	mixed := faults == nil
 	if mixed {
@@ -30,15 +43,10 @@ func round(seed uint64, faults []Fault, forget forgetting) *Report {
 	if mixed && semaphoreRound(seed) {
 		faults = append(faults, FaultSemaphore)
 	}
-	if slices.Contains(faults, FaultSemaphore) {
-		sw := newSemWorld(seed, faults)
-		sw.forget = forget
-		return sw.run()
-	}
 	for _, f := range faults {
 		w.fault[f] = true
 	}
-	return w.run()
+	return w, faults
 }
 
 // RoundSeed is the seed of round i of a run with master seed master.
