@@ -88,6 +88,10 @@ type Reconciler struct {
 	// Ownership, when set, leaves each resource to its preferred replica
 	// for a takeover delay (ownership.go); nil acts on every event at once.
 	Ownership *Ownership
+	// Floors gives the fences guarded objects were found to have recorded
+	// for a resource (internal/recovery): no fence at or below one is
+	// issued. nil: none known.
+	Floors FloorSource
 
 	// sessionsSeen holds the controller's observations of session Leases.
 	sessionsSeen sessionTracker
@@ -98,6 +102,12 @@ type Reconciler struct {
 	// nil (a Reconciler not set up with a manager) writes them in the
 	// pass.
 	statuses *statusWriter
+}
+
+// FloorSource gives the floors of resource in namespace ns and its slots,
+// by fenced resource ID (grantplan.Facts.Floors).
+type FloorSource interface {
+	Floors(ns, resource string) map[string]grantplan.Floor
 }
 
 // Keyring is the issuer's state the controller issues grants with.
@@ -456,6 +466,9 @@ func (r *Reconciler) gather(ctx context.Context, req reconcile.Request, mode rea
 		}
 	}
 	f.Params, f.Epoch, f.Revoked = params, params.Epoch, params.Revoked
+	if r.Floors != nil {
+		f.Floors = r.Floors.Floors(req.Namespace, f.Resource)
+	}
 	if f.Policies, err = r.policies(ctx, f.Grants); err != nil {
 		return f, err
 	}
