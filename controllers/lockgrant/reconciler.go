@@ -262,9 +262,31 @@ func (r *Reconciler) allResources(ctx context.Context, _ client.Object) []reconc
 		return nil
 	}
 	reqs := make([]reconcile.Request, 0, len(list.Items))
+	seen := map[reconcile.Request]bool{}
 	for i := range list.Items {
 		if isSlotZero(&list.Items[i]) {
-			reqs = append(reqs, reconcile.Request{NamespacedName: client.ObjectKeyFromObject(&list.Items[i])})
+			req := reconcile.Request{NamespacedName: client.ObjectKeyFromObject(&list.Items[i])}
+			seen[req] = true
+			reqs = append(reqs, req)
+		}
+	}
+	// And the resources that have no counter (yet, or any more): a
+	// request held back by a fence a guarded object recorded for a
+	// resource whose counter was lost waits for the new epoch too.
+	var grants lockingv1alpha1.LockGrantList
+	if err := r.Client.List(ctx, &grants, client.UnsafeDisableDeepCopy); err != nil {
+		logf.FromContext(ctx).Error(err, "Listing grants")
+		return reqs
+	}
+	for i := range grants.Items {
+		if grants.Items[i].Status.Phase.Final() {
+			continue
+		}
+		for _, req := range resourceOf(ctx, &grants.Items[i]) {
+			if !seen[req] {
+				seen[req] = true
+				reqs = append(reqs, req)
+			}
 		}
 	}
 	return reqs
