@@ -105,9 +105,11 @@ type Reconciler struct {
 }
 
 // FloorSource gives the floors of resource in namespace ns and its slots,
-// by fenced resource ID (grantplan.Facts.Floors).
+// by fenced resource ID (grantplan.Facts.Floors), and confirms one by
+// reading its object again (recovery.Scanner).
 type FloorSource interface {
 	Floors(ns, resource string) map[string]grantplan.Floor
+	Confirm(ctx context.Context, ns, resource, fenced string) (grantplan.Floor, error)
 }
 
 // Keyring is the issuer's state the controller issues grants with.
@@ -489,7 +491,9 @@ func (r *Reconciler) gather(ctx context.Context, req reconcile.Request, mode rea
 	}
 	f.Params, f.Epoch, f.Revoked = params, params.Epoch, params.Revoked
 	if r.Floors != nil {
-		f.Floors = r.Floors.Floors(req.Namespace, f.Resource)
+		if f.Floors, err = r.confirmedFloors(ctx, req.Namespace, f); err != nil {
+			return f, err
+		}
 	}
 	if f.Policies, err = r.policies(ctx, f.Grants); err != nil {
 		return f, err
@@ -498,6 +502,47 @@ func (r *Reconciler) gather(ctx context.Context, req reconcile.Request, mode rea
 		return f, err
 	}
 	return f, nil
+}
+
+// confirmedFloors returns the floors of f's resource and its slots; a floor
+// above its slot's counter, which would hold a request back, is confirmed
+// first by reading its object again (an object deleted since the scan holds
+// nothing back). Floors at or below their counters cost no read.
+func (r *Reconciler) confirmedFloors(ctx context.Context, ns string, f grantplan.Facts) (map[string]grantplan.Floor, error) {
+	floors := r.Floors.Floors(ns, f.Resource)
+	var out map[string]grantplan.Floor
+	for fenced, fl := range floors {
+		_, k, ok := lockingv1alpha1.ParseSlotResource(fenced)
+		if !ok {
+			continue
+		}
+		var counter int64
+		if c := counterOf(f, k); c != nil {
+			counter = c.Spec.Fence
+		}
+		if fl.Fence <= counter {
+			continue
+		}
+		now, err := r.Floors.Confirm(ctx, ns, f.Resource, fenced)
+		if err != nil {
+			return nil, fmt.Errorf("confirming the fence %s recorded on %s: %w", fencing.FormatFence(fl.Fence), fl.Where, err)
+		}
+		if now == fl {
+			continue
+		}
+		if out == nil {
+			out = maps.Clone(floors)
+		}
+		if now.Fence == 0 {
+			delete(out, fenced)
+		} else {
+			out[fenced] = now
+		}
+	}
+	if out != nil {
+		return out, nil
+	}
+	return floors, nil
 }
 
 // readCounter reads counter key as mode says: nil when it does not exist.

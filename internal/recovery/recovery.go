@@ -20,9 +20,12 @@
 //
 // The manager runs a scan at start, off the grant path (a normal start
 // grants at once; until the first scan ends, only admission's own check
-// protects the objects, as before), and again on an interval. Floors only
-// rise during a process's life: a deleted object's floor stays, which holds
-// back nothing, since a counter passes its own fences.
+// protects the objects, as before), and again on an interval. A scan only
+// raises floors. Before a floor holds a request back (its counter is
+// behind it), the grant controller confirms it (Scanner.Confirm): the
+// object is read again, and a floor whose object is gone or replaced is
+// dropped, one whose object now records another fence (restored with etcd)
+// takes that fence. A floor at or below its counter costs nothing.
 package recovery
 
 import (
@@ -62,6 +65,9 @@ type Floors struct {
 	// byResource: by namespace and resource ID (slot 0's), the highest
 	// record of each fenced resource (the resource and its slots).
 	byResource map[string]map[string]grantplan.Floor
+	// sources: the object each floor of byResource was read from, by
+	// key(ns, resource) + "#" + fenced resource.
+	sources map[string]source
 	// Highest is the highest fence recorded anywhere, attributed or not.
 	Highest grantplan.Floor
 	// Records is how many records were counted; Unattributed how many of
@@ -73,6 +79,17 @@ type Floors struct {
 
 func key(ns, resource string) string { return ns + "/" + resource }
 
+// source is where a floor was read: an object of gvr, with its UID.
+type source struct {
+	gvr      schema.GroupVersionResource
+	ns, name string
+	uid      string
+}
+
+func newFloors() *Floors {
+	return &Floors{byResource: map[string]map[string]grantplan.Floor{}, sources: map[string]source{}}
+}
+
 // For returns the floors of resource in namespace ns and of its slots, by
 // fenced resource ID; nil when none is known.
 func (f *Floors) For(ns, resource string) map[string]grantplan.Floor {
@@ -82,9 +99,9 @@ func (f *Floors) For(ns, resource string) map[string]grantplan.Floor {
 	return f.byResource[key(ns, resource)]
 }
 
-// add counts fence, recorded on where, for fenced resource fenced of
-// namespace ns ("" fenced: unattributed).
-func (f *Floors) add(ns, fenced string, fence int64, where string) {
+// add counts fence, recorded on where (src), for fenced resource fenced
+// of namespace ns ("" fenced: unattributed).
+func (f *Floors) add(ns, fenced string, fence int64, where string, src source) {
 	f.Records++
 	if fence > f.Highest.Fence {
 		f.Highest = grantplan.Floor{Fence: fence, Where: where}
@@ -102,6 +119,7 @@ func (f *Floors) add(ns, fenced string, fence int64, where string) {
 	}
 	if fence > m[fenced].Fence {
 		m[fenced] = grantplan.Floor{Fence: fence, Where: where}
+		f.sources[k+"#"+fenced] = src
 	}
 }
 
@@ -111,8 +129,8 @@ func merge(f, o *Floors) *Floors {
 	if f == nil {
 		return o
 	}
-	out := &Floors{byResource: map[string]map[string]grantplan.Floor{}, Highest: f.Highest,
-		Records: o.Records, Unattributed: o.Unattributed, Unreadable: o.Unreadable}
+	out := newFloors()
+	out.Highest, out.Records, out.Unattributed, out.Unreadable = f.Highest, o.Records, o.Unattributed, o.Unreadable
 	if o.Highest.Fence > out.Highest.Fence {
 		out.Highest = o.Highest
 	}
@@ -126,6 +144,7 @@ func merge(f, o *Floors) *Floors {
 			for fenced, fl := range m {
 				if fl.Fence > dst[fenced].Fence {
 					dst[fenced] = fl
+					out.sources[k+"#"+fenced] = src.sources[k+"#"+fenced]
 				}
 			}
 		}
@@ -157,6 +176,7 @@ type Scanner struct {
 
 	floors atomic.Pointer[Floors]
 	mu     sync.Mutex // one scan at a time
+	swap   sync.Mutex // one update of floors at a time
 }
 
 // Floors returns the floors of resource in namespace ns and its slots, as
@@ -211,7 +231,7 @@ func (s *Scanner) Scan(ctx context.Context) (*Floors, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	lists, err := s.Discovery.ServerPreferredResources()
-	found := &Floors{byResource: map[string]map[string]grantplan.Floor{}}
+	found := newFloors()
 	var failed *discovery.ErrGroupDiscoveryFailed
 	switch {
 	case errors.As(err, &failed):
@@ -244,9 +264,67 @@ func (s *Scanner) Scan(ctx context.Context) (*Floors, error) {
 		}
 	}
 	slices.Sort(found.Unreadable)
+	s.swap.Lock()
+	defer s.swap.Unlock()
 	merged := merge(s.floors.Load(), found)
 	s.floors.Store(merged)
 	return merged, nil
+}
+
+// Confirm reads again the object that recorded the floor of fenced
+// resource fenced (of resource in namespace ns) and returns that floor as
+// it stands now: the object's record, or none (zero) when the object is
+// gone, was replaced (another UID), or no longer carries a record counted
+// for fenced. The floors in force are updated. The grant controller
+// confirms a floor before it holds a request back for it, so that an
+// object deleted since the scan (with its namespace, say, which took the
+// counters too) holds nothing back, and an object restored with etcd
+// counts with the record it has now.
+func (s *Scanner) Confirm(ctx context.Context, ns, resource, fenced string) (grantplan.Floor, error) {
+	k := key(ns, resource)
+	cur := s.floors.Load()
+	if cur == nil {
+		return grantplan.Floor{}, nil
+	}
+	was := cur.byResource[k][fenced]
+	src, ok := cur.sources[k+"#"+fenced]
+	if !ok {
+		return was, nil
+	}
+	var now grantplan.Floor
+	o, err := s.Metadata.Resource(src.gvr).Namespace(src.ns).Get(ctx, src.name, metav1.GetOptions{})
+	switch {
+	case apierrors.IsNotFound(err):
+	case err != nil:
+		return was, err
+	case string(o.UID) == src.uid:
+		// The policies are not read again: a record the scan attributed
+		// through a policy keeps that attribution.
+		if fence, ok := counted(o); ok {
+			if rns, rf := Attribute(o, src.gvr, nil); rf == "" || (rns == ns && rf == fenced) {
+				now = grantplan.Floor{Fence: fence, Where: was.Where}
+			}
+		}
+	}
+	s.swap.Lock()
+	defer s.swap.Unlock()
+	latest := s.floors.Load()
+	if latest.byResource[k][fenced] == now {
+		return now, nil
+	}
+	next := *latest
+	next.byResource = maps.Clone(latest.byResource)
+	next.sources = maps.Clone(latest.sources)
+	m := maps.Clone(latest.byResource[k])
+	if now.Fence == 0 {
+		delete(m, fenced)
+		delete(next.sources, k+"#"+fenced)
+	} else {
+		m[fenced] = now
+	}
+	next.byResource[k] = m
+	s.floors.Store(&next)
+	return now, nil
 }
 
 func (s *Scanner) policies(ctx context.Context) ([]*lockingv1alpha1.GuardPolicy, error) {
@@ -289,21 +367,29 @@ func (s *Scanner) scanKind(ctx context.Context, gvr schema.GroupVersionResource,
 
 // count adds the record o carries, if any, to found.
 func count(o *metav1.PartialObjectMetadata, gvr schema.GroupVersionResource, kind string, policies []*lockingv1alpha1.GuardPolicy, found *Floors) {
-	a := o.Annotations
-	raw, ok := a[lockingv1alpha1.AcceptedFenceAnnotation]
-	if !ok || a[lockingv1alpha1.AcceptedIntentAnnotation] == fencing.IntentOverride {
+	fence, ok := counted(o)
+	if !ok {
 		return
-	}
-	fence, err := fencing.ParseFence(raw)
-	if err != nil || fence <= 0 {
-		return // never written by admission, never counted (as hack/next-epoch.sh)
 	}
 	where := kind + " " + o.Name
 	if o.Namespace != "" {
 		where = kind + " " + o.Namespace + "/" + o.Name
 	}
 	ns, fenced := Attribute(o, gvr, policies)
-	found.add(ns, fenced, fence, where)
+	found.add(ns, fenced, fence, where, source{gvr: gvr, ns: o.Namespace, name: o.Name, uid: string(o.UID)})
+}
+
+// counted returns the fence o's record carries, and false when it carries
+// none that counts: no record, an administrator's override, or a value
+// admission never writes (as hack/next-epoch.sh).
+func counted(o *metav1.PartialObjectMetadata) (int64, bool) {
+	a := o.Annotations
+	raw, ok := a[lockingv1alpha1.AcceptedFenceAnnotation]
+	if !ok || a[lockingv1alpha1.AcceptedIntentAnnotation] == fencing.IntentOverride {
+		return 0, false
+	}
+	fence, err := fencing.ParseFence(raw)
+	return fence, err == nil && fence > 0
 }
 
 // Attribute returns the namespace and fenced resource ID that o's record

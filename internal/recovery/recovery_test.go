@@ -122,4 +122,25 @@ func TestScanFindsRecordedFences(t *testing.T) {
 	if s.Floors("billing", "nothing") != nil {
 		t.Error("a resource without records has floors")
 	}
+
+	// Confirmed, a floor whose object is gone holds nothing back any more.
+	if fl, err := s.Confirm(t.Context(), "billing", "ledger", "ledger"); err != nil || fl.Fence != 0 {
+		t.Fatalf("Confirm of the deleted object's floor = %+v, %v; want none", fl, err)
+	}
+	if got := s.Floors("billing", "ledger"); got["ledger"].Fence != 0 {
+		t.Errorf("floors of ledger after the confirm = %+v; want none", got)
+	}
+	// One whose object now records a lower fence (restored with etcd)
+	// counts with that fence; one whose object records the same stays.
+	gvr := schema.GroupVersionResource{Group: "apps", Version: "v1", Resource: "deployments"}
+	restored := obj("apps/v1", "Deployment", "billing", "ledger-7", nil, accepted(fence(4, 1)))
+	if err := md.Tracker().Update(gvr, restored, "billing"); err != nil {
+		t.Fatal(err)
+	}
+	if fl, err := s.Confirm(t.Context(), "billing", "settlement/billing/ledger-7", "settlement/billing/ledger-7"); err != nil || fl.Fence != fence(4, 1) || fl.Where != "Deployment billing/ledger-7" {
+		t.Fatalf("Confirm of the restored object's floor = %+v, %v; want %d on Deployment billing/ledger-7", fl, err, fence(4, 1))
+	}
+	if fl, err := s.Confirm(t.Context(), "billing", "batch", lockingv1alpha1.SlotResource("batch", 2)); err != nil || fl.Fence != fence(3, 9) {
+		t.Fatalf("Confirm of an unchanged floor = %+v, %v; want %d", fl, err, fence(3, 9))
+	}
 }

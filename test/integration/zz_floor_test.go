@@ -8,6 +8,7 @@ import (
 	"strings"
 	"testing"
 
+	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -82,5 +83,51 @@ func TestZZGrantNeverIssuedAtOrBelowARecordedFence(t *testing.T) {
 	}
 	if data, fence := readCM(t, ns, name); data != "after the epoch was raised" || fence != fenceOf(g) {
 		t.Fatalf("object = %q at fence %s", data, fence)
+	}
+}
+
+// A floor whose object is gone holds nothing back: the manager reads the
+// object again before it holds a request back for it. Here the object
+// that recorded F under a policy is retired (the policy deleted, then the
+// object) after the scan found F; the next request for its resource is
+// granted the issuer epoch's first fence, below F, at once.
+func TestZZFloorOfADeletedObjectHoldsNothingBack(t *testing.T) {
+	ns := namespace(t)
+	const name = "ledger-gone"
+	policy := "floor-gone-" + ns
+	res := "settlement/" + ns + "/" + name
+	epoch := issuerEpoch(t)
+	recorded := epoch<<fencing.EpochBits | 5
+	earlierLife(t, ns, name, res, policy, recorded)
+	p := newPolicy(t, policy, ns, lockingv1alpha1.ModeEnforce, "floor-b")
+	waitUntil(t, "the manager's scan finds the recorded fence", func() (bool, error) {
+		f, err := env.Floors.Scan(t.Context())
+		if err != nil {
+			return false, err
+		}
+		return f.For(ns, res)[res].Fence == recorded, nil
+	})
+
+	if err := admin.Delete(t.Context(), p); err != nil {
+		t.Fatal(err)
+	}
+	waitUntil(t, "the retired object is deleted", func() (bool, error) {
+		err := admin.Delete(t.Context(), &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name}})
+		return err == nil || apierrors.IsNotFound(err), nil
+	})
+
+	g, err := acquire(t, as(t, "floor-b"), ns, 60, func(g *lockingv1alpha1.LockGrant) { g.Spec.Resource = res })
+	if err != nil {
+		t.Fatal(err)
+	}
+	g = waitFor(t, g, "Held, or held back", func(g *lockingv1alpha1.LockGrant) bool {
+		c := meta.FindStatusCondition(g.Status.Conditions, lockingv1alpha1.ConditionReady)
+		return g.Status.Phase == lockingv1alpha1.PhaseHeld || c != nil && c.Reason == "FenceRegression"
+	})
+	if g.Status.Phase != lockingv1alpha1.PhaseHeld || g.Status.FenceToken != epoch<<fencing.EpochBits|1 {
+		t.Fatalf("grant %s: phase %s, fence %d, conditions %+v; want Held with fence %d", g.Name, g.Status.Phase, g.Status.FenceToken, g.Status.Conditions, epoch<<fencing.EpochBits|1)
+	}
+	if got := env.Floors.Floors(ns, res); got[res].Fence != 0 {
+		t.Fatalf("the deleted object's floor is still in force: %+v", got)
 	}
 }
