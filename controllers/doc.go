@@ -23,6 +23,7 @@ import (
 	"github.com/lockwarden/lockwarden/controllers/podgate"
 	issuerkeys "github.com/lockwarden/lockwarden/internal/issuer"
 	"github.com/lockwarden/lockwarden/internal/membership"
+	"github.com/lockwarden/lockwarden/internal/recovery"
 	"github.com/lockwarden/lockwarden/internal/replicacache"
 )
 
@@ -46,6 +47,14 @@ type Options struct {
 	// a failover (docs/ha.md). The issuer and GuardPolicy controllers stay
 	// with the leader.
 	GrantsOnEveryReplica bool
+	// Floors finds the fences guarded objects recorded, which the
+	// LockGrant controller never issues at or below (internal/recovery);
+	// nil: Setup creates one that scans at start and then every
+	// FloorScanInterval.
+	Floors *recovery.Scanner
+	// FloorScanInterval is the time between scans of a Scanner Setup
+	// creates, after the first at start; 0 scans once.
+	FloorScanInterval time.Duration
 	// Replica, with GrantsOnEveryReplica and a positive TakeoverDelay,
 	// leaves each resource to its preferred replica for the delay
 	// (lockgrant.Ownership): the other replicas act only if it does not.
@@ -65,13 +74,33 @@ type ReplicaOptions struct {
 	LeaseDuration, LeaseRenew time.Duration
 }
 
+// The fence floor scan (internal/recovery) lists every kind's metadata
+// (never an object's body: the lists ask for PartialObjectMetadata) to find
+// the fences guarded objects recorded. Any kind may carry the guard label,
+// and a GuardPolicy may name any kind, so no narrower rule is honest; the
+// manager already reads any object (get) to judge guarded subresources.
+// +kubebuilder:rbac:groups=*,resources=*,verbs=list
+
 // Setup registers every controller with mgr.
 func Setup(ctx context.Context, mgr ctrl.Manager, o Options) error {
 	ownership, err := setupOwnership(ctx, mgr, o)
 	if err != nil {
 		return err
 	}
+	floors := o.Floors
+	if floors == nil {
+		if floors, err = recovery.New(mgr.GetConfig(), mgr.GetAPIReader(), o.FloorScanInterval, mgr.GetLogger().WithName("fence-floors")); err != nil {
+			return err
+		}
+	}
+	// The scan runs where the LockGrant controller does, off the grant
+	// path: a normal start grants at once.
+	floors.Leader = !o.GrantsOnEveryReplica
+	if err := mgr.Add(floors); err != nil {
+		return fmt.Errorf("adding the fence floor scan: %w", err)
+	}
 	if err := (&lockgrant.Reconciler{
+		Floors:                 floors,
 		Ownership:              ownership,
 		Client:                 mgr.GetClient(),
 		APIReader:              mgr.GetAPIReader(),

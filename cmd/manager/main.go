@@ -78,6 +78,7 @@ type options struct {
 	validatingConfig        string
 	retention               time.Duration
 	requestIDWindow         time.Duration
+	floorScanInterval       time.Duration
 	namespace               string
 	leaseDuration           time.Duration
 	renewDeadline           time.Duration
@@ -111,6 +112,7 @@ func main() {
 	flag.StringVar(&o.validatingConfig, "validating-webhook-configuration", "lockwarden-validating-webhook-configuration", "ValidatingWebhookConfiguration to inject the CA into.")
 	flag.DurationVar(&o.retention, "finished-grant-retention", time.Hour, "How long a LockGrant is kept after it ended (Released, Expired, TimedOut) before it is deleted; 0 keeps them forever.")
 	flag.DurationVar(&o.requestIDWindow, "request-id-window", 7*24*time.Hour, "How long a request ID stays spent after its grant ended, however long the grant itself is kept: a new LockGrant with it is refused (ALREADY_ENDED, EXPIRED, REVOKED) for this long, and for as long again after it is admitted with a warning as a new attempt. The IDs are recorded in each namespace's RequestIDLedger before finished grants are deleted; 0 records none.")
+	flag.DurationVar(&o.floorScanInterval, "fence-floor-scan-interval", 30*time.Minute, "How often the manager lists the metadata of every object of every kind it may list for the fences guarded objects recorded (annotation locking.lockwarden.io/accepted-fence), after the scan at start: no grant is issued a fence at or below one of them (a FenceCounter behind its objects after a reinstall or a restore is held back with FenceRegression, naming the epoch to raise to). 0 scans only at start.")
 	flag.DurationVar(&o.leaseDuration, "leader-election-lease-duration", 15*time.Second, "How long a standby replica waits before taking over from a leader that stopped renewing: the longest pause in key generation and GuardPolicy webhook updates after a leader dies (and in granting, with --grants-on-every-replica=false).")
 	flag.DurationVar(&o.renewDeadline, "leader-election-renew-deadline", 10*time.Second, "How long the leader retries renewing its leadership before it stops leading.")
 	flag.DurationVar(&o.retryPeriod, "leader-election-retry-period", 2*time.Second, "How often replicas try to acquire or renew leadership.")
@@ -242,7 +244,7 @@ func run(ctx context.Context, cfg *rest.Config, o options) error {
 	if err := controllers.Setup(ctx, mgr, controllers.Options{
 		Clock: clk, Keyring: keyring, Namespace: o.namespace,
 		FinishedGrantRetention: o.retention, RequestIDWindow: o.requestIDWindow, WebhookConfiguration: o.validatingConfig,
-		GrantsOnEveryReplica: o.grantsOnEveryReplica,
+		GrantsOnEveryReplica: o.grantsOnEveryReplica, FloorScanInterval: o.floorScanInterval,
 		Replica: controllers.ReplicaOptions{
 			ID: o.replicaID, TakeoverDelay: o.takeoverDelay,
 			LeaseDuration: o.replicaLeaseDuration, LeaseRenew: o.replicaLeaseRenew,

@@ -93,6 +93,10 @@ type Reconciler struct {
 	// Ownership, when set, leaves each resource to its preferred replica
 	// for a takeover delay (ownership.go); nil acts on every event at once.
 	Ownership *Ownership
+	// Floors gives the fences guarded objects were found to have recorded
+	// for a resource (internal/recovery): no fence at or below one is
+	// issued. nil: none known.
+	Floors FloorSource
 
 	// sessionsSeen holds the controller's observations of session Leases.
 	sessionsSeen sessionTracker
@@ -103,6 +107,14 @@ type Reconciler struct {
 	// nil (a Reconciler not set up with a manager) writes them in the
 	// pass.
 	statuses *statusWriter
+}
+
+// FloorSource gives the floors of resource in namespace ns and its slots,
+// by fenced resource ID (grantplan.Facts.Floors), and confirms one by
+// reading its object again (recovery.Scanner).
+type FloorSource interface {
+	Floors(ns, resource string) map[string]grantplan.Floor
+	Confirm(ctx context.Context, ns, resource, fenced string) (grantplan.Floor, error)
 }
 
 // Keyring is the issuer's state the controller issues grants with.
@@ -257,9 +269,31 @@ func (r *Reconciler) allResources(ctx context.Context, _ client.Object) []reconc
 		return nil
 	}
 	reqs := make([]reconcile.Request, 0, len(list.Items))
+	seen := map[reconcile.Request]bool{}
 	for i := range list.Items {
 		if isSlotZero(&list.Items[i]) {
-			reqs = append(reqs, reconcile.Request{NamespacedName: client.ObjectKeyFromObject(&list.Items[i])})
+			req := reconcile.Request{NamespacedName: client.ObjectKeyFromObject(&list.Items[i])}
+			seen[req] = true
+			reqs = append(reqs, req)
+		}
+	}
+	// And the resources that have no counter (yet, or any more): a
+	// request held back by a fence a guarded object recorded for a
+	// resource whose counter was lost waits for the new epoch too.
+	var grants lockingv1alpha1.LockGrantList
+	if err := r.Client.List(ctx, &grants, client.UnsafeDisableDeepCopy); err != nil {
+		logf.FromContext(ctx).Error(err, "Listing grants")
+		return reqs
+	}
+	for i := range grants.Items {
+		if grants.Items[i].Status.Phase.Final() {
+			continue
+		}
+		for _, req := range resourceOf(ctx, &grants.Items[i]) {
+			if !seen[req] {
+				seen[req] = true
+				reqs = append(reqs, req)
+			}
 		}
 	}
 	return reqs
@@ -461,6 +495,11 @@ func (r *Reconciler) gather(ctx context.Context, req reconcile.Request, mode rea
 		}
 	}
 	f.Params, f.Epoch, f.Revoked = params, params.Epoch, params.Revoked
+	if r.Floors != nil {
+		if f.Floors, err = r.confirmedFloors(ctx, req.Namespace, f); err != nil {
+			return f, err
+		}
+	}
 	if f.Policies, err = r.policies(ctx, f.Grants); err != nil {
 		return f, err
 	}
@@ -468,6 +507,47 @@ func (r *Reconciler) gather(ctx context.Context, req reconcile.Request, mode rea
 		return f, err
 	}
 	return f, nil
+}
+
+// confirmedFloors returns the floors of f's resource and its slots; a floor
+// above its slot's counter, which would hold a request back, is confirmed
+// first by reading its object again (an object deleted since the scan holds
+// nothing back). Floors at or below their counters cost no read.
+func (r *Reconciler) confirmedFloors(ctx context.Context, ns string, f grantplan.Facts) (map[string]grantplan.Floor, error) {
+	floors := r.Floors.Floors(ns, f.Resource)
+	var out map[string]grantplan.Floor
+	for fenced, fl := range floors {
+		_, k, ok := lockingv1alpha1.ParseSlotResource(fenced)
+		if !ok {
+			continue
+		}
+		var counter int64
+		if c := counterOf(f, k); c != nil {
+			counter = c.Spec.Fence
+		}
+		if fl.Fence <= counter {
+			continue
+		}
+		now, err := r.Floors.Confirm(ctx, ns, f.Resource, fenced)
+		if err != nil {
+			return nil, fmt.Errorf("confirming the fence %s recorded on %s: %w", fencing.FormatFence(fl.Fence), fl.Where, err)
+		}
+		if now == fl {
+			continue
+		}
+		if out == nil {
+			out = maps.Clone(floors)
+		}
+		if now.Fence == 0 {
+			delete(out, fenced)
+		} else {
+			out[fenced] = now
+		}
+	}
+	if out != nil {
+		return out, nil
+	}
+	return floors, nil
 }
 
 // readCounter reads counter key as mode says: nil when it does not exist.

@@ -95,6 +95,32 @@ type Facts struct {
 	// Sessions are the session Leases that live grants name, by Lease
 	// name; a nil value means the Lease does not exist.
 	Sessions map[string]*fencing.Session
+	// Floors are the highest fences guarded objects were found to have
+	// recorded for the resource and its slots (internal/recovery), by
+	// fenced resource ID (lockingv1alpha1.SlotResource): no fence at or
+	// below one is issued (fencing.NextFenceAbove). nil: none known.
+	Floors map[string]Floor
+}
+
+// Floor is a fence a guarded object recorded for a resource: Fence, and
+// Where, the object that recorded it ("ConfigMap billing/ledger-7"), for
+// the message that holds a request back.
+type Floor struct {
+	Fence int64
+	Where string
+}
+
+// nextFence is the fence slot k's next holder gets above highest, or why
+// none (fencing.NextFenceAbove over the slot's floor); a refusal for the
+// floor names the object that recorded it.
+func (f Facts) nextFence(k int32, highest int64) (int64, error) {
+	fl := f.Floors[lockingv1alpha1.SlotResource(f.Resource, k)]
+	next, err := fencing.NextFenceAbove(highest, fl.Fence, f.Epoch)
+	var e *fencing.Error
+	if fl.Where != "" && errors.As(err, &e) && e.Reason == fencing.ReasonFenceRegression {
+		return 0, &fencing.Error{Reason: e.Reason, Detail: e.Detail + " (recorded on " + fl.Where + ")"}
+	}
+	return next, err
 }
 
 // session says whether g's session keeps it alive: it returns the instant
@@ -431,8 +457,11 @@ func Decide(f Facts) Plan {
 	// of the epoch used up, a fence of a later epoch, the int64 end) is
 	// granted to nobody: never a fence that carries into the epoch bits,
 	// wraps around, or names an epoch other than the issuer's.
-	for _, sl := range slots {
-		_, sl.noFence = fencing.NextFence(sl.fence, f.Epoch)
+	// Nor a fence at or below one a guarded object recorded (a counter
+	// behind it after a reinstall or a restore): the head waits, told
+	// which epoch to raise to.
+	for k, sl := range slots {
+		_, sl.noFence = f.nextFence(k, sl.fence)
 	}
 
 	// Hand free slots to the waiters, head first: the head gets the
@@ -459,6 +488,16 @@ func Decide(f Facts) Plan {
 	var headNoFence error
 	for len(waiting) > 0 && count < min(room, waiting[0].Spec.EffectivePermits()) {
 		k, delay, ok := freeSlot(slots, min(limit, waiting[0].Spec.EffectivePermits()), f.Now)
+		for ok && slots[k] == nil {
+			// A slot whose counter does not exist yet: its first fence
+			// must be above its floor too.
+			_, err := f.nextFence(k, 0)
+			if err == nil {
+				break
+			}
+			slots[k] = &slot{noFence: err}
+			k, delay, ok = freeSlot(slots, min(limit, waiting[0].Spec.EffectivePermits()), f.Now)
+		}
 		if !ok {
 			headDelay = delay
 			headNoFence = noFence(slots, min(limit, waiting[0].Spec.EffectivePermits()))
@@ -482,7 +521,7 @@ func Decide(f Facts) Plan {
 			sl = &slot{}
 			slots[k] = sl
 		}
-		fence, _ := fencing.NextFence(sl.fence, f.Epoch) // freeSlot took only a slot that has one
+		fence, _ := f.nextFence(k, sl.fence) // freeSlot took only a slot that has one
 		sl.fence, sl.live = fence, true
 		sl.next = &lockingv1alpha1.FenceCounterSpec{
 			Resource: lockingv1alpha1.SlotResource(f.Resource, k),

@@ -144,3 +144,39 @@ func TestDecideRevokesAFenceCarriedIntoTheEpoch(t *testing.T) {
 		t.Fatalf("a fence of the issuer's epoch: %+v", statusOf(p, "a"))
 	}
 }
+
+// A guarded object recorded fence F of the issuer's epoch, and the
+// resource's counter is gone (a reinstall) or behind it (a restore): the
+// head is never granted a fence at or below F. It waits, told which epoch
+// to raise to and which object recorded F; once the epoch is raised it is
+// granted the first fence of that epoch, above F.
+func TestDecideNeverIssuesAtOrBelowARecordedFence(t *testing.T) {
+	recorded := fenceIn(3, 40)
+	floors := map[string]Floor{res: {Fence: recorded, Where: "ConfigMap billing/ledger-7"}}
+	for _, c := range []*lockingv1alpha1.FenceCounter{nil, counter(fenceIn(3, 2), nil), counter(fenceIn(3, 39), nil)} {
+		f := Facts{Now: sec(1), Resource: res, Counter: c, Grants: []lockingv1alpha1.LockGrant{grant("b", 0, 5)}, Epoch: 3, Floors: floors}
+		p := Decide(f)
+		b := heldBackAs(t, p, "b", fencing.ReasonFenceRegression.ConditionReason(), "spec.epoch to 4 or more")
+		if c := meta.FindStatusCondition(b.Status.Conditions, lockingv1alpha1.ConditionReady); !strings.Contains(c.Message, "ConfigMap billing/ledger-7") {
+			t.Fatalf("Ready %q does not name the object", c.Message)
+		}
+		f.Epoch = 4
+		if p := Decide(f); len(p.Granted) != 1 || p.Counter == nil || p.Counter.Fence != fenceIn(4, 1) {
+			t.Fatalf("at epoch 4: granted %v, counter %+v; want fence %d", grantedNames(p), p.Counter, fenceIn(4, 1))
+		}
+	}
+	// A counter above the floor (the normal case: the object recorded a
+	// fence the counter issued) grants as ever.
+	f := Facts{Now: sec(1), Resource: res, Counter: counter(recorded, nil), Grants: []lockingv1alpha1.LockGrant{grant("b", 0, 5)}, Epoch: 3, Floors: floors}
+	if p := Decide(f); len(p.Granted) != 1 || p.Counter.Fence != recorded+1 {
+		t.Fatalf("a counter at the floor: granted %v, counter %+v", grantedNames(p), p.Counter)
+	}
+	// A slot's floor holds back that slot only: the head takes the next.
+	f = Facts{Now: sec(1), Resource: res, Epoch: 3,
+		Floors: map[string]Floor{lockingv1alpha1.SlotResource(res, 0): {Fence: recorded}},
+		Grants: []lockingv1alpha1.LockGrant{withPermits(grant("a", 0, 5), 2)},
+	}
+	if p := Decide(f); len(p.Granted) != 1 || p.Counter != nil || p.SlotCounters[1] == nil || p.SlotCounters[1].Fence != fenceIn(3, 1) {
+		t.Fatalf("slot 0 under a floor: granted %v, counter %+v, slots %+v; want slot 1 at fence %d", grantedNames(p), p.Counter, p.SlotCounters, fenceIn(3, 1))
+	}
+}

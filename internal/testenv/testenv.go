@@ -43,6 +43,7 @@ import (
 	lockingv1alpha1 "github.com/lockwarden/lockwarden/api/v1alpha1"
 	"github.com/lockwarden/lockwarden/controllers"
 	"github.com/lockwarden/lockwarden/internal/issuer"
+	"github.com/lockwarden/lockwarden/internal/recovery"
 	lwwebhook "github.com/lockwarden/lockwarden/webhook"
 )
 
@@ -62,7 +63,10 @@ type Env struct {
 	// Cache reads what the in-process manager's informers show: a test
 	// waits on it for the manager to have seen a change, before it moves
 	// the manager's clock on.
-	Cache  client.Reader
+	Cache client.Reader
+	// Floors is the manager's fence floor scan; it scans once at start,
+	// and a test that needs a later scan runs Floors.Scan itself.
+	Floors *recovery.Scanner
 	cancel context.CancelFunc
 }
 
@@ -231,8 +235,12 @@ func (e *Env) startManager(ctx context.Context, clk clock.PassiveClock, o Option
 	}
 	e.Cache = mgr.GetCache()
 	keyring := &issuer.Keyring{Reader: mgr.GetClient(), Namespace: ManagerNamespace}
+	if e.Floors, err = recovery.New(mgr.GetConfig(), mgr.GetAPIReader(), 0, mgr.GetLogger().WithName("fence-floors")); err != nil {
+		return err
+	}
 	if err := controllers.Setup(ctx, mgr, controllers.Options{
-		Clock: clk, Keyring: keyring, Namespace: ManagerNamespace,
+		Floors: e.Floors,
+		Clock:  clk, Keyring: keyring, Namespace: ManagerNamespace,
 		FinishedGrantRetention: o.FinishedGrantRetention, RequestIDWindow: o.RequestIDWindow,
 		WebhookConfiguration: "validating-webhook-configuration",
 	}); err != nil {

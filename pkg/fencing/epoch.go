@@ -110,3 +110,28 @@ func raiseAdvice(highest int64) string {
 	}
 	return "it is the last fence there is (2^63-1), so the resource can take no more grants: use another resource ID (docs/runbook.md, \"Grants held back\")"
 }
+
+// NextFenceAbove is NextFence with a floor: floor is the highest fence the
+// resource is known to have accepted outside its counter (a guarded
+// object's record, found after a reinstall or a restore of the registry
+// from an old snapshot left the counter behind it); 0 when none is known.
+// It returns NextFence(highest, epoch) when that is above floor, and
+// never a fence at or below floor: then it issues none and returns an
+// *Error with ReasonFenceRegression that names the issuer epoch to raise to,
+// EpochAbove(floor), whose fences are all above anything of floor's epoch
+// (the counter lost its record, so fences of floor's epoch above floor may
+// have been issued too). A floor of MaxEpoch has no epoch above it: the
+// refusal points to the runbook's way out for a wedged object. NextFence's
+// own refusals come first.
+func NextFenceAbove(highest, floor, epoch int64) (int64, error) {
+	next, err := NextFence(highest, epoch)
+	if err != nil || next > floor {
+		return next, err
+	}
+	advice := "it is of the last issuer epoch, above which none can be raised: retire the object that recorded it (docs/runbook.md, \"An object wedged in the last epoch\") or use another resource ID"
+	if e, ok := EpochAbove(floor); ok {
+		advice = fmt.Sprintf("raise the FenceIssuer's spec.epoch to %d or more, which ends every Held grant of an earlier epoch (docs/runbook.md, \"LockwardenFenceRegression\")", e)
+	}
+	return 0, refuse(ReasonFenceRegression, "the next fence, %s, would not be above fence %s that a guarded object recorded for the resource: the registry lost fences (a reinstall, or a restore from an old snapshot); %s",
+		FormatFence(next), FormatFence(floor), advice)
+}

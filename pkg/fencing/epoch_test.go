@@ -107,3 +107,68 @@ func TestEpochsAbove(t *testing.T) {
 		}
 	}
 }
+
+// A fence recorded on a guarded object is a floor: no fence at or below it
+// is ever issued, whatever the counter says; the refusal names the epoch
+// that issues above it.
+func TestNextFenceAbove(t *testing.T) {
+	const last = fencing.MaxSequence
+	tests := []struct {
+		name                  string
+		highest, floor, epoch int64
+		want                  int64
+		reason                fencing.Reason
+		says                  string
+	}{
+		{name: "no floor", highest: 7, floor: 0, epoch: 0, want: 8},
+		{name: "a floor below the counter", highest: fenceOf(2, 9), floor: fenceOf(2, 5), epoch: 2, want: fenceOf(2, 10)},
+		{name: "a floor just below the next fence", highest: fenceOf(2, 9), floor: fenceOf(2, 9), epoch: 2, want: fenceOf(2, 10)},
+		{name: "a floor of an earlier epoch", highest: 0, floor: fenceOf(6, 40), epoch: 7, want: fenceOf(7, 1)},
+		{name: "a counter lost, the floor of the issuer's epoch", highest: 0, floor: fenceOf(3, 5), epoch: 3, reason: fencing.ReasonFenceRegression, says: "spec.epoch to 4 or more"},
+		{name: "a counter restored behind the floor", highest: fenceOf(3, 2), floor: fenceOf(3, 5), epoch: 3, reason: fencing.ReasonFenceRegression, says: "spec.epoch to 4 or more"},
+		{name: "the next fence equals the floor", highest: fenceOf(3, 4), floor: fenceOf(3, 5), epoch: 3, reason: fencing.ReasonFenceRegression, says: "above fence " + fencing.FormatFence(fenceOf(3, 5))},
+		{name: "a floor of a later epoch", highest: 0, floor: fenceOf(7, 1), epoch: 0, reason: fencing.ReasonFenceRegression, says: "spec.epoch to 8 or more"},
+		{name: "a floor at the last fence of an epoch", highest: 0, floor: fenceOf(5, last), epoch: 5, reason: fencing.ReasonFenceRegression, says: "spec.epoch to 6 or more"},
+		{name: "a floor of the last epoch", highest: 0, floor: fenceOf(fencing.MaxEpoch, 1), epoch: 9, reason: fencing.ReasonFenceRegression, says: "An object wedged in the last epoch"},
+		{name: "the counter's own refusal comes first", highest: fenceOf(3, last), floor: fenceOf(3, 5), epoch: 3, reason: fencing.ReasonSequenceExhausted},
+		{name: "an epoch behind the counter comes first", highest: fenceOf(4, 1), floor: fenceOf(9, 1), epoch: 3, reason: fencing.ReasonEpochBehind},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			got, err := fencing.NextFenceAbove(tc.highest, tc.floor, tc.epoch)
+			if r := fencing.ReasonOf(err); r != tc.reason {
+				t.Fatalf("NextFenceAbove(%d, %d, %d) = %d, %v; want reason %q", tc.highest, tc.floor, tc.epoch, got, err, tc.reason)
+			}
+			if tc.reason != "" {
+				if got != 0 {
+					t.Fatalf("a refusal issued fence %d", got)
+				}
+				if !strings.Contains(err.Error(), tc.says) {
+					t.Fatalf("refusal %q does not say %q", err, tc.says)
+				}
+				return
+			}
+			if got != tc.want || got <= tc.floor || got <= tc.highest || fencing.EpochOf(got) != tc.epoch {
+				t.Fatalf("NextFenceAbove(%d, %d, %d) = %d, want %d", tc.highest, tc.floor, tc.epoch, got, tc.want)
+			}
+		})
+	}
+}
+
+// Whatever the counter, floor and epoch, an issued fence is above both.
+func FuzzNextFenceAbove(f *testing.F) {
+	f.Add(int64(0), fenceOf(3, 5), int64(3))
+	f.Add(fenceOf(3, 9), fenceOf(3, 5), int64(3))
+	f.Fuzz(func(t *testing.T, highest, floor, epoch int64) {
+		got, err := fencing.NextFenceAbove(highest, floor, epoch)
+		if err != nil {
+			if fencing.ReasonOf(err) == "" || got != 0 {
+				t.Fatalf("NextFenceAbove(%d, %d, %d) = %d, %v", highest, floor, epoch, got, err)
+			}
+			return
+		}
+		if got <= highest || got <= floor || fencing.EpochOf(got) != epoch {
+			t.Fatalf("NextFenceAbove(%d, %d, %d) = %d", highest, floor, epoch, got)
+		}
+	})
+}

@@ -153,6 +153,10 @@ type GrantDelete struct {
 	// Ended reports whether it is final.
 	Phase string
 	Ended bool
+	// RequestID is the grant's request ID when its user chose it (one a
+	// retry could reuse); "" when it has none, or one its client generated
+	// or the manager derived from a Pod's UID.
+	RequestID string
 	// NamespaceTerminating reports whether the grant's namespace is being
 	// deleted.
 	NamespaceTerminating func() bool
@@ -166,9 +170,19 @@ type GrantDelete struct {
 // namespace is being deleted, and otherwise deleting a live grant someone
 // else holds is a forced release, which needs ForceReleaseVerb
 // (ReasonNotOwner without it). forced reports an allowed forced release.
+//
+// The owner may not delete its live grant made with a request ID of its
+// choosing (ReasonRequestIDLive): the ID would be forgotten with the grant,
+// and a retry with it would run the attempt again, whereas a grant that
+// ends (spec.release) is recorded as spent before the controller deletes it
+// (docs/request-ids.md). A forced release is not refused for it.
 func CheckGrantDelete(d GrantDelete) (forced bool, err error) {
-	if d.Caller == d.Owner || d.Ended || d.NamespaceTerminating() {
+	if d.Ended || d.Caller == d.Owner && d.RequestID == "" || d.NamespaceTerminating() {
 		return false, nil
+	}
+	if d.Caller == d.Owner {
+		return false, refuse(ReasonRequestIDLive, "this %s grant was made with request ID %q: deleting it would forget the ID, and a retry with it would run again; release it (spec.release: true) instead, and it is recorded as spent before it is deleted",
+			d.Phase, d.RequestID)
 	}
 	allowed, err := d.ForceRelease()
 	if err != nil {

@@ -94,6 +94,7 @@ func TestCheckGrantDelete(t *testing.T) {
 		caller      string
 		ended       bool
 		terminating bool
+		requestID   string
 		answer      asked
 		forced      bool
 		want        fencing.Reason
@@ -102,19 +103,26 @@ func TestCheckGrantDelete(t *testing.T) {
 		asks        int
 		detail      string
 	}{
-		{"the owner", "alice", false, false, asked{}, false, "", nil, 0, 0, ""},
-		{"an ended grant", "bob", true, false, asked{}, false, "", nil, 0, 0, ""},
-		{"with its namespace", "bob", false, true, asked{}, false, "", nil, 1, 0, ""},
-		{"forced release", "bob", false, false, asked{allowed: true}, true, "", nil, 1, 1, ""},
-		{"without the verb", "bob", false, false, asked{}, false, fencing.ReasonNotOwner, nil, 1, 1,
+		{"the owner", "alice", false, false, "", asked{}, false, "", nil, 0, 0, ""},
+		{"an ended grant", "bob", true, false, "", asked{}, false, "", nil, 0, 0, ""},
+		{"with its namespace", "bob", false, true, "", asked{}, false, "", nil, 1, 0, ""},
+		{"forced release", "bob", false, false, "", asked{allowed: true}, true, "", nil, 1, 1, ""},
+		{"without the verb", "bob", false, false, "", asked{}, false, fencing.ReasonNotOwner, nil, 1, 1,
 			`"bob" is not the owner of this Held grant; deleting it is a forced release, which needs the "force-release" verb on lockgrants`},
-		{"authorization fails", "bob", false, false, asked{err: failed}, false, "", failed, 1, 1, ""},
+		{"authorization fails", "bob", false, false, "", asked{err: failed}, false, "", failed, 1, 1, ""},
+		// A live grant of a request ID its user chose: deleted, the ID
+		// would be forgotten and a retry would run again.
+		{"the owner, a request ID of its choosing", "alice", false, false, "nightly-2026-12-03", asked{}, false, fencing.ReasonRequestIDLive, nil, 1, 0,
+			`this Held grant was made with request ID "nightly-2026-12-03": deleting it would forget the ID, and a retry with it would run again; release it (spec.release: true) instead, and it is recorded as spent before it is deleted`},
+		{"the owner, an ended grant of a request ID", "alice", true, false, "nightly-2026-12-03", asked{}, false, "", nil, 0, 0, ""},
+		{"the owner, a request ID, its namespace deleted", "alice", false, true, "nightly-2026-12-03", asked{}, false, "", nil, 1, 0, ""},
+		{"forced release of a request ID's grant", "bob", false, false, "nightly-2026-12-03", asked{allowed: true}, true, "", nil, 1, 1, ""},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			reads := 0
 			forced, err := fencing.CheckGrantDelete(fencing.GrantDelete{
-				Caller: c.caller, Owner: "alice", Phase: "Held", Ended: c.ended,
+				Caller: c.caller, Owner: "alice", Phase: "Held", Ended: c.ended, RequestID: c.requestID,
 				NamespaceTerminating: func() bool { reads++; return c.terminating },
 				ForceRelease:         c.answer.answer,
 			})

@@ -128,6 +128,13 @@ const (
 	// gives no reason, or the object is not wedged (its recorded fence can
 	// still be passed by raising the issuer epoch or by the next grant).
 	ReasonOverrideRefused Reason = "OVERRIDE_REFUSED"
+	// ReasonRequestIDLive means the owner asked to delete its live grant
+	// (waiting or Held) that was made with a request ID of the user's
+	// choosing: deleted, the grant would take the ID's record with it, and
+	// a retry with the same ID would run the attempt again. The grant is
+	// released with spec.release instead; the controller records the ID
+	// as spent before it deletes the ended grant. Nothing changed.
+	ReasonRequestIDLive Reason = "REQUEST_ID_LIVE"
 	// ReasonInternal means lockwarden could not decide (an API read failed, the
 	// request could not be decoded); nothing changed and the request may be
 	// retried. Admission metrics count such answers under this code.
@@ -165,6 +172,7 @@ var (
 	ErrInvalidPolicy    = errors.New("fencing: invalid policy")
 	ErrCounterProtected = errors.New("fencing: counter protected")
 	ErrOverrideRefused  = errors.New("fencing: override refused")
+	ErrRequestIDLive    = errors.New("fencing: live grant of a request ID deleted")
 	ErrInternal         = errors.New("fencing: internal error")
 )
 
@@ -198,6 +206,7 @@ var sentinels = map[Reason]error{
 	ReasonInvalidPolicy:    ErrInvalidPolicy,
 	ReasonCounterProtected: ErrCounterProtected,
 	ReasonOverrideRefused:  ErrOverrideRefused,
+	ReasonRequestIDLive:    ErrRequestIDLive,
 	ReasonInternal:         ErrInternal,
 }
 
@@ -247,11 +256,11 @@ func (r Reason) Sentinel() error { return sentinels[r] }
 // It is false only for the codes that leave the grant as it was: NOT_HELD
 // (the request is still queued), INTERNAL (nothing was decided; retry) and
 // the codes of a malformed request (INVALID_SPEC, INVALID_POLICY,
-// COUNTER_PROTECTED). Any other code, an unknown one included, ends the
+// COUNTER_PROTECTED, REQUEST_ID_LIVE). Any other code, an unknown one included, ends the
 // grant for its holder: a holder fails closed.
 func EndsGrant(r Reason) bool {
 	switch r {
-	case ReasonNotHeld, ReasonInternal, ReasonInvalidSpec, ReasonInvalidPolicy, ReasonCounterProtected:
+	case ReasonNotHeld, ReasonInternal, ReasonInvalidSpec, ReasonInvalidPolicy, ReasonCounterProtected, ReasonRequestIDLive:
 		return false
 	}
 	return true

@@ -19,6 +19,7 @@ func TestEveryCodeHasItsSentinel(t *testing.T) {
 		fencing.ReasonTimedOut, fencing.ReasonReleased, fencing.ReasonDriverMismatch, fencing.ReasonInvalidSpec,
 		fencing.ReasonInvalidPolicy, fencing.ReasonCounterProtected, fencing.ReasonInternal,
 		fencing.ReasonFenceNotIssued, fencing.ReasonSequenceExhausted, fencing.ReasonEpochBehind, fencing.ReasonOverrideRefused,
+		fencing.ReasonRequestIDLive,
 	}
 	seen := map[error]fencing.Reason{}
 	for _, r := range codes {
@@ -62,6 +63,7 @@ func TestEndsGrant(t *testing.T) {
 		fencing.ReasonInvalidSpec:      false,
 		fencing.ReasonInvalidPolicy:    false,
 		fencing.ReasonCounterProtected: false,
+		fencing.ReasonRequestIDLive:    false,
 	}
 	for r, want := range tests {
 		if got := fencing.EndsGrant(r); got != want {

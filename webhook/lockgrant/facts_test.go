@@ -157,20 +157,33 @@ func TestValidateDeleteAsksOnlyWhatItNeeds(t *testing.T) {
 		asks      int
 		warns     bool
 		code      fencing.Reason
+		requestID string
+		generated bool
 	}{
-		{"the owner", "alice", "ns", lockingv1alpha1.PhaseHeld, false, 0, false, ""},
-		{"an ended grant", "bob", "ns", lockingv1alpha1.PhaseReleased, false, 0, false, ""},
-		{"with its namespace", "bob", "terminating", lockingv1alpha1.PhaseHeld, false, 0, false, ""},
-		{"forced release", "bob", "ns", lockingv1alpha1.PhaseHeld, true, 1, true, ""},
-		{"without the verb", "bob", "ns", lockingv1alpha1.PhaseHeld, false, 1, false, fencing.ReasonNotOwner},
-		{"namespace unreadable", "bob", "missing", lockingv1alpha1.PhaseHeld, false, 1, false, fencing.ReasonNotOwner},
+		{"the owner", "alice", "ns", lockingv1alpha1.PhaseHeld, false, 0, false, "", "", false},
+		{"an ended grant", "bob", "ns", lockingv1alpha1.PhaseReleased, false, 0, false, "", "", false},
+		{"with its namespace", "bob", "terminating", lockingv1alpha1.PhaseHeld, false, 0, false, "", "", false},
+		{"forced release", "bob", "ns", lockingv1alpha1.PhaseHeld, true, 1, true, "", "", false},
+		{"without the verb", "bob", "ns", lockingv1alpha1.PhaseHeld, false, 1, false, fencing.ReasonNotOwner, "", false},
+		{"namespace unreadable", "bob", "missing", lockingv1alpha1.PhaseHeld, false, 1, false, fencing.ReasonNotOwner, "", false},
+		// The owner's delete of its live grant of a request ID it chose
+		// would forget the ID: refused. One its client generated, or a
+		// gated Pod's, is nobody's to reuse.
+		{"the owner, a chosen request ID", "alice", "ns", lockingv1alpha1.PhaseHeld, false, 0, false, fencing.ReasonRequestIDLive, "nightly-1", false},
+		{"the owner, a chosen request ID, waiting", "alice", "ns", "", false, 0, false, fencing.ReasonRequestIDLive, "nightly-1", false},
+		{"the owner, a generated request ID", "alice", "ns", lockingv1alpha1.PhaseHeld, false, 0, false, "", "gen-1", true},
+		{"the owner, a gated Pod's request ID", "alice", "ns", lockingv1alpha1.PhaseHeld, false, 0, false, "", lockingv1alpha1.PodRequestID("u-1"), false},
+		{"the owner, an ended grant of a chosen request ID", "alice", "ns", lockingv1alpha1.PhaseReleased, false, 0, false, "", "nightly-1", false},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			asked := 0
 			v := &lockgrant.Validator{Reader: ns, Authorizer: authorizer{allowed: tc.allowed, asked: &asked}}
-			g := &lockingv1alpha1.LockGrant{Spec: lockingv1alpha1.LockGrantSpec{Resource: "r", Owner: "alice"}}
+			g := &lockingv1alpha1.LockGrant{Spec: lockingv1alpha1.LockGrantSpec{Resource: "r", Owner: "alice", RequestID: tc.requestID}}
 			g.Name, g.Namespace, g.Status.Phase = "g-1", tc.namespace, tc.phase
+			if tc.generated {
+				g.Annotations = map[string]string{lockingv1alpha1.GeneratedRequestIDAnnotation: "true"}
+			}
 			warnings, err := v.ValidateDelete(asUser(tc.caller, admissionv1.Delete), g)
 			if tc.code != "" {
 				if !apierrors.IsForbidden(err) || denial.Reason(err) != tc.code {

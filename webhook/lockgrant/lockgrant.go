@@ -289,7 +289,8 @@ func (v *Validator) ValidateDelete(ctx context.Context, g *lockingv1alpha1.LockG
 		return nil, err
 	}
 	forced, err := fencing.CheckGrantDelete(fencing.GrantDelete{
-		Caller: req.UserInfo.Username, Owner: g.Spec.Owner, Phase: string(g.Status.Phase), Ended: g.Status.Phase.Final(),
+		Caller: req.UserInfo.Username, Owner: g.Spec.Owner, Phase: phaseWord(g), Ended: g.Status.Phase.Final(),
+		RequestID: chosenRequestID(g),
 		NamespaceTerminating: func() bool {
 			terminating, err := facts.NamespaceTerminating(ctx, v.Reader, g.Namespace)
 			return err == nil && terminating
@@ -310,6 +311,24 @@ func (v *Validator) ValidateDelete(ctx context.Context, g *lockingv1alpha1.LockG
 	}
 	log.Info("Forced release", "grant", klog.KObj(g), "by", req.UserInfo.Username, "owner", g.Spec.Owner, "fence", g.Status.FenceToken)
 	return admission.Warnings{fmt.Sprintf("forced release of %s's grant (fence %d)", g.Spec.Owner, g.Status.FenceToken)}, nil
+}
+
+// chosenRequestID is g's request ID when its user chose it, one a retry
+// could reuse; "" for none, one its client generated, or a gated Pod's.
+func chosenRequestID(g *lockingv1alpha1.LockGrant) string {
+	id := g.Spec.RequestID
+	if id == "" || g.Annotations[lockingv1alpha1.GeneratedRequestIDAnnotation] == "true" || strings.HasPrefix(id, lockingv1alpha1.PodRequestIDPrefix) {
+		return ""
+	}
+	return id
+}
+
+// phaseWord is g's phase for a message; Pending before its first status.
+func phaseWord(g *lockingv1alpha1.LockGrant) string {
+	if g.Status.Phase == "" {
+		return string(lockingv1alpha1.PhasePending)
+	}
+	return string(g.Status.Phase)
 }
 
 // authorized asks the API server (a SubjectAccessReview) whether the

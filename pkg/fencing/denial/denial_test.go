@@ -23,7 +23,7 @@ var allReasons = []fencing.Reason{
 	fencing.ReasonAlreadyEnded, fencing.ReasonFenceRegression, fencing.ReasonRevoked, fencing.ReasonBadSignature,
 	fencing.ReasonRevokedEpoch, fencing.ReasonInvalidSegment, fencing.ReasonSequenceGap, fencing.ReasonSegmentConflict,
 	fencing.ReasonMutationUnknown, fencing.ReasonDriverMismatch, fencing.ReasonFenceNotIssued,
-	fencing.ReasonSequenceExhausted, fencing.ReasonEpochBehind, fencing.ReasonOverrideRefused,
+	fencing.ReasonSequenceExhausted, fencing.ReasonEpochBehind, fencing.ReasonOverrideRefused, fencing.ReasonRequestIDLive,
 }
 
 // What the webhooks encode, the decoder reads back: for every reason, from
