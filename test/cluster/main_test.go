@@ -39,7 +39,7 @@ var (
 	// it failed). The upgrade test is then skipped with that reason, and
 	// the rest of the suite runs.
 	previousMissing = flag.String("previous-missing", "", "Why the previous release's image could not be built (its PREVIOUS_REF is not in the clone); the upgrade test is then skipped with this reason (make test-cluster sets it).")
-	installs      = flag.Int("installs", 5, "How many times each install path is played from scratch.")
+	installs        = flag.Int("installs", 5, "How many times each install path is played from scratch.")
 )
 
 // The release every test installs, as the README does.
