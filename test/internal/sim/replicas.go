@@ -182,8 +182,12 @@ const (
 // (grantplan.HolderReadNeeded), and every grant a counter write would name
 // as a new holder is read directly before it is granted; a cached copy
 // that differs is replaced and the pass decided again (controllers/
-// lockgrant: decide). The replica observed each session Lease by its own
-// clock too, so their observation times carry the same skew.
+// lockgrant: decide). Every grant the plan ends while its copy reads Held
+// and no counter names it is read directly too (grantplan.EndsUnnamed):
+// when its cached copy differs, the pass writes nothing for it and asks for
+// a pass after replicaCacheCatchUp. The replica observed each session
+// Lease by its own clock too, so their observation times carry the same
+// skew.
 func (w *world) gather(rp *replica, resource string, mode readMode) pass {
 	r, now, skew := w.reg, w.s.now, rp.skew
 	cached := rp.cachedGrants(resource)
