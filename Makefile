@@ -168,10 +168,15 @@ bench: tools build ## Measure lockwarden against etcd's mutex, a Lease lock and 
 CLUSTER_DIR ?= $(CURDIR)/.tmp/cluster
 export CLUSTER_DIR
 CLUSTER_ARCH ?= $(shell go env GOARCH)
-# The previous release, whose image the real-node suite upgrades from.
-PREVIOUS_REF ?= c2a2d62
-PREVIOUS_VERSION = $(shell git describe --tags --always $(PREVIOUS_REF))
+# The previous release, whose image the real-node suite upgrades from: a
+# full commit sha, which a shallow clone can fetch by itself (.ci/run).
+PREVIOUS_REF ?= c2a2d62bf9adad9a791580e49bf0fa35964a5195
+PREVIOUS_VERSION = $(shell git describe --tags --always $(PREVIOUS_REF) 2>/dev/null)
 PREVIOUS_IMG = $(IMAGE_REPO):$(PREVIOUS_VERSION)
+
+.PHONY: previous-ref
+previous-ref: ## Print PREVIOUS_REF, the commit of the previous release the upgrade test starts from.
+	@echo $(PREVIOUS_REF)
 
 .PHONY: cluster-tools
 cluster-tools: tools ## Build the test cluster's node (kubelet, kube-controller-manager, kube-scheduler, kube-proxy, pause; once) and its API server port forwarder into bin/.
@@ -194,15 +199,21 @@ cluster-down: ## Stop the test cluster and remove every process, mount, cgroup, 
 	hack/cluster/cluster.sh down
 
 .PHONY: test-cluster
-test-cluster: ## Run the real-node suite on the cluster of `make cluster`; says why and passes where the cluster cannot run, except in CI.
+test-cluster: ## Run the real-node suite on the cluster of `make cluster`; says why and passes where the cluster cannot run, except in CI. The upgrade test is SKIPPED, with why, when PREVIOUS_REF is not in the clone.
 	@if ! hack/cluster/cluster.sh check; then \
 	  if [ -n "$$CI" ]; then echo "make test-cluster: CI must run the real-node suite" >&2; exit 1; fi; \
 	  echo "make test-cluster: skipped"; exit 0; \
 	fi; \
 	if [ ! -f "$(CLUSTER_DIR)/kubeconfig" ]; then echo "make test-cluster: no cluster in $(CLUSTER_DIR): run make cluster first" >&2; exit 1; fi; \
+	missing=""; \
 	$(MAKE) --no-print-directory cluster-image && \
-	hack/cluster/previous-image.sh "$(PREVIOUS_REF)" "$(IMAGE_REPO)" "$(CLUSTER_ARCH)" && \
-	go -C $(TEST_MODULE) test $(GO_TEST_FLAGS) -v ./cluster/ -args -cluster-dir $(CLUSTER_DIR) -root $(CURDIR) -image $(IMG) -previous-image $(PREVIOUS_IMG) -previous-chart $(DIST)/previous/chart-$(PREVIOUS_VERSION)/lockwarden
+	if git cat-file -e "$(PREVIOUS_REF)^{commit}" 2>/dev/null; then \
+	  hack/cluster/previous-image.sh "$(PREVIOUS_REF)" "$(IMAGE_REPO)" "$(CLUSTER_ARCH)"; \
+	else \
+	  missing="PREVIOUS_REF $(PREVIOUS_REF) is not in this clone (a shallow clone: git fetch --unshallow, or git fetch --depth=1 origin $(PREVIOUS_REF)); the previous release's image cannot be built"; \
+	  echo "make test-cluster: $$missing: the upgrade test is skipped" >&2; \
+	fi && \
+	go -C $(TEST_MODULE) test $(GO_TEST_FLAGS) -v ./cluster/ -args -cluster-dir $(CLUSTER_DIR) -root $(CURDIR) -image $(IMG) -previous-image $(PREVIOUS_IMG) -previous-chart $(DIST)/previous/chart-$(PREVIOUS_VERSION)/lockwarden -previous-missing "$$missing"
 
 .PHONY: run
 run: tools install ## Run the manager locally against the cluster in $KUBECONFIG (webhooks on https://localhost:9443).

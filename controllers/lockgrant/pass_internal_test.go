@@ -97,20 +97,34 @@ func (c *laggingCache) freeze(t *testing.T) {
 	c.grants = gl.Items
 }
 
-// countingReader counts the direct reads of FenceCounters.
+// countingReader counts the direct reads of FenceCounters and, by name,
+// of LockGrants.
 type countingReader struct {
 	client.Reader
 	mu       sync.Mutex
 	counters int
+	grants   map[string]int
 }
 
 func (r *countingReader) Get(ctx context.Context, key client.ObjectKey, obj client.Object, opts ...client.GetOption) error {
-	if _, ok := obj.(*lockingv1alpha1.FenceCounter); ok {
-		r.mu.Lock()
+	r.mu.Lock()
+	switch obj.(type) {
+	case *lockingv1alpha1.FenceCounter:
 		r.counters++
-		r.mu.Unlock()
+	case *lockingv1alpha1.LockGrant:
+		if r.grants == nil {
+			r.grants = map[string]int{}
+		}
+		r.grants[key.Name]++
 	}
+	r.mu.Unlock()
 	return r.Reader.Get(ctx, key, obj, opts...)
+}
+
+func (r *countingReader) grantReads(name string) int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.grants[name]
 }
 
 func (r *countingReader) counterReads() int {
@@ -658,5 +672,58 @@ func TestStatusesDecidedOnDroppedPlansAreDecidedAgain(t *testing.T) {
 	ia, ib := slices.Index(dropping.written, "a=Released"), slices.Index(dropping.written, "b=Held")
 	if ia < 0 || ib < ia {
 		t.Fatalf("statuses written %v: b read Held while a still read Held", dropping.written)
+	}
+}
+
+// A pass that would end a grant its cached copy shows Held while the
+// counter names another reads that grant directly before it writes the
+// end. Here another replica swapped the counter from a, whose owner had
+// released it, to b, and its status writes have not landed; this
+// replica's grants cache is from before the release. Decided on the
+// cache, a would be ended Expired (superseded) although its owner released
+// it 9 s into a 30 s lease. The pass reads a, finds the cache behind,
+// writes nothing for a and asks for a pass soon; once the cache has caught
+// up, a ends Released.
+func TestUnnamedHeldGrantIsReadBeforeItIsEnded(t *testing.T) {
+	a := passHeld(passGrant("a", 0), 1)
+	b := passGrant("b", 1)
+	e := newPassEnv(t, a, b, passCounter(1, a))
+	e.startStatuses(t)
+	var gl lockingv1alpha1.LockGrantList
+	if err := e.api.List(t.Context(), &gl, client.InNamespace(passNS)); err != nil {
+		t.Fatal(err)
+	}
+	e.cache.mu.Lock()
+	e.cache.grants = gl.Items // the grants as they were before the release
+	e.cache.mu.Unlock()
+
+	released := e.grant(t, "a")
+	released.Spec.Release = true
+	if err := e.api.Update(t.Context(), released); err != nil {
+		t.Fatal(err)
+	}
+	e.moveCounter(t, 2, passHeld(b.DeepCopy(), 2)) // the other replica's swap
+
+	res, err := e.r.Reconcile(t.Context(), reconcile.Request{NamespacedName: counterKey})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.pass(t) // and its statuses written
+	if n := e.direct.grantReads("a"); n == 0 {
+		t.Fatal("the pass ended a, which no counter names, without reading it directly")
+	}
+	if got := e.grant(t, "a"); got.Status.Phase != lockingv1alpha1.PhaseHeld {
+		t.Fatalf("a is %s (%v) on a cache from before its release; want it left as stored (Held, released) until the cache caught up", got.Status.Phase, got.Status.Conditions)
+	}
+	if res.RequeueAfter <= 0 || res.RequeueAfter > cacheCatchUp {
+		t.Fatalf("the pass asks for the next one in %s; want at most %s, for the cache to catch up", res.RequeueAfter, cacheCatchUp)
+	}
+
+	e.cache.mu.Lock()
+	e.cache.grants = nil // caught up
+	e.cache.mu.Unlock()
+	e.pass(t)
+	if got := e.grant(t, "a"); got.Status.Phase != lockingv1alpha1.PhaseReleased {
+		t.Fatalf("a is %s once the cache caught up; want Released", got.Status.Phase)
 	}
 }

@@ -579,21 +579,34 @@ const (
 	cacheCatchUp = 100 * time.Millisecond
 )
 
-// decide gathers and plans the pass. Before a counter's swap names a new
-// holder, that grant is read directly (newHolders), after the counter: if
-// it is still the version the pass listed, the pass rests on its current
-// state. A cached copy that is out of date (the grant was released,
-// withdrawn, deleted, or changed since the cache last saw it: a replica
-// resumed after a freeze, a watch that lagged) is replaced by the fresh
-// one, and the pass is gathered and decided again: the counters are read
-// again too, so that, as in any pass, no counter is older than a grant
-// read with it. So no swap names a grant that had ended before this pass
-// read it: the read a grant rests on is as fresh as the counter's,
-// whatever the cache's lag.
+// decide gathers and plans the pass. Two kinds of grant are read directly
+// (grantplan.NewHolders, grantplan.EndsUnnamed), after the counter, before
+// the plan is written: the grant a counter's swap is about to name as a
+// new holder, and a grant the plan ends because its copy reads Held while
+// no counter names it. The grants are listed from a cache that may be
+// behind the counters (a replica that just started, or resumed after a
+// freeze, reads its counters fresh while its grants' informer catches up),
+// and both decisions must rest on a copy as fresh as the counter.
+//
+// A new holder still at the version the pass listed is confirmed. A cached
+// copy that is out of date (the grant was released, withdrawn, deleted, or
+// changed since the cache last saw it) is replaced by the fresh one, and
+// the pass is gathered and decided again: the counters are read again too,
+// so that, as in any pass, no counter is older than a grant read with it.
+// So no swap names a grant that had ended before this pass read it.
+//
+// An unnamed grant still at the version listed is ended as planned. One
+// whose cached copy is out of date (its owner's release, or the status
+// another replica wrote when it swapped the counter, is not cached yet)
+// is left alone: the pass writes nothing for it and asks for a pass after
+// cacheCatchUp, which decides on the cache once it has caught up. So a
+// grant its owner released is never ended Expired on a copy from before
+// the release, nor a live grant on a copy from before its swap.
 func (r *Reconciler) decide(ctx context.Context, req reconcile.Request, mode readMode) (grantplan.Facts, grantplan.Plan, error) {
 	fresher := map[types.UID]*lockingv1alpha1.LockGrant{}
 	confirmed := map[types.UID]string{}
 	listed := false
+	var behind []types.UID // unnamed grants whose cached copy is out of date
 	for range maxConfirmRounds {
 		f, err := r.gather(ctx, req, mode)
 		if err != nil || f.Resource == "" {
@@ -622,14 +635,22 @@ func (r *Reconciler) decide(ctx context.Context, req reconcile.Request, mode rea
 			}
 		}
 		var toRead []lockingv1alpha1.LockGrant
-		for _, uid := range newHolders(f, p) {
+		unnamed := map[types.UID]bool{}
+		want := func(uid types.UID) {
 			i := slices.IndexFunc(f.Grants, func(g lockingv1alpha1.LockGrant) bool { return g.UID == uid })
-			if i >= 0 && confirmed[uid] != f.Grants[i].ResourceVersion {
+			if i >= 0 && confirmed[uid] != f.Grants[i].ResourceVersion && !slices.Contains(behind, uid) {
 				toRead = append(toRead, f.Grants[i])
 			}
 		}
+		for _, uid := range grantplan.NewHolders(f, p) {
+			want(uid)
+		}
+		for _, uid := range grantplan.EndsUnnamed(f, p) {
+			unnamed[uid] = true
+			want(uid)
+		}
 		if len(toRead) == 0 {
-			return f, p, nil
+			return f, held(p, behind), nil
 		}
 		fresh := make([]*lockingv1alpha1.LockGrant, len(toRead))
 		var reads errgroup.Group
@@ -640,7 +661,7 @@ func (r *Reconciler) decide(ctx context.Context, req reconcile.Request, mode rea
 				case apierrors.IsNotFound(err):
 					return nil
 				case err != nil:
-					return fmt.Errorf("reading grant %s before granting it: %w", toRead[i].Name, err)
+					return fmt.Errorf("reading grant %s before deciding on it: %w", toRead[i].Name, err)
 				}
 				fresh[i] = g
 				return nil
@@ -659,8 +680,12 @@ func (r *Reconciler) decide(ctx context.Context, req reconcile.Request, mode rea
 				confirmed[listed.UID] = listed.ResourceVersion
 				continue
 			}
-			stale = true
 			staleGrants.Inc()
+			if unnamed[listed.UID] {
+				behind = append(behind, listed.UID)
+				continue
+			}
+			stale = true
 			switch {
 			case g != nil && g.UID != listed.UID:
 				g = nil // another grant took the name: this one is gone
@@ -670,7 +695,7 @@ func (r *Reconciler) decide(ctx context.Context, req reconcile.Request, mode rea
 			fresher[listed.UID] = g
 		}
 		if !stale {
-			return f, p, nil
+			return f, held(p, behind), nil
 		}
 	}
 	return grantplan.Facts{}, grantplan.Plan{}, errCacheBehind
@@ -718,17 +743,19 @@ func (r *Reconciler) listDirect(ctx context.Context, ns string, f grantplan.Fact
 	return stale, nil
 }
 
-// newHolders lists the grants p's counter writes name as a new holder:
-// those the pass grants.
-func newHolders(f grantplan.Facts, p grantplan.Plan) []types.UID {
-	var uids []types.UID
-	for _, w := range grantplan.CounterWrites(f, p) {
-		cur := counterOf(f, w.Slot)
-		if h := w.Spec.Holder; h != nil && (cur == nil || cur.Spec.Holder == nil || cur.Spec.Holder.UID != h.UID) {
-			uids = append(uids, types.UID(h.UID))
-		}
+// held returns p without the statuses of the grants behind, which it
+// ended on cached copies that are out of date, and with a pass after
+// cacheCatchUp to decide them on the cache once it has caught up.
+func held(p grantplan.Plan, behind []types.UID) grantplan.Plan {
+	if len(behind) == 0 {
+		return p
 	}
-	return uids
+	unnamedBehind.Add(float64(len(behind)))
+	p = grantplan.Without(p, behind)
+	if p.RequeueAfter == 0 || p.RequeueAfter > cacheCatchUp {
+		p.RequeueAfter = cacheCatchUp
+	}
+	return p
 }
 
 // slotsWanted lists the slots, 1 and above, whose counters a pass over
@@ -996,11 +1023,19 @@ var transitions = prometheus.NewCounterVec(prometheus.CounterOpts{
 	Help: "LockGrant transitions (Granted, Renewed, RELEASED, EXPIRED, TIMED_OUT, REVOKED_EPOCH, PolicyDenied, FENCE_REGRESSION, ...), by reason: the reason code of the catalog when there is one.",
 }, []string{"reason"})
 
-// staleGrants counts grants a pass was about to grant whose cached copy was
-// out of date.
+// staleGrants counts grants a pass was about to grant, or to end while no
+// counter names them, whose cached copy was out of date.
 var staleGrants = prometheus.NewCounter(prometheus.CounterOpts{
 	Name: "lockwarden_grant_cache_stale_total",
-	Help: "Grants a pass was about to grant whose cached copy was out of date (released, withdrawn, deleted or changed since the cache saw it); the pass decided again on a direct read.",
+	Help: "Grants a pass was about to grant, or to end as Held grants no counter names, whose cached copy was out of date (released, withdrawn, deleted or changed since the cache saw it); the pass decided again on a direct read, or left the grant for a pass on the caught-up cache.",
+})
+
+// unnamedBehind counts the grants a pass would have ended, as Held grants
+// no counter names, on a cached copy that was out of date: it wrote
+// nothing for them.
+var unnamedBehind = prometheus.NewCounter(prometheus.CounterOpts{
+	Name: "lockwarden_grant_unnamed_end_deferred_total",
+	Help: "Grants a pass would have ended as Held grants no FenceCounter names, on a cached copy that was out of date (a release or another replica's status not cached yet); the pass wrote nothing for them and decided them again once the cache caught up.",
 })
 
 // counterConflicts counts the passes whose counter compare-and-swap
@@ -1025,5 +1060,5 @@ var selfEvents = prometheus.NewCounter(prometheus.CounterOpts{
 })
 
 func init() {
-	metrics.Registry.MustRegister(transitions, staleGrants, counterConflicts, statusesRedecided, selfEvents)
+	metrics.Registry.MustRegister(transitions, staleGrants, unnamedBehind, counterConflicts, statusesRedecided, selfEvents)
 }

@@ -91,8 +91,11 @@ func isSession(o client.Object) bool {
 
 // sessions gathers the session Leases that the live grants name. It reads
 // them from the cache, and reads directly from the API server any session
-// the cache shows as gone or lapsed before the decision drops a request on
-// it: a lagging cache must never make a live client look dead.
+// the cache shows as gone, lapsed or overdue (its renewal due and not seen:
+// fencing.CheckSessionRenewing, on which the head of the queue is withdrawn
+// at its turn) before the decision drops a request on it: a lagging cache
+// must never make a live client look dead. A direct read that shows a newer
+// version than the cache's is observed as a renewal.
 func (r *Reconciler) sessions(ctx context.Context, ns string, grants []lockingv1alpha1.LockGrant, now time.Time) (map[string]*fencing.Session, error) {
 	var out map[string]*fencing.Session
 	for i := range grants {
@@ -115,12 +118,12 @@ func (r *Reconciler) sessions(ctx context.Context, ns string, grants []lockingv1
 		}
 		if err == nil && isSession(l) {
 			s := r.sessionsSeen.sessionFacts(l, now)
-			if fencing.CheckSession(s, ref.UID, g.Spec.Owner, now) == nil {
+			if fencing.CheckSession(s, ref.UID, g.Spec.Owner, now) == nil && fencing.CheckSessionRenewing(s, now) == nil {
 				out[ref.Name] = s
 				continue
 			}
 		}
-		// Gone or lapsed as cached: confirm with a direct read.
+		// Gone, lapsed or overdue as cached: confirm with a direct read.
 		l = &coordinationv1.Lease{}
 		switch err := r.APIReader.Get(ctx, key, l); {
 		case apierrors.IsNotFound(err):

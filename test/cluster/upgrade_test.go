@@ -22,6 +22,9 @@ import (
 // printed; then a rolling restart of the new release leaves no request
 // undecided.
 func testRollingUpgrade(t *testing.T) {
+	if *previousMissing != "" {
+		skipped(t, "rolling-upgrade", *previousMissing)
+	}
 	if *previousImage == "" || *previousChart == "" {
 		t.Fatal("-previous-image and -previous-chart are required (make test-cluster builds them from PREVIOUS_REF)")
 	}

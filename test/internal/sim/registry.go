@@ -67,9 +67,11 @@ type registry struct {
 	// phantoms are the grants the last applied pass's counter swap named
 	// although they had ended before the pass read them; staleReads
 	// counts the grants passes read directly and found their cached copy
-	// out of date (replicas.go).
-	phantoms   []types.UID
-	staleReads int
+	// out of date (replicas.go), unnamedReads those among them a pass
+	// would have ended as Held grants no counter names, and left alone.
+	phantoms     []types.UID
+	staleReads   int
+	unnamedReads int
 	// onGrant and onCounterWrite are told of every stored change of a
 	// grant and a counter, for the replicas' watches (caches.go).
 	onGrant        func(uid types.UID)

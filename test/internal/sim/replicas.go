@@ -182,8 +182,12 @@ const (
 // (grantplan.HolderReadNeeded), and every grant a counter write would name
 // as a new holder is read directly before it is granted; a cached copy
 // that differs is replaced and the pass decided again (controllers/
-// lockgrant: decide). The replica observed each session Lease by its own
-// clock too, so their observation times carry the same skew.
+// lockgrant: decide). Every grant the plan ends while its copy reads Held
+// and no counter names it is read directly too (grantplan.EndsUnnamed):
+// when its cached copy differs, the pass writes nothing for it and asks for
+// a pass after replicaCacheCatchUp. The replica observed each session
+// Lease by its own clock too, so their observation times carry the same
+// skew.
 func (w *world) gather(rp *replica, resource string, mode readMode) pass {
 	r, now, skew := w.reg, w.s.now, rp.skew
 	cached := rp.cachedGrants(resource)
@@ -204,6 +208,7 @@ func (w *world) gather(rp *replica, resource string, mode readMode) pass {
 	// those read directly and found as listed.
 	fresher := map[types.UID]*lockingv1alpha1.LockGrant{}
 	confirmed := map[types.UID]bool{}
+	var behind []types.UID // ended unnamed on a copy out of date
 	ps.plan = grantplan.Plan{RequeueAfter: replicaCacheCatchUp}
 	listed := false
 	for range maxConfirmRounds {
@@ -226,23 +231,46 @@ func (w *world) gather(rp *replica, resource string, mode readMode) pass {
 				continue
 			}
 		}
+		// asListed reads grant uid directly: whether it is as the pass
+		// listed it, or behind it only by rp's own status write.
+		asListed := func(uid types.UID) bool {
+			i := slices.IndexFunc(f.Grants, func(g lockingv1alpha1.LockGrant) bool { return g.UID == uid })
+			cur := r.grants[uid]
+			return cur != nil && (cur.ResourceVersion == f.Grants[i].ResourceVersion || rp.wrote(uid, cur.ResourceVersion))
+		}
 		stale := false
-		for _, uid := range newHolders(f, p) {
+		for _, uid := range grantplan.NewHolders(f, p) {
 			if confirmed[uid] {
 				continue
 			}
-			i := slices.IndexFunc(f.Grants, func(g lockingv1alpha1.LockGrant) bool { return g.UID == uid })
-			cur := r.grants[uid]
-			if cur != nil && (cur.ResourceVersion == f.Grants[i].ResourceVersion || rp.wrote(uid, cur.ResourceVersion)) {
+			if asListed(uid) {
 				confirmed[uid] = true
 				continue
 			}
 			stale = true
 			r.staleReads++
-			fresher[uid] = rp.overlay(cur.DeepCopy())
+			fresher[uid] = rp.overlay(r.grants[uid].DeepCopy())
+		}
+		// A grant the plan ends while its copy reads Held and no counter
+		// names it is read directly too: on a copy behind the stored one
+		// the pass writes nothing for it, and asks for a pass once the
+		// cache has caught up.
+		for _, uid := range grantplan.EndsUnnamed(f, p) {
+			if confirmed[uid] || slices.Contains(behind, uid) {
+				continue
+			}
+			if asListed(uid) {
+				confirmed[uid] = true
+				continue
+			}
+			r.unnamedReads++
+			behind = append(behind, uid)
 		}
 		if !stale {
-			ps.plan = p
+			ps.plan = grantplan.Without(p, behind)
+			if len(behind) > 0 && (ps.plan.RequeueAfter == 0 || ps.plan.RequeueAfter > replicaCacheCatchUp) {
+				ps.plan.RequeueAfter = replicaCacheCatchUp
+			}
 			break
 		}
 	}
@@ -351,17 +379,6 @@ const (
 	replicaCacheCatchUp = 100 * time.Millisecond
 	maxPassRounds       = 5
 )
-
-// newHolders lists the grants p's counter write names as a new holder.
-func newHolders(f grantplan.Facts, p grantplan.Plan) []types.UID {
-	var uids []types.UID
-	for _, w := range grantplan.CounterWrites(f, p) {
-		if h := w.Spec.Holder; h != nil && (f.Counter == nil || f.Counter.Spec.Holder == nil || f.Counter.Spec.Holder.UID != h.UID) {
-			uids = append(uids, types.UID(h.UID))
-		}
-	}
-	return uids
-}
 
 // apply writes a pass's plan as the LockGrant controller does: the counter
 // by compare-and-swap, then hands the statuses, in the plan's order (the
@@ -557,7 +574,8 @@ func (w *world) notePhantoms() {
 	}
 	w.reg.phantoms = nil
 	w.rep.Faults["replica-stale-grant-read"] += w.reg.staleReads
-	w.reg.staleReads = 0
+	w.rep.Faults["replica-stale-unnamed-read"] += w.reg.unnamedReads
+	w.reg.staleReads, w.reg.unnamedReads = 0, 0
 }
 
 // state fingerprints a resource as rp's cache shows it: the counter's

@@ -1,0 +1,71 @@
+package grantplan
+
+import (
+	"slices"
+	"testing"
+
+	"k8s.io/apimachinery/pkg/types"
+
+	lockingv1alpha1 "github.com/lockwarden/lockwarden/api/v1alpha1"
+)
+
+// A plan says which grants it ends while their copy reads Held and no
+// counter names them, and which it grants: the grants a pass reads
+// directly before it writes.
+func TestEndsUnnamedAndNewHolders(t *testing.T) {
+	t.Run("a Held grant the counter no longer names", func(t *testing.T) {
+		a, b := held(grant("a", 0, 30), 1, 31), held(grant("b", 1, 30), 2, 32)
+		f := Facts{Now: sec(2), Resource: res, Counter: counter(2, &b), Grants: []lockingv1alpha1.LockGrant{a, b}}
+		p := Decide(f)
+		if s := statusOf(p, "a"); s == nil || s.Phase != lockingv1alpha1.PhaseExpired {
+			t.Fatalf("a = %+v; want the plan to end it (superseded)", s)
+		}
+		if got := EndsUnnamed(f, p); !slices.Equal(got, []types.UID{"uid-a"}) {
+			t.Fatalf("EndsUnnamed = %v; want [uid-a]", got)
+		}
+		if got := NewHolders(f, p); len(got) != 0 {
+			t.Fatalf("NewHolders = %v; want none, b already holds", got)
+		}
+		w := Without(p, EndsUnnamed(f, p))
+		if statusOf(w, "a") != nil || slices.ContainsFunc(w.Events, func(e Event) bool { return e.Grant.Name == "a" }) {
+			t.Fatalf("Without left a's status or events: %+v", w)
+		}
+		if statusOf(p, "a") == nil {
+			t.Fatal("Without changed the plan it was given")
+		}
+	})
+	t.Run("a holder the counter names ends on its lease, not unnamed", func(t *testing.T) {
+		a, b := held(grant("a", 0, 30), 1, 31), grant("b", 1, 30)
+		a.Spec.Release = true
+		f := Facts{Now: sec(2), Resource: res, Counter: counter(1, &a), Grants: []lockingv1alpha1.LockGrant{a, b}}
+		p := Decide(f)
+		if s := statusOf(p, "a"); s == nil || s.Phase != lockingv1alpha1.PhaseReleased {
+			t.Fatalf("a = %+v; want Released", s)
+		}
+		if got := EndsUnnamed(f, p); len(got) != 0 {
+			t.Fatalf("EndsUnnamed = %v; want none", got)
+		}
+		if got := NewHolders(f, p); !slices.Equal(got, []types.UID{"uid-b"}) {
+			t.Fatalf("NewHolders = %v; want [uid-b]", got)
+		}
+	})
+	t.Run("a grant Held in a slot whose counter names another", func(t *testing.T) {
+		a, b := held(grant("a", 0, 30), 1, 31), held(grant("b", 1, 30), 1, 32)
+		for _, g := range []*lockingv1alpha1.LockGrant{&a, &b} {
+			g.Spec.Permits = 2
+			k := int32(1)
+			if g == &b {
+				k = 0
+			}
+			g.Status.Permit, g.Status.FencedResource = &k, lockingv1alpha1.SlotResource(res, k)
+		}
+		c1 := counter(2, nil)
+		c1.Spec.Resource = lockingv1alpha1.SlotResource(res, 1)
+		f := Facts{Now: sec(2), Resource: res, Counter: counter(1, &b), SlotCounters: map[int32]*lockingv1alpha1.FenceCounter{1: c1},
+			Grants: []lockingv1alpha1.LockGrant{a, b}}
+		p := Decide(f)
+		if got := EndsUnnamed(f, p); !slices.Equal(got, []types.UID{"uid-a"}) {
+			t.Fatalf("EndsUnnamed = %v; want [uid-a] (slot 1's counter names nobody)", got)
+		}
+	})
+}
