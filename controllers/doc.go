@@ -93,6 +93,11 @@ func Setup(ctx context.Context, mgr ctrl.Manager, o Options) error {
 			return err
 		}
 	}
+	if floors.Bundle == nil {
+		// Records on objects not guarded now count only when their
+		// proofs verify against the issuer's trust bundle.
+		floors.Bundle = o.Keyring.TrustBundle
+	}
 	// The scan runs where the LockGrant controller does, off the grant
 	// path: a normal start grants at once.
 	floors.Leader = !o.GrantsOnEveryReplica
