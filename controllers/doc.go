@@ -8,6 +8,7 @@ package controllers
 import (
 	"context"
 	"fmt"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"time"
 
 	coordinationv1 "k8s.io/api/coordination/v1"
@@ -97,6 +98,11 @@ func Setup(ctx context.Context, mgr ctrl.Manager, o Options) error {
 		// Records on objects not guarded now count only when their
 		// proofs verify against the issuer's trust bundle.
 		floors.Bundle = o.Keyring.TrustBundle
+	}
+	if floors.Unguarded == nil {
+		// The namespaces the guarded-write webhooks skip
+		// (config/webhook/manifests.yaml).
+		floors.Unguarded = []string{metav1.NamespaceSystem, o.Namespace}
 	}
 	// The scan runs where the LockGrant controller does, off the grant
 	// path: a normal start grants at once.

@@ -176,6 +176,11 @@ type Scanner struct {
 	// Bundle reads the issuer's trust bundle, to verify the proofs of
 	// records on objects not guarded now; nil: none counts.
 	Bundle func(context.Context) (*fencing.TrustBundle, error)
+	// Unguarded are the namespaces the guarded-write webhooks skip
+	// (kube-system and the manager's own, config/webhook): a guard label
+	// there went through no admission, so a record there counts only with
+	// a proof that verifies.
+	Unguarded []string
 	// Interval is the time between scans after the first; 0 scans once.
 	Interval time.Duration
 	// Leader: the scan runs only on the elected leader (when the grant
@@ -314,7 +319,7 @@ func (s *Scanner) Confirm(ctx context.Context, ns, resource, fenced string) (gra
 		if err != nil {
 			return was, err
 		}
-		if rns, rf, fence, ok := recordOf(o, src.gvr, policies, s.verifier(ctx)); ok && rns == ns && rf == fenced {
+		if rns, rf, fence, ok := s.recordOf(o, src.gvr, policies, s.verifier(ctx)); ok && rns == ns && rf == fenced {
 			now = grantplan.Floor{Fence: fence, Where: was.Where}
 		}
 	}
@@ -383,7 +388,7 @@ func (s *Scanner) scanKind(ctx context.Context, gvr schema.GroupVersionResource,
 			return err
 		}
 		for i := range page.Items {
-			count(&page.Items[i], gvr, kind, policies, verify, found)
+			s.count(&page.Items[i], gvr, kind, policies, verify, found)
 		}
 		if opts.Continue = page.Continue; opts.Continue == "" {
 			return nil
@@ -392,8 +397,8 @@ func (s *Scanner) scanKind(ctx context.Context, gvr schema.GroupVersionResource,
 }
 
 // count adds the record o carries, if any, to found.
-func count(o *metav1.PartialObjectMetadata, gvr schema.GroupVersionResource, kind string, policies []*lockingv1alpha1.GuardPolicy, verify func(fencing.Proof) (fencing.Record, error), found *Floors) {
-	ns, fenced, fence, ok := recordOf(o, gvr, policies, verify)
+func (s *Scanner) count(o *metav1.PartialObjectMetadata, gvr schema.GroupVersionResource, kind string, policies []*lockingv1alpha1.GuardPolicy, verify func(fencing.Proof) (fencing.Record, error), found *Floors) {
+	ns, fenced, fence, ok := s.recordOf(o, gvr, policies, verify)
 	if !ok {
 		return
 	}
@@ -409,14 +414,14 @@ func count(o *metav1.PartialObjectMetadata, gvr schema.GroupVersionResource, kin
 // counts (fencing.CountFloor): no record, an administrator's override, a
 // value admission never writes, or a record on an object not guarded now
 // whose proof does not verify.
-func recordOf(o *metav1.PartialObjectMetadata, gvr schema.GroupVersionResource, policies []*lockingv1alpha1.GuardPolicy, verify func(fencing.Proof) (fencing.Record, error)) (ns, fenced string, fence int64, ok bool) {
+func (s *Scanner) recordOf(o *metav1.PartialObjectMetadata, gvr schema.GroupVersionResource, policies []*lockingv1alpha1.GuardPolicy, verify func(fencing.Proof) (fencing.Record, error)) (ns, fenced string, fence int64, ok bool) {
 	a := o.Annotations
 	raw, has := a[lockingv1alpha1.AcceptedFenceAnnotation]
 	if !has {
 		return "", "", 0, false
 	}
 	fence, signed, ok := fencing.CountFloor(fencing.RecordedFloor{
-		Guarded: guardedNow(o, gvr, policies), Fence: raw, Intent: a[lockingv1alpha1.AcceptedIntentAnnotation],
+		Guarded: !slices.Contains(s.Unguarded, o.Namespace) && guardedNow(o, gvr, policies), Fence: raw, Intent: a[lockingv1alpha1.AcceptedIntentAnnotation],
 		Proof: a[lockingv1alpha1.AcceptedProofAnnotation], Verify: verify,
 	})
 	switch {

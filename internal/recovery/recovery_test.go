@@ -92,6 +92,10 @@ func TestScanFindsRecordedFences(t *testing.T) {
 		obj("v1", "ConfigMap", "billing", "hex", guarded, map[string]string{lockingv1alpha1.AcceptedFenceAnnotation: "0x7fffffffffffffff", lockingv1alpha1.ResourceAnnotation: "ledger"}),
 		obj("v1", "ConfigMap", "billing", "padded", guarded, map[string]string{lockingv1alpha1.AcceptedFenceAnnotation: "0009", lockingv1alpha1.ResourceAnnotation: "ledger"}),
 		obj("batch/v1", "Job", "billing", "shadowed-7", nil, accepted(fence(9, 9))),
+		// The guarded-write webhooks skip kube-system: a label there
+		// guards nothing.
+		obj("v1", "ConfigMap", "kube-system", "labeled-unchecked", guarded,
+			accepted(fence(9, 9), lockingv1alpha1.ResourceAnnotation, "ledger", lockingv1alpha1.AcceptedGrantAnnotation, "billing/g1")),
 	}
 	mdScheme := metadatafake.NewTestScheme()
 	metav1.AddMetaToScheme(mdScheme)
@@ -111,9 +115,10 @@ func TestScanFindsRecordedFences(t *testing.T) {
 			{GroupVersion: "apps/v1", APIResources: []metav1.APIResource{{Name: "deployments", Kind: "Deployment", Namespaced: true, Verbs: []string{"list"}}}},
 			{GroupVersion: "batch/v1", APIResources: []metav1.APIResource{{Name: "jobs", Kind: "Job", Namespaced: true, Verbs: []string{"list"}}}},
 		},
-		Metadata: md,
-		Bundle:   func(context.Context) (*fencing.TrustBundle, error) { return bundle, nil },
-		Log:      logr.Discard(),
+		Metadata:  md,
+		Bundle:    func(context.Context) (*fencing.TrustBundle, error) { return bundle, nil },
+		Unguarded: []string{"kube-system", "lockwarden-system"},
+		Log:       logr.Discard(),
 	}
 	scheme := runtime.NewScheme()
 	if err := lockingv1alpha1.AddToScheme(scheme); err != nil {
