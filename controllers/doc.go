@@ -8,6 +8,7 @@ package controllers
 import (
 	"context"
 	"fmt"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"time"
 
 	coordinationv1 "k8s.io/api/coordination/v1"
@@ -92,6 +93,16 @@ func Setup(ctx context.Context, mgr ctrl.Manager, o Options) error {
 		if floors, err = recovery.New(mgr.GetConfig(), mgr.GetAPIReader(), o.FloorScanInterval, mgr.GetLogger().WithName("fence-floors")); err != nil {
 			return err
 		}
+	}
+	if floors.Bundle == nil {
+		// Records on objects not guarded now count only when their
+		// proofs verify against the issuer's trust bundle.
+		floors.Bundle = o.Keyring.TrustBundle
+	}
+	if floors.Unguarded == nil {
+		// The namespaces the guarded-write webhooks skip
+		// (config/webhook/manifests.yaml).
+		floors.Unguarded = []string{metav1.NamespaceSystem, o.Namespace}
 	}
 	// The scan runs where the LockGrant controller does, off the grant
 	// path: a normal start grants at once.

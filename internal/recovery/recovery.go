@@ -7,12 +7,18 @@
 // A Scanner lists the metadata of every object of every kind it may list,
 // in every namespace, and reads the annotation
 // locking.lockwarden.io/accepted-fence that admission writes on each write
-// it accepts: on objects guarded by the label, objects a GuardPolicy
-// covers, and objects no longer guarded (they count again once guarded
-// again), as hack/next-epoch.sh does. A record an administrator overrode
-// (accepted-intent "override", a wedged object being retired) is not
-// counted. Each record is attributed to the fenced resource it fences:
-// the resource its accepted proof names, else the object's
+// it accepts. A floor holds back everyone's requests for its resource, so
+// a record counts only where nobody but lockwarden can have written it
+// (fencing.CountFloor): on an object guarded now, by the label or by a
+// GuardPolicy in Enforce mode, and on any other object (no longer guarded,
+// under a Shadow policy, never guarded) only when its accepted proof
+// verifies against the issuer's trust bundle for the fence it records. A
+// record on an object anyone may annotate (a ConfigMap of a user's own)
+// would otherwise let that user wedge any resource of any namespace. A
+// record an administrator overrode (accepted-intent "override", a wedged
+// object being retired) is not counted. Each record is attributed to the
+// fenced resource it fences: the resource its verified proof names; on a
+// guarded object, the resource its accepted proof names, else the object's
 // locking.lockwarden.io/resource annotation, else the resource ID a
 // GuardPolicy that covers the object maps it to. A record none of these
 // attributes counts in the global highest fence (logged) but holds no
@@ -167,6 +173,14 @@ type Scanner struct {
 	// Policies reads GuardPolicies, to attribute a record that names no
 	// resource itself; nil: none.
 	Policies client.Reader
+	// Bundle reads the issuer's trust bundle, to verify the proofs of
+	// records on objects not guarded now; nil: none counts.
+	Bundle func(context.Context) (*fencing.TrustBundle, error)
+	// Unguarded are the namespaces the guarded-write webhooks skip
+	// (kube-system and the manager's own, config/webhook): a guard label
+	// there went through no admission, so a record there counts only with
+	// a proof that verifies.
+	Unguarded []string
 	// Interval is the time between scans after the first; 0 scans once.
 	Interval time.Duration
 	// Leader: the scan runs only on the elected leader (when the grant
@@ -245,6 +259,7 @@ func (s *Scanner) Scan(ctx context.Context) (*Floors, error) {
 	if err != nil {
 		return nil, err
 	}
+	verify := s.verifier(ctx)
 	for _, list := range lists {
 		gv, err := schema.ParseGroupVersion(list.GroupVersion)
 		if err != nil {
@@ -255,7 +270,7 @@ func (s *Scanner) Scan(ctx context.Context) (*Floors, error) {
 				continue
 			}
 			gvr := gv.WithResource(r.Name)
-			if err := s.scanKind(ctx, gvr, r.Kind, policies, found); err != nil {
+			if err := s.scanKind(ctx, gvr, r.Kind, policies, verify, found); err != nil {
 				if ctx.Err() != nil {
 					return nil, ctx.Err()
 				}
@@ -298,12 +313,14 @@ func (s *Scanner) Confirm(ctx context.Context, ns, resource, fenced string) (gra
 	case err != nil:
 		return was, err
 	case string(o.UID) == src.uid:
-		// The policies are not read again: a record the scan attributed
-		// through a policy keeps that attribution.
-		if fence, ok := counted(o); ok {
-			if rns, rf := Attribute(o, src.gvr, nil); rf == "" || (rns == ns && rf == fenced) {
-				now = grantplan.Floor{Fence: fence, Where: was.Where}
-			}
+		// Judged again as the scan judges it: an object no longer
+		// guarded counts only with a proof that verifies.
+		policies, err := s.policies(ctx)
+		if err != nil {
+			return was, err
+		}
+		if rns, rf, fence, ok := s.recordOf(o, src.gvr, policies, s.verifier(ctx)); ok && rns == ns && rf == fenced {
+			now = grantplan.Floor{Fence: fence, Where: was.Where}
 		}
 	}
 	s.swap.Lock()
@@ -342,8 +359,22 @@ func (s *Scanner) policies(ctx context.Context) ([]*lockingv1alpha1.GuardPolicy,
 	return out, nil
 }
 
+// verifier returns the trust bundle's proof check; nil (no record on an
+// object not guarded now counts) when the bundle cannot be read.
+func (s *Scanner) verifier(ctx context.Context) func(fencing.Proof) (fencing.Record, error) {
+	if s.Bundle == nil {
+		return nil
+	}
+	b, err := s.Bundle(ctx)
+	if err != nil || b == nil {
+		s.Log.Error(err, "reading the trust bundle: records on objects not guarded now are not counted")
+		return nil
+	}
+	return b.VerifyProof
+}
+
 // scanKind counts the records of every object of gvr, a page at a time.
-func (s *Scanner) scanKind(ctx context.Context, gvr schema.GroupVersionResource, kind string, policies []*lockingv1alpha1.GuardPolicy, found *Floors) error {
+func (s *Scanner) scanKind(ctx context.Context, gvr schema.GroupVersionResource, kind string, policies []*lockingv1alpha1.GuardPolicy, verify func(fencing.Proof) (fencing.Record, error), found *Floors) error {
 	opts := metav1.ListOptions{Limit: pageSize}
 	for {
 		page, err := s.Metadata.Resource(gvr).List(ctx, opts)
@@ -357,7 +388,7 @@ func (s *Scanner) scanKind(ctx context.Context, gvr schema.GroupVersionResource,
 			return err
 		}
 		for i := range page.Items {
-			count(&page.Items[i], gvr, kind, policies, found)
+			s.count(&page.Items[i], gvr, kind, policies, verify, found)
 		}
 		if opts.Continue = page.Continue; opts.Continue == "" {
 			return nil
@@ -366,8 +397,8 @@ func (s *Scanner) scanKind(ctx context.Context, gvr schema.GroupVersionResource,
 }
 
 // count adds the record o carries, if any, to found.
-func count(o *metav1.PartialObjectMetadata, gvr schema.GroupVersionResource, kind string, policies []*lockingv1alpha1.GuardPolicy, found *Floors) {
-	fence, ok := counted(o)
+func (s *Scanner) count(o *metav1.PartialObjectMetadata, gvr schema.GroupVersionResource, kind string, policies []*lockingv1alpha1.GuardPolicy, verify func(fencing.Proof) (fencing.Record, error), found *Floors) {
+	ns, fenced, fence, ok := s.recordOf(o, gvr, policies, verify)
 	if !ok {
 		return
 	}
@@ -375,21 +406,58 @@ func count(o *metav1.PartialObjectMetadata, gvr schema.GroupVersionResource, kin
 	if o.Namespace != "" {
 		where = kind + " " + o.Namespace + "/" + o.Name
 	}
-	ns, fenced := Attribute(o, gvr, policies)
 	found.add(ns, fenced, fence, where, source{gvr: gvr, ns: o.Namespace, name: o.Name, uid: string(o.UID)})
 }
 
-// counted returns the fence o's record carries, and false when it carries
-// none that counts: no record, an administrator's override, or a value
-// admission never writes (as hack/next-epoch.sh).
-func counted(o *metav1.PartialObjectMetadata) (int64, bool) {
+// recordOf returns the fence o's record counts for and the namespace and
+// fenced resource it is attributed to, and false when it carries none that
+// counts (fencing.CountFloor): no record, an administrator's override, a
+// value admission never writes, or a record on an object not guarded now
+// whose proof does not verify.
+func (s *Scanner) recordOf(o *metav1.PartialObjectMetadata, gvr schema.GroupVersionResource, policies []*lockingv1alpha1.GuardPolicy, verify func(fencing.Proof) (fencing.Record, error)) (ns, fenced string, fence int64, ok bool) {
 	a := o.Annotations
-	raw, ok := a[lockingv1alpha1.AcceptedFenceAnnotation]
-	if !ok || a[lockingv1alpha1.AcceptedIntentAnnotation] == fencing.IntentOverride {
-		return 0, false
+	raw, has := a[lockingv1alpha1.AcceptedFenceAnnotation]
+	if !has {
+		return "", "", 0, false
 	}
-	fence, err := fencing.ParseFence(raw)
-	return fence, err == nil && fence > 0
+	fence, signed, ok := fencing.CountFloor(fencing.RecordedFloor{
+		Guarded: !slices.Contains(s.Unguarded, o.Namespace) && guardedNow(o, gvr, policies), Fence: raw, Intent: a[lockingv1alpha1.AcceptedIntentAnnotation],
+		Proof: a[lockingv1alpha1.AcceptedProofAnnotation], Verify: verify,
+	})
+	switch {
+	case !ok:
+		return "", "", 0, false
+	case signed != nil:
+		// Attributed by what the issuer signed, never by annotations
+		// anyone allowed to write the object can set.
+		ns = o.Namespace
+		if signed.Namespace != "" {
+			ns = signed.Namespace
+		}
+		if !lockingv1alpha1.ValidFencedResource(signed.Resource) {
+			return ns, "", fence, true
+		}
+		return ns, signed.Resource, fence, true
+	}
+	ns, fenced = Attribute(o, gvr, policies)
+	return ns, fenced, fence, true
+}
+
+// guardedNow reports whether every write to o goes through admission now:
+// it carries the guard label, or a GuardPolicy in Enforce mode covers it.
+func guardedNow(o *metav1.PartialObjectMetadata, gvr schema.GroupVersionResource, policies []*lockingv1alpha1.GuardPolicy) bool {
+	if o.Labels[lockingv1alpha1.GuardedLabel] == "true" {
+		return true
+	}
+	for _, p := range policies {
+		if p.Spec.Mode != lockingv1alpha1.ModeEnforce {
+			continue
+		}
+		if ok, err := policy.Covers(p, gvr.Group, gvr.Resource, o.Namespace, o.Labels); err == nil && ok {
+			return true
+		}
+	}
+	return false
 }
 
 // Attribute returns the namespace and fenced resource ID that o's record

@@ -1,6 +1,8 @@
 package recovery
 
 import (
+	"context"
+	"crypto/ed25519"
 	"errors"
 	"testing"
 
@@ -33,13 +35,21 @@ func obj(apiVersion, kind, ns, name string, labels, annotations map[string]strin
 
 func fence(e, s int64) int64 { return e<<fencing.EpochBits | s }
 
-// Every object that carries an accepted fence counts, of any kind,
-// guarded by the label, by a policy, or no longer guarded, attributed to
-// the resource its proof, its annotation or its policy names; an
-// overridden record and a malformed fence do not count; a kind that cannot
-// be listed is named, and the rest is still scanned.
+// Every object that carries an accepted fence counts, of any kind, when
+// guarded now by the label or an Enforce policy, or, no longer guarded,
+// when its proof verifies; attributed to the resource its proof, its
+// annotation or its policy names; an overridden record and a malformed
+// fence do not count, nor a record on an object anyone may annotate that
+// the issuer did not sign; a kind that cannot be listed is named, and the
+// rest is still scanned.
 func TestScanFindsRecordedFences(t *testing.T) {
-	proof := fencing.Sign(fencing.Record{Namespace: "billing", Resource: lockingv1alpha1.SlotResource("batch", 2), Fence: fence(3, 9), IssuerEpoch: 3}, make([]byte, 64))
+	pub, key, err := ed25519.GenerateKey(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	bundle := &fencing.TrustBundle{Schema: fencing.TrustBundleSchema, Keys: []fencing.TrustedKey{{KeyID: "k1", Algorithm: "Ed25519", PublicKey: pub, State: fencing.KeyActive}}}
+	proof := fencing.Sign(fencing.Record{Namespace: "billing", Resource: lockingv1alpha1.SlotResource("batch", 2), Fence: fence(3, 9), IssuerEpoch: 3, KeyID: "k1"}, key)
+	unsigned := fencing.FormatProof(fencing.Record{Namespace: "billing", Resource: lockingv1alpha1.SlotResource("batch", 1), Fence: fence(9, 9), IssuerEpoch: 9, KeyID: "k1"}, make([]byte, 64))
 	accepted := func(f int64, extra ...string) map[string]string {
 		a := map[string]string{lockingv1alpha1.AcceptedFenceAnnotation: fencing.FormatFence(f)}
 		for i := 0; i+1 < len(extra); i += 2 {
@@ -49,8 +59,13 @@ func TestScanFindsRecordedFences(t *testing.T) {
 	}
 	pol := &lockingv1alpha1.GuardPolicy{ObjectMeta: metav1.ObjectMeta{Name: "ledgers"}, Spec: lockingv1alpha1.GuardPolicySpec{
 		Resources:          []lockingv1alpha1.GuardedResource{{APIGroup: "apps", Resource: "deployments"}},
-		ResourceIDTemplate: "settlement/{namespace}/{name}",
+		ResourceIDTemplate: "settlement/{namespace}/{name}", Mode: lockingv1alpha1.ModeEnforce,
 	}}
+	shadow := &lockingv1alpha1.GuardPolicy{ObjectMeta: metav1.ObjectMeta{Name: "shadowed"}, Spec: lockingv1alpha1.GuardPolicySpec{
+		Resources:          []lockingv1alpha1.GuardedResource{{APIGroup: "batch", Resource: "jobs"}},
+		ResourceIDTemplate: "settlement/{namespace}/{name}", Mode: lockingv1alpha1.ModeShadow,
+	}}
+	guarded := map[string]string{lockingv1alpha1.GuardedLabel: "true"}
 	objs := []runtime.Object{
 		obj("v1", "ConfigMap", "billing", "labeled", map[string]string{lockingv1alpha1.GuardedLabel: "true"},
 			accepted(fence(3, 5), lockingv1alpha1.ResourceAnnotation, "ledger", lockingv1alpha1.AcceptedGrantAnnotation, "billing/g1")),
@@ -61,7 +76,26 @@ func TestScanFindsRecordedFences(t *testing.T) {
 		obj("v1", "ConfigMap", "billing", "mangled", nil, accepted(0, lockingv1alpha1.AcceptedFenceAnnotation, "12a")),
 		obj("v1", "ConfigMap", "billing", "plain", nil, nil),
 		obj("apps/v1", "Deployment", "billing", "ledger-7", nil, accepted(fence(4, 2))),
-		obj("v1", "Namespace", "", "orphan", nil, accepted(fence(5, 1))),
+		obj("v1", "Namespace", "", "orphan", guarded, accepted(fence(5, 1))),
+		// What anyone allowed to annotate an object can write counts for
+		// nothing: a record on an object not guarded now whose proof
+		// does not verify, names another fence, or is missing; values
+		// admission never writes; a Shadow policy's object.
+		obj("v1", "ConfigMap", "billing", "forged", nil,
+			accepted(fence(9, 9), lockingv1alpha1.ResourceAnnotation, "ledger", lockingv1alpha1.AcceptedGrantAnnotation, "billing/g1")),
+		obj("v1", "ConfigMap", "mallory", "forged-elsewhere", map[string]string{lockingv1alpha1.GuardedLabel: "false"},
+			accepted(fence(9, 9), lockingv1alpha1.ResourceAnnotation, "ledger", lockingv1alpha1.AcceptedGrantAnnotation, "billing/g1")),
+		obj("v1", "ConfigMap", "billing", "unsigned", nil, accepted(fence(9, 9), lockingv1alpha1.AcceptedProofAnnotation, string(unsigned))),
+		obj("v1", "ConfigMap", "billing", "signed-other-fence", nil, accepted(fence(9, 9), lockingv1alpha1.AcceptedProofAnnotation, string(proof))),
+		obj("v1", "ConfigMap", "billing", "huge", guarded, map[string]string{lockingv1alpha1.AcceptedFenceAnnotation: "9223372036854775808", lockingv1alpha1.ResourceAnnotation: "ledger"}),
+		obj("v1", "ConfigMap", "billing", "negative", guarded, map[string]string{lockingv1alpha1.AcceptedFenceAnnotation: "-5", lockingv1alpha1.ResourceAnnotation: "ledger"}),
+		obj("v1", "ConfigMap", "billing", "hex", guarded, map[string]string{lockingv1alpha1.AcceptedFenceAnnotation: "0x7fffffffffffffff", lockingv1alpha1.ResourceAnnotation: "ledger"}),
+		obj("v1", "ConfigMap", "billing", "padded", guarded, map[string]string{lockingv1alpha1.AcceptedFenceAnnotation: "0009", lockingv1alpha1.ResourceAnnotation: "ledger"}),
+		obj("batch/v1", "Job", "billing", "shadowed-7", nil, accepted(fence(9, 9))),
+		// The guarded-write webhooks skip kube-system: a label there
+		// guards nothing.
+		obj("v1", "ConfigMap", "kube-system", "labeled-unchecked", guarded,
+			accepted(fence(9, 9), lockingv1alpha1.ResourceAnnotation, "ledger", lockingv1alpha1.AcceptedGrantAnnotation, "billing/g1")),
 	}
 	mdScheme := metadatafake.NewTestScheme()
 	metav1.AddMetaToScheme(mdScheme)
@@ -79,15 +113,18 @@ func TestScanFindsRecordedFences(t *testing.T) {
 				{Name: "bindings", Kind: "Binding", Namespaced: true, Verbs: []string{"create"}},
 			}},
 			{GroupVersion: "apps/v1", APIResources: []metav1.APIResource{{Name: "deployments", Kind: "Deployment", Namespaced: true, Verbs: []string{"list"}}}},
+			{GroupVersion: "batch/v1", APIResources: []metav1.APIResource{{Name: "jobs", Kind: "Job", Namespaced: true, Verbs: []string{"list"}}}},
 		},
-		Metadata: md,
-		Log:      logr.Discard(),
+		Metadata:  md,
+		Bundle:    func(context.Context) (*fencing.TrustBundle, error) { return bundle, nil },
+		Unguarded: []string{"kube-system", "lockwarden-system"},
+		Log:       logr.Discard(),
 	}
 	scheme := runtime.NewScheme()
 	if err := lockingv1alpha1.AddToScheme(scheme); err != nil {
 		t.Fatal(err)
 	}
-	s.Policies = fake.NewClientBuilder().WithScheme(scheme).WithObjects(pol).Build()
+	s.Policies = fake.NewClientBuilder().WithScheme(scheme).WithObjects(pol, shadow).Build()
 	f, err := s.Scan(t.Context())
 	if err != nil {
 		t.Fatal(err)
@@ -95,8 +132,11 @@ func TestScanFindsRecordedFences(t *testing.T) {
 	if got := f.For("billing", "ledger"); len(got) != 1 || got["ledger"].Fence != fence(3, 5) || got["ledger"].Where != "ConfigMap billing/labeled" {
 		t.Errorf("floors of ledger = %+v; want fence %d on ConfigMap billing/labeled (the override not counted)", got, fence(3, 5))
 	}
-	if got := f.For("billing", "batch"); got[lockingv1alpha1.SlotResource("batch", 2)].Fence != fence(3, 9) {
-		t.Errorf("floors of batch = %+v; want slot 2 at %d, from the proof", got, fence(3, 9))
+	if got := f.For("billing", "batch"); len(got) != 1 || got[lockingv1alpha1.SlotResource("batch", 2)].Fence != fence(3, 9) {
+		t.Errorf("floors of batch = %+v; want slot 2 at %d, from the signed proof, and nothing from the unsigned one", got, fence(3, 9))
+	}
+	if got := f.For("billing", "settlement/billing/shadowed-7"); len(got) != 0 {
+		t.Errorf("floors of a Shadow policy's object = %+v; want none", got)
 	}
 	if got := f.For("billing", "settlement/billing/ledger-7"); got["settlement/billing/ledger-7"].Fence != fence(4, 2) {
 		t.Errorf("floors of the policy's object = %+v; want %d", got, fence(4, 2))

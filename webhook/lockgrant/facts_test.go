@@ -173,6 +173,9 @@ func TestValidateDeleteAsksOnlyWhatItNeeds(t *testing.T) {
 		{"the owner, a chosen request ID, waiting", "alice", "ns", "", false, 0, false, fencing.ReasonRequestIDLive, "nightly-1", false},
 		{"the owner, a generated request ID", "alice", "ns", lockingv1alpha1.PhaseHeld, false, 0, false, "", "gen-1", true},
 		{"the owner, a gated Pod's request ID", "alice", "ns", lockingv1alpha1.PhaseHeld, false, 0, false, "", lockingv1alpha1.PodRequestID("u-1"), false},
+		// A user's own ID that starts with "pod-" is still the user's:
+		// only the grant the manager stewards for a Pod is a Pod's.
+		{"the owner, a chosen request ID starting with pod-", "alice", "ns", lockingv1alpha1.PhaseHeld, false, 0, false, fencing.ReasonRequestIDLive, "pod-nightly-1", false},
 		{"the owner, an ended grant of a chosen request ID", "alice", "ns", lockingv1alpha1.PhaseReleased, false, 0, false, "", "nightly-1", false},
 	}
 	for _, tc := range tests {
@@ -183,6 +186,10 @@ func TestValidateDeleteAsksOnlyWhatItNeeds(t *testing.T) {
 			g.Name, g.Namespace, g.Status.Phase = "g-1", tc.namespace, tc.phase
 			if tc.generated {
 				g.Annotations = map[string]string{lockingv1alpha1.GeneratedRequestIDAnnotation: "true"}
+			}
+			if strings.HasPrefix(tc.name, "the owner, a gated Pod's") {
+				// Admission stamps the manager as steward on a Pod's grant.
+				g.Annotations = map[string]string{lockingv1alpha1.StewardAnnotation: "system:serviceaccount:lockwarden-system:manager"}
 			}
 			warnings, err := v.ValidateDelete(asUser(tc.caller, admissionv1.Delete), g)
 			if tc.code != "" {

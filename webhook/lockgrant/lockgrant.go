@@ -314,10 +314,14 @@ func (v *Validator) ValidateDelete(ctx context.Context, g *lockingv1alpha1.LockG
 }
 
 // chosenRequestID is g's request ID when its user chose it, one a retry
-// could reuse; "" for none, one its client generated, or a gated Pod's.
+// could reuse; "" for none, one its client generated, or a gated Pod's: a
+// grant the manager requested for a Pod (admission stamped its steward,
+// which nobody else can set), not any ID a user chose that starts with
+// "pod-".
 func chosenRequestID(g *lockingv1alpha1.LockGrant) string {
 	id := g.Spec.RequestID
-	if id == "" || g.Annotations[lockingv1alpha1.GeneratedRequestIDAnnotation] == "true" || strings.HasPrefix(id, lockingv1alpha1.PodRequestIDPrefix) {
+	podGrant := strings.HasPrefix(id, lockingv1alpha1.PodRequestIDPrefix) && g.Annotations[lockingv1alpha1.StewardAnnotation] != ""
+	if id == "" || g.Annotations[lockingv1alpha1.GeneratedRequestIDAnnotation] == "true" || podGrant {
 		return ""
 	}
 	return id
