@@ -205,9 +205,11 @@ func (w *world) gather(rp *replica, resource string, mode readMode) pass {
 	ps.params = issuer.Params{Epoch: r.epoch, Revoked: slices.Clone(r.revoked), KeyID: r.keyID, Key: r.key}
 	// fresher are the grants read directly because their cached copies
 	// were out of date, which replace them from then on; confirmed are
-	// those read directly and found as listed.
+	// those read directly and found as listed, with the resourceVersion
+	// of the copy the pass decided on (a later round may decide on
+	// another copy: that one is read again, as the controller does).
 	fresher := map[types.UID]*lockingv1alpha1.LockGrant{}
-	confirmed := map[types.UID]bool{}
+	confirmed := map[types.UID]string{}
 	var behind []types.UID // ended unnamed on a copy out of date
 	ps.plan = grantplan.Plan{RequeueAfter: replicaCacheCatchUp}
 	listed := false
@@ -231,20 +233,25 @@ func (w *world) gather(rp *replica, resource string, mode readMode) pass {
 				continue
 			}
 		}
-		// asListed reads grant uid directly: whether it is as the pass
-		// listed it, or behind it only by rp's own status write.
-		asListed := func(uid types.UID) bool {
+		// rvOf is the resourceVersion of the copy of grant uid the pass
+		// decided on; asListed reads the grant directly: whether it is
+		// as the pass listed it, or behind it only by rp's own status
+		// write.
+		rvOf := func(uid types.UID) string {
 			i := slices.IndexFunc(f.Grants, func(g lockingv1alpha1.LockGrant) bool { return g.UID == uid })
+			return f.Grants[i].ResourceVersion
+		}
+		asListed := func(uid types.UID) bool {
 			cur := r.grants[uid]
-			return cur != nil && (cur.ResourceVersion == f.Grants[i].ResourceVersion || rp.wrote(uid, cur.ResourceVersion))
+			return cur != nil && (cur.ResourceVersion == rvOf(uid) || rp.wrote(uid, cur.ResourceVersion))
 		}
 		stale := false
 		for _, uid := range grantplan.NewHolders(f, p) {
-			if confirmed[uid] {
+			if confirmed[uid] == rvOf(uid) {
 				continue
 			}
 			if asListed(uid) {
-				confirmed[uid] = true
+				confirmed[uid] = rvOf(uid)
 				continue
 			}
 			stale = true
@@ -256,11 +263,11 @@ func (w *world) gather(rp *replica, resource string, mode readMode) pass {
 		// the pass writes nothing for it, and asks for a pass once the
 		// cache has caught up.
 		for _, uid := range grantplan.EndsUnnamed(f, p) {
-			if confirmed[uid] || slices.Contains(behind, uid) {
+			if confirmed[uid] == rvOf(uid) || slices.Contains(behind, uid) {
 				continue
 			}
 			if asListed(uid) {
-				confirmed[uid] = true
+				confirmed[uid] = rvOf(uid)
 				continue
 			}
 			r.unnamedReads++
@@ -281,7 +288,7 @@ func (w *world) gather(rp *replica, resource string, mode readMode) pass {
 // gathered grant that differs from its stored version (other than by rp's
 // own status write), is missing, or is gone, goes into fresher; the others
 // are confirmed as gathered. It reports whether it found one.
-func (w *world) listDirect(rp *replica, resource string, f grantplan.Facts, fresher map[types.UID]*lockingv1alpha1.LockGrant, confirmed map[types.UID]bool) bool {
+func (w *world) listDirect(rp *replica, resource string, f grantplan.Facts, fresher map[types.UID]*lockingv1alpha1.LockGrant, confirmed map[types.UID]string) bool {
 	stale := false
 	stored := map[types.UID]bool{}
 	for uid, g := range w.reg.grants {
@@ -291,7 +298,7 @@ func (w *world) listDirect(rp *replica, resource string, f grantplan.Facts, fres
 		stored[uid] = true
 		i := slices.IndexFunc(f.Grants, func(c lockingv1alpha1.LockGrant) bool { return c.UID == uid })
 		if i >= 0 && (f.Grants[i].ResourceVersion == g.ResourceVersion || rp.wrote(uid, g.ResourceVersion)) {
-			confirmed[uid] = true
+			confirmed[uid] = f.Grants[i].ResourceVersion
 			continue
 		}
 		stale = true

@@ -84,3 +84,16 @@ func TestReplicaWritesNoHeldStatusBesideAStoredHolder(t *testing.T) {
 		}
 	}
 }
+
+// Seeds of the gate that once made a replica swap a counter to a grant
+// that had ended: a pass confirmed a grant on the copy it had read of the
+// counter's old holder, then, deciding again on a fresher counter, granted
+// the older cached copy of the same grant unread. A confirmation holds for
+// the copy it was made on only.
+func TestGateSeedsOfAConfirmationOnAnotherCopy(t *testing.T) {
+	for _, seed := range []uint64{8303632508418424361, 17879472550667295451, 9516999969936210443, 4383444042009452936, 4381448704037697554} {
+		if rep := Round(seed, nil); rep.Forbidden() != 0 {
+			t.Errorf("seed %d: %s", seed, rep)
+		}
+	}
+}
