@@ -133,6 +133,6 @@ func TestRequestIDOfALiveGrantCannotBeForgottenByTheOwner(t *testing.T) {
 	}
 	if cur := get(t, g); cur.UID != g.UID || cur.Status.Phase != lockingv1alpha1.PhaseHeld || cur.Spec.RequestID != "nightly-bypass-1" ||
 		cur.Labels[lockingv1alpha1.RequestIDLabel] != "nightly-bypass-1" || cur.Annotations[lockingv1alpha1.GeneratedRequestIDAnnotation] != "" {
-		t.Fatalf("grant after the attempts: %+v %+v %+v", cur.ObjectMeta.Labels, cur.Annotations, cur.Status)
+		t.Fatalf("grant after the attempts: %+v %+v %+v", cur.Labels, cur.Annotations, cur.Status)
 	}
 }
