@@ -17,6 +17,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
+	"k8s.io/client-go/rest"
 	clocktesting "k8s.io/utils/clock/testing"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -39,6 +40,19 @@ import (
 // an admin client.
 func startAPIServer(t *testing.T) client.WithWatch {
 	t.Helper()
+	cfg, scheme := startControlPlane(t)
+	c, err := client.NewWithWatch(cfg, client.Options{Scheme: scheme})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+// startControlPlane starts etcd and an API server with lockwarden's CRDs
+// until the test ends, and returns its admin config and the scheme of
+// lockwarden's and Kubernetes' kinds.
+func startControlPlane(t *testing.T) (*rest.Config, *runtime.Scheme) {
+	t.Helper()
 	root, err := filepath.Abs("../..")
 	if err != nil {
 		t.Fatal(err)
@@ -56,11 +70,7 @@ func startAPIServer(t *testing.T) client.WithWatch {
 	scheme := runtime.NewScheme()
 	utilruntime.Must(clientgoscheme.AddToScheme(scheme))
 	utilruntime.Must(lockingv1alpha1.AddToScheme(scheme))
-	c, err := client.NewWithWatch(cfg, client.Options{Scheme: scheme})
-	if err != nil {
-		t.Fatal(err)
-	}
-	return c
+	return cfg, scheme
 }
 
 // oneKey issues in epoch 0 with one key.

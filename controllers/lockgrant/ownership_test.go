@@ -3,24 +3,18 @@ package lockgrant_test
 import (
 	"context"
 	"fmt"
-	"os"
-	"path/filepath"
 	"testing"
 	"time"
 
 	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/runtime"
-	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
 	"k8s.io/apimachinery/pkg/util/wait"
-	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/utils/clock"
 	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	"sigs.k8s.io/controller-runtime/pkg/envtest"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
 	lockingv1alpha1 "github.com/lockwarden/lockwarden/api/v1alpha1"
@@ -168,23 +162,7 @@ func TestTakeoverFromAnAbsentPreferredReplica(t *testing.T) {
 // controllers, and returns an admin client.
 func startEnv(t *testing.T) client.Client {
 	t.Helper()
-	root, err := filepath.Abs("../..")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if os.Getenv("KUBEBUILDER_ASSETS") == "" {
-		t.Setenv("KUBEBUILDER_ASSETS", filepath.Join(root, "bin"))
-	}
-	env := &envtest.Environment{CRDDirectoryPaths: []string{filepath.Join(root, "config", "crd", "bases")}, ErrorIfCRDPathMissing: true}
-	cfg, err := env.Start()
-	if err != nil {
-		_ = env.Stop()
-		t.Fatalf("starting envtest: %v", err)
-	}
-	t.Cleanup(func() { _ = env.Stop() })
-	scheme := runtime.NewScheme()
-	utilruntime.Must(clientgoscheme.AddToScheme(scheme))
-	utilruntime.Must(lockingv1alpha1.AddToScheme(scheme))
+	cfg, scheme := startControlPlane(t)
 	c, err := client.New(cfg, client.Options{Scheme: scheme})
 	if err != nil {
 		t.Fatal(err)
