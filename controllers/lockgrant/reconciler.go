@@ -617,27 +617,27 @@ const (
 // cacheCatchUp, which decides on the cache once it has caught up. So a
 // grant its owner released is never ended Expired on a copy from before
 // the release, nor a live grant on a copy from before its swap.
+//
+// Each round gathers, decides (grantplan.Decide), then confirms what it
+// decided on (listDirect once, then confirm).
 func (r *Reconciler) decide(ctx context.Context, req reconcile.Request, mode readMode) (scope, grantplan.Plan, error) {
-	fresher := map[types.UID]*lockingv1alpha1.LockGrant{}
-	confirmed := map[types.UID]string{}
-	listed := false
-	var behind []types.UID // unnamed grants whose cached copy is out of date
+	rd := &directReads{fresher: map[types.UID]*lockingv1alpha1.LockGrant{}, confirmed: map[types.UID]string{}}
 	for range maxConfirmRounds {
 		f, err := r.gather(ctx, req, mode)
 		if err != nil || f.Resource == "" {
 			return f, grantplan.Plan{}, err
 		}
-		for uid, g := range fresher {
+		for uid, g := range rd.fresher {
 			f.Grants = grantplan.WithHolder(f.Grants, &lockingv1alpha1.FenceHolder{UID: string(uid)}, g)
 		}
 		p := grantplan.Decide(f.Facts)
-		if !listed && len(grantplan.NewlyHeld(f.Facts, p)) > 0 {
+		if !rd.listed && len(grantplan.NewlyHeld(f.Facts, p)) > 0 {
 			// A Held status for a grant not Held before: no other grant
 			// may still be Held as stored, which a cache that is behind
 			// can hide (a status another replica wrote before its
 			// swap). One direct list of the resource's grants finds it.
-			listed = true
-			stale, err := r.listDirect(ctx, req.Namespace, f.Facts, fresher, confirmed)
+			rd.listed = true
+			stale, err := r.listDirect(ctx, req.Namespace, f.Facts, rd.fresher, rd.confirmed)
 			if err != nil {
 				return f, grantplan.Plan{}, err
 			}
@@ -649,71 +649,99 @@ func (r *Reconciler) decide(ctx context.Context, req reconcile.Request, mode rea
 				continue
 			}
 		}
-		var toRead []lockingv1alpha1.LockGrant
-		unnamed := map[types.UID]bool{}
-		want := func(uid types.UID) {
-			i := slices.IndexFunc(f.Grants, func(g lockingv1alpha1.LockGrant) bool { return g.UID == uid })
-			if i >= 0 && confirmed[uid] != f.Grants[i].ResourceVersion && !slices.Contains(behind, uid) {
-				toRead = append(toRead, f.Grants[i])
-			}
-		}
-		for _, uid := range grantplan.NewHolders(f.Facts, p) {
-			want(uid)
-		}
-		for _, uid := range grantplan.EndsUnnamed(f.Facts, p) {
-			unnamed[uid] = true
-			want(uid)
-		}
-		if len(toRead) == 0 {
-			return f, held(p, behind), nil
-		}
-		fresh := make([]*lockingv1alpha1.LockGrant, len(toRead))
-		var reads errgroup.Group
-		for i := range toRead {
-			reads.Go(func() error {
-				g := &lockingv1alpha1.LockGrant{}
-				switch err := r.APIReader.Get(ctx, client.ObjectKeyFromObject(&toRead[i]), g); {
-				case apierrors.IsNotFound(err):
-					return nil
-				case err != nil:
-					return fmt.Errorf("reading grant %s before deciding on it: %w", toRead[i].Name, err)
-				}
-				fresh[i] = g
-				return nil
-			})
-		}
-		if err := reads.Wait(); err != nil {
+		stale, err := r.confirm(ctx, f.Facts, p, rd)
+		if err != nil {
 			return f, grantplan.Plan{}, err
 		}
-		stale := false
-		for i := range toRead {
-			listed := &toRead[i]
-			g := fresh[i]
-			if g != nil && g.UID == listed.UID && (g.ResourceVersion == listed.ResourceVersion || r.own.wrote(g.UID, g.ResourceVersion)) {
-				// As listed, or behind it only by this replica's own
-				// status write, which the listed copy already shows.
-				confirmed[listed.UID] = listed.ResourceVersion
-				continue
-			}
-			staleGrants.Inc()
-			if unnamed[listed.UID] {
-				behind = append(behind, listed.UID)
-				continue
-			}
-			stale = true
-			switch {
-			case g != nil && g.UID != listed.UID:
-				g = nil // another grant took the name: this one is gone
-			case g != nil:
-				g = r.own.overlay(g)
-			}
-			fresher[listed.UID] = g
-		}
 		if !stale {
-			return f, held(p, behind), nil
+			return f, held(p, rd.behind), nil
 		}
 	}
 	return scope{}, grantplan.Plan{}, errCacheBehind
+}
+
+// directReads is what the rounds of one pass learned by reading its grants
+// directly.
+type directReads struct {
+	// fresher are the grants found out of date, by UID, with their fresh
+	// copies (nil: gone), which replace the cached ones from then on.
+	fresher map[types.UID]*lockingv1alpha1.LockGrant
+	// confirmed are the grants found as listed, with the resourceVersion
+	// of the copy decided on.
+	confirmed map[types.UID]string
+	// behind are the unnamed grants whose cached copy is out of date.
+	behind []types.UID
+	// listed says the resource's grants were listed directly once.
+	listed bool
+}
+
+// confirm reads directly the grants p makes new holders or ends while no
+// counter names them (grantplan.NewHolders, grantplan.EndsUnnamed), but
+// those confirmed at the version decided on and those known to be behind.
+// It reports whether one p would write was out of date, so that the pass
+// decides again on its fresh copy.
+func (r *Reconciler) confirm(ctx context.Context, f grantplan.Facts, p grantplan.Plan, rd *directReads) (bool, error) {
+	var toRead []lockingv1alpha1.LockGrant
+	unnamed := map[types.UID]bool{}
+	want := func(uid types.UID) {
+		i := slices.IndexFunc(f.Grants, func(g lockingv1alpha1.LockGrant) bool { return g.UID == uid })
+		if i >= 0 && rd.confirmed[uid] != f.Grants[i].ResourceVersion && !slices.Contains(rd.behind, uid) {
+			toRead = append(toRead, f.Grants[i])
+		}
+	}
+	for _, uid := range grantplan.NewHolders(f, p) {
+		want(uid)
+	}
+	for _, uid := range grantplan.EndsUnnamed(f, p) {
+		unnamed[uid] = true
+		want(uid)
+	}
+	if len(toRead) == 0 {
+		return false, nil
+	}
+	fresh := make([]*lockingv1alpha1.LockGrant, len(toRead))
+	var reads errgroup.Group
+	for i := range toRead {
+		reads.Go(func() error {
+			g := &lockingv1alpha1.LockGrant{}
+			switch err := r.APIReader.Get(ctx, client.ObjectKeyFromObject(&toRead[i]), g); {
+			case apierrors.IsNotFound(err):
+				return nil
+			case err != nil:
+				return fmt.Errorf("reading grant %s before deciding on it: %w", toRead[i].Name, err)
+			}
+			fresh[i] = g
+			return nil
+		})
+	}
+	if err := reads.Wait(); err != nil {
+		return false, err
+	}
+	stale := false
+	for i := range toRead {
+		listed := &toRead[i]
+		g := fresh[i]
+		if g != nil && g.UID == listed.UID && (g.ResourceVersion == listed.ResourceVersion || r.own.wrote(g.UID, g.ResourceVersion)) {
+			// As listed, or behind it only by this replica's own
+			// status write, which the listed copy already shows.
+			rd.confirmed[listed.UID] = listed.ResourceVersion
+			continue
+		}
+		staleGrants.Inc()
+		if unnamed[listed.UID] {
+			rd.behind = append(rd.behind, listed.UID)
+			continue
+		}
+		stale = true
+		switch {
+		case g != nil && g.UID != listed.UID:
+			g = nil // another grant took the name: this one is gone
+		case g != nil:
+			g = r.own.overlay(g)
+		}
+		rd.fresher[listed.UID] = g
+	}
+	return stale, nil
 }
 
 // listDirect lists the resource's grants directly from the API server and
