@@ -121,19 +121,37 @@ func newRequest(s *settings, resource string, try, generated bool) *lockingv1alp
 	return g
 }
 
+// checkRequest says why options s cannot ask for resource: options that
+// contradict each other, a resource ID that is not one, a stop grace that
+// fits no lease or session. nil when they can.
+func checkRequest(s *settings, resource string) error {
+	if s.releaseByDelete && s.lockDelay > 0 {
+		return fmt.Errorf("%w: release by delete with a lock-delay: a deleted grant counts as left without a release, so every release would wait out the delay", ErrInvalidOption)
+	}
+	if s.releaseByDelete && s.requestID != "" {
+		return fmt.Errorf("%w: release by delete with a request ID: a request ID is recorded as spent only when the registry ends and deletes the grant", ErrInvalidOption)
+	}
+	if !lockingv1alpha1.ValidResourceID(resource) {
+		return fmt.Errorf("%w: resource ID %q does not match %s", ErrInvalidOption, resource, lockingv1alpha1.ResourcePattern)
+	}
+	if s.stopGrace > 0 {
+		if _, err := holder.New(holder.Config{TTL: s.ttl, Margin: s.leaseMargin(s.ttl), RenewInterval: s.renewInterval}); err != nil {
+			return fmt.Errorf("%w: stop grace %s does not fit a %s lease: %w", ErrInvalidOption, s.stopGrace, s.ttl, err)
+		}
+		if sessionTTLFor(s.stopGrace) == 0 && !s.session.none {
+			return fmt.Errorf("%w: stop grace %s does not fit a session of at most 1h", ErrInvalidOption, s.stopGrace)
+		}
+	}
+	return nil
+}
+
 func (c *Client) acquire(ctx context.Context, resource string, try bool, opts []Option) (*Handle, error) {
 	s := c.settings(opts)
 	if s.err != nil {
 		return nil, s.err
 	}
-	if s.releaseByDelete && s.lockDelay > 0 {
-		return nil, fmt.Errorf("%w: release by delete with a lock-delay: a deleted grant counts as left without a release, so every release would wait out the delay", ErrInvalidOption)
-	}
-	if s.releaseByDelete && s.requestID != "" {
-		return nil, fmt.Errorf("%w: release by delete with a request ID: a request ID is recorded as spent only when the registry ends and deletes the grant", ErrInvalidOption)
-	}
-	if !lockingv1alpha1.ValidResourceID(resource) {
-		return nil, fmt.Errorf("%w: resource ID %q does not match %s", ErrInvalidOption, resource, lockingv1alpha1.ResourcePattern)
+	if err := checkRequest(s, resource); err != nil {
+		return nil, err
 	}
 	generated := s.requestID == ""
 	if generated {
@@ -147,20 +165,11 @@ func (c *Client) acquire(ctx context.Context, resource string, try bool, opts []
 		s.operationRoot = "sha256:" + hex.EncodeToString(sum[:])
 	}
 	g := newRequest(s, resource, try, generated)
-	if s.stopGrace > 0 {
-		if _, err := holder.New(holder.Config{TTL: s.ttl, Margin: s.leaseMargin(s.ttl), RenewInterval: s.renewInterval}); err != nil {
-			return nil, fmt.Errorf("%w: stop grace %s does not fit a %s lease: %w", ErrInvalidOption, s.stopGrace, s.ttl, err)
-		}
-		if sessionTTLFor(s.stopGrace) == 0 && !s.session.none {
-			return nil, fmt.Errorf("%w: stop grace %s does not fit a session of at most 1h", ErrInvalidOption, s.stopGrace)
-		}
-	}
 	// Session hook (session.go): the request lives as long as its client.
 	sess, err := c.sessionFor(ctx, s)
 	if err != nil {
 		return nil, err
 	}
-
 	h := &Handle{
 		c:         c,
 		clk:       s.clk,
