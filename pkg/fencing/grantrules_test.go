@@ -188,7 +188,10 @@ func TestCheckGrantDeleteOfAnEndedGrantOfARequestID(t *testing.T) {
 						reads++
 						return c.spent.Records(ended, c.window), c.readErr
 					},
-					ForceRelease: func() (bool, error) { t.Fatal("an ended grant's delete asked for the force-release verb"); return false, nil },
+					ForceRelease: func() (bool, error) {
+						t.Fatal("an ended grant's delete asked for the force-release verb")
+						return false, nil
+					},
 				})
 				if forced {
 					t.Fatalf("%s: an ended grant's delete counted as a forced release", caller)
