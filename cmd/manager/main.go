@@ -271,7 +271,7 @@ func run(ctx context.Context, cfg *rest.Config, o options) error {
 		case <-ctx.Done():
 			return
 		}
-		if err := lwwebhook.Setup(mgr, clk, keyring.TrustBundle); err != nil {
+		if err := lwwebhook.Setup(mgr, clk, keyring.TrustBundle, o.requestIDWindow); err != nil {
 			cancel(fmt.Errorf("setting up webhooks: %w", err))
 			return
 		}
