@@ -145,4 +145,3 @@ func secs(d []time.Duration) string {
 	}
 	return b.String()
 }
-
