@@ -242,6 +242,30 @@ func (o *observer) grantVersions(name string) []*lockingv1alpha1.LockGrant {
 	return out
 }
 
+// describe says what the observer last saw of the object (and of a Pod's
+// grant), for a failure's message.
+func (o *observer) describe(kind, name string) error {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if kind == "grant" {
+		if g := o.grants[name]; g != nil {
+			return fmt.Errorf("grant %s: %s fence %d, release %v", name, g.Status.Phase, g.Status.FenceToken, g.Spec.Release)
+		}
+		return fmt.Errorf("grant %s not seen", name)
+	}
+	p := o.pods[name]
+	if p == nil {
+		return fmt.Errorf("pod %s not seen", name)
+	}
+	var grant string
+	if g := o.grants[podGrantName(p)]; g != nil {
+		grant = fmt.Sprintf("%s fence %d", g.Status.Phase, g.Status.FenceToken)
+	}
+	return fmt.Errorf("pod %s: phase %s, gates %v, node %q, fence %q, conditions %+v, containers %+v; its grant: %s",
+		name, p.Status.Phase, p.Spec.SchedulingGates, p.Spec.NodeName, p.Annotations[lockingv1alpha1.FenceAnnotation],
+		p.Status.Conditions, p.Status.ContainerStatuses, grant)
+}
+
 // podGrantName is the name of the grant the manager requests for pod.
 func podGrantName(pod *corev1.Pod) string {
 	return lockingv1alpha1.GrantNameForRequest(lockingv1alpha1.PodRequestID(string(pod.UID)))
@@ -254,7 +278,7 @@ func (o *observer) waitFact(t *testing.T, kind, name, fact string, timeout time.
 	eventually(t, fmt.Sprintf("%s %s is %s", kind, name, fact), timeout, func(context.Context) (bool, error) {
 		var ok bool
 		at, ok = o.at(kind, name, fact)
-		return ok, nil
+		return ok, o.describe(kind, name)
 	})
 	return at
 }
