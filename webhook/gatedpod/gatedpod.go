@@ -17,7 +17,7 @@ import (
 	"github.com/lockwarden/lockwarden/internal/denial"
 	"github.com/lockwarden/lockwarden/internal/podgate"
 	"github.com/lockwarden/lockwarden/pkg/fencing"
-	facts "github.com/lockwarden/lockwarden/pkg/fencing/k8s"
+	"github.com/lockwarden/lockwarden/pkg/fencing/facts"
 )
 
 // Handler is the mutating webhook of Pods that name a lock, on CREATE.

@@ -30,7 +30,7 @@ import (
 	"github.com/lockwarden/lockwarden/internal/denial"
 	"github.com/lockwarden/lockwarden/internal/policy"
 	"github.com/lockwarden/lockwarden/pkg/fencing"
-	facts "github.com/lockwarden/lockwarden/pkg/fencing/k8s"
+	"github.com/lockwarden/lockwarden/pkg/fencing/facts"
 )
 
 // Defaulter fills in what the API server knows and the client must not
