@@ -7,7 +7,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/validation/field"
 
 	lockingv1alpha1 "github.com/lockwarden/lockwarden/api/v1alpha1"
-	"github.com/lockwarden/lockwarden/internal/denial"
+	"github.com/lockwarden/lockwarden/internal/deny"
 	"github.com/lockwarden/lockwarden/pkg/fencing"
 )
 
@@ -41,11 +41,11 @@ func (r stringRule) check(v string, set bool) *field.Error {
 	}
 	switch {
 	case len(v) < r.min:
-		return denial.FieldInvalid(r.path, v, fencing.ReasonInvalidSpec, "must not be empty")
+		return deny.FieldInvalid(r.path, v, fencing.ReasonInvalidSpec, "must not be empty")
 	case r.max > 0 && len(v) > r.max:
-		return denial.FieldInvalid(r.path, v, fencing.ReasonInvalidSpec, fmt.Sprintf("must be at most %d bytes, not %d", r.max, len(v)))
+		return deny.FieldInvalid(r.path, v, fencing.ReasonInvalidSpec, fmt.Sprintf("must be at most %d bytes, not %d", r.max, len(v)))
 	case r.re != nil && v != "" && !r.re.MatchString(v):
-		return denial.FieldInvalid(r.path, v, fencing.ReasonInvalidSpec, "must be "+r.syntax)
+		return deny.FieldInvalid(r.path, v, fencing.ReasonInvalidSpec, "must be "+r.syntax)
 	}
 	return nil
 }
@@ -101,7 +101,7 @@ func syntaxErrors(s *lockingv1alpha1.LockGrantSpec) field.ErrorList {
 		}
 	}
 	if s.Renewals < 0 {
-		errs = append(errs, denial.FieldInvalid(spec.Child("renewals"), s.Renewals, fencing.ReasonInvalidSpec, "must not be negative"))
+		errs = append(errs, deny.FieldInvalid(spec.Child("renewals"), s.Renewals, fencing.ReasonInvalidSpec, "must not be negative"))
 	}
 	return errs
 }
