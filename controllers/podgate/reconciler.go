@@ -367,7 +367,7 @@ func (r *Reconciler) request(ctx context.Context, f podgate.Facts, g *lockingv1a
 		logf.FromContext(ctx).V(1).Info("Requesting the grant of a Pod ahead failed", "grant", klog.KObj(g), "error", err.Error())
 		return nil
 	case denial.Reason(err) != "" || apierrors.IsInvalid(err):
-		r.event(f.Pod, nil, corev1.EventTypeWarning, podgate.ReasonRequestRefused, "Request", "the lock's grant was refused: %v", err)
+		r.event(f.Pod, nil, corev1.EventTypeWarning, lockingv1alpha1.GatedPodReasonRequestRefused, "Request", "the lock's grant was refused: %v", err)
 		return fmt.Errorf("requesting the Pod's grant: %w", err)
 	default:
 		return fmt.Errorf("requesting the Pod's grant: %w", err)
@@ -382,7 +382,7 @@ func (r *Reconciler) request(ctx context.Context, f podgate.Facts, g *lockingv1a
 			}
 		}
 	}
-	r.event(pod, g, corev1.EventTypeNormal, podgate.ReasonWaiting, "Request", "%s", r.waitingNote(ctx, g))
+	r.event(pod, g, corev1.EventTypeNormal, lockingv1alpha1.GatedPodReasonWaiting, "Request", "%s", r.waitingNote(ctx, g))
 	return nil
 }
 

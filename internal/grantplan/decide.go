@@ -17,50 +17,26 @@ import (
 	"github.com/lockwarden/lockwarden/pkg/fencing"
 )
 
-// Condition and Event reasons, in CamelCase as Kubernetes API conventions
-// ask. A reason that stands for a refusal is its fencing code's
-// ConditionReason (Expired for EXPIRED), so that users see the same word
-// everywhere; metric labels carry the code itself (fencing.CodeOf).
+// The reasons of a LockGrant's conditions and Events are the API's (api/v1alpha1); these aliases go once the plans use those names.
 const (
-	ReasonPending   = "Pending"
-	ReasonGranted   = "Granted"
-	ReasonRenewed   = "Renewed"
-	ReasonReleased  = "Released"
-	ReasonCancelled = "Cancelled"
-	ReasonExpired   = "Expired"
-	// ReasonAlreadyEnded means a renew met the grant's release.
-	ReasonAlreadyEnded = "AlreadyEnded"
-	ReasonTimedOut     = "TimedOut"
-	ReasonSuperseded   = "Superseded"
-	ReasonNotHeld      = "NotHeld"
-	// ReasonRevokedEpoch means the grant's issuer epoch was revoked or
-	// superseded.
-	ReasonRevokedEpoch = "RevokedEpoch"
-	// ReasonPolicyDenied means the grant's GuardPolicy no longer allows it.
-	ReasonPolicyDenied = "PolicyDenied"
-	// ReasonFenceRegression means a resource refused the grant's fence as
-	// reissued.
-	ReasonFenceRegression = "FenceRegression"
-	// ReasonSessionExpired means the session Lease the request names is
-	// gone or lapsed: a Pending request is withdrawn, a Held grant ends.
-	ReasonSessionExpired = "SessionExpired"
-	// ReasonLockDelay means the next in line waits out the lock-delay of
-	// a holder whose lease ended without a release.
-	ReasonLockDelay = "LockDelay"
-	// ReasonOverLimit means a Held grant's slot is no longer below the
-	// resource's limit of permits (condition WithinLimit False): the limit
-	// was lowered after it was granted. It keeps its slot and its fence.
-	ReasonOverLimit = "OverLimit"
-	// ReasonWithinLimit means the limit covers the grant's slot again.
-	ReasonWithinLimit = "WithinLimit"
-	// ReasonSequenceExhausted means the next in line waits because the
-	// resource's fences of the issuer's epoch are used up: it is granted
-	// once the issuer's epoch is raised (fencing.NextFence).
-	ReasonSequenceExhausted = "SequenceExhausted"
-	// ReasonEpochBehind means the next in line waits because the resource
-	// recorded a fence of a later epoch than the issuer's: it is granted
-	// once the issuer's epoch is raised to that epoch.
-	ReasonEpochBehind = "EpochBehind"
+	ReasonPending           = lockingv1alpha1.LockGrantReasonPending
+	ReasonGranted           = lockingv1alpha1.LockGrantReasonGranted
+	ReasonRenewed           = lockingv1alpha1.LockGrantReasonRenewed
+	ReasonReleased          = lockingv1alpha1.LockGrantReasonReleased
+	ReasonCancelled         = lockingv1alpha1.LockGrantReasonCancelled
+	ReasonExpired           = lockingv1alpha1.LockGrantReasonExpired
+	ReasonAlreadyEnded      = lockingv1alpha1.LockGrantReasonAlreadyEnded
+	ReasonTimedOut          = lockingv1alpha1.LockGrantReasonTimedOut
+	ReasonSuperseded        = lockingv1alpha1.LockGrantReasonSuperseded
+	ReasonRevokedEpoch      = lockingv1alpha1.LockGrantReasonRevokedEpoch
+	ReasonPolicyDenied      = lockingv1alpha1.LockGrantReasonPolicyDenied
+	ReasonFenceRegression   = lockingv1alpha1.LockGrantReasonFenceRegression
+	ReasonSessionExpired    = lockingv1alpha1.LockGrantReasonSessionExpired
+	ReasonLockDelay         = lockingv1alpha1.LockGrantReasonLockDelay
+	ReasonOverLimit         = lockingv1alpha1.LockGrantReasonOverLimit
+	ReasonWithinLimit       = lockingv1alpha1.LockGrantReasonWithinLimit
+	ReasonSequenceExhausted = lockingv1alpha1.LockGrantReasonSequenceExhausted
+	ReasonEpochBehind       = lockingv1alpha1.LockGrantReasonEpochBehind
 )
 
 // Facts is what one decision about a resource needs.

@@ -14,7 +14,6 @@ func TestReasonsAreTheCodesInCamelCase(t *testing.T) {
 	for reason, code := range map[string]fencing.Reason{
 		ReasonExpired:           fencing.ReasonExpired,
 		ReasonAlreadyEnded:      fencing.ReasonAlreadyEnded,
-		ReasonNotHeld:           fencing.ReasonNotHeld,
 		ReasonRevokedEpoch:      fencing.ReasonRevokedEpoch,
 		ReasonFenceRegression:   fencing.ReasonFenceRegression,
 		ReasonSessionExpired:    fencing.ReasonSessionExpired,
@@ -29,7 +28,7 @@ func TestReasonsAreTheCodesInCamelCase(t *testing.T) {
 		}
 	}
 	for _, r := range []string{ReasonPending, ReasonGranted, ReasonRenewed, ReasonReleased, ReasonCancelled,
-		ReasonExpired, ReasonAlreadyEnded, ReasonTimedOut, ReasonSuperseded, ReasonNotHeld, ReasonRevokedEpoch,
+		ReasonExpired, ReasonAlreadyEnded, ReasonTimedOut, ReasonSuperseded, ReasonRevokedEpoch,
 		ReasonPolicyDenied, ReasonFenceRegression, ReasonSessionExpired, ReasonSequenceExhausted, ReasonEpochBehind} {
 		if r == "" || r[0] < 'A' || r[0] > 'Z' || strings.ContainsAny(r, "_ ") {
 			t.Errorf("reason %q is not CamelCase", r)

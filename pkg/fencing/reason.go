@@ -32,7 +32,10 @@ const (
 	ReasonExpired Reason = "EXPIRED"
 	// ReasonNotHeld means the grant is still waiting in the queue.
 	ReasonNotHeld Reason = "NOT_HELD"
-	// ReasonAlreadyEnded means the grant was already released or its wait timed out.
+	// ReasonAlreadyEnded means the grant was already released or its wait
+	// timed out. The holder library says which when it knows
+	// (ReasonReleased, ReasonTimedOut); their errors match ErrAlreadyEnded
+	// too.
 	ReasonAlreadyEnded Reason = "ALREADY_ENDED"
 	// ReasonFenceRegression means the registry issued a fence the resource had
 	// already seen from another grant or operation (a restore from an old
@@ -168,7 +171,7 @@ var (
 	ErrSessionExpired    = errors.New("fencing: session expired")
 
 	ErrTimedOut         = errors.New("fencing: wait limit passed before the grant")
-	ErrReleased         = errors.New("fencing: released")
+	ErrGrantReleased    = errors.New("fencing: grant released")
 	ErrDriverMismatch   = errors.New("fencing: grant driven by another session")
 	ErrInvalidSpec      = errors.New("fencing: invalid spec")
 	ErrInvalidPolicy    = errors.New("fencing: invalid policy")
@@ -202,7 +205,7 @@ var sentinels = map[Reason]error{
 	ReasonSessionExpired:    ErrSessionExpired,
 
 	ReasonTimedOut:         ErrTimedOut,
-	ReasonReleased:         ErrReleased,
+	ReasonReleased:         ErrGrantReleased,
 	ReasonDriverMismatch:   ErrDriverMismatch,
 	ReasonInvalidSpec:      ErrInvalidSpec,
 	ReasonInvalidPolicy:    ErrInvalidPolicy,
@@ -224,6 +227,13 @@ func (e *Error) Error() string { return string(e.Reason) + ": " + e.Detail }
 
 // Unwrap returns the sentinel error of e.Reason.
 func (e *Error) Unwrap() error { return sentinels[e.Reason] }
+
+// Is reports whether e is a refusal target stands for beyond its own
+// sentinel: RELEASED and TIMED_OUT are the two ways a grant is already
+// ended, so they match ErrAlreadyEnded too.
+func (e *Error) Is(target error) bool {
+	return target == ErrAlreadyEnded && (e.Reason == ReasonReleased || e.Reason == ReasonTimedOut)
+}
 
 func refuse(r Reason, format string, args ...any) *Error {
 	return &Error{Reason: r, Detail: fmt.Sprintf(format, args...)}

@@ -301,7 +301,7 @@ func (h *Handle) create(ctx context.Context, g *lockingv1alpha1.LockGrant, s *se
 			case cur.Status.Phase.Final():
 				// The request ID is spent: its acquisition is over.
 				return fmt.Errorf("lock: acquiring %s: grant %s of request ID %q has ended (%s); the request ID is spent, acquire with a new one: %w",
-					g.Spec.Resource, h.key, g.Spec.RequestID, cur.Status.Phase, refusalOf(phaseReason(cur.Status.Phase)))
+					g.Spec.Resource, h.key, g.Spec.RequestID, cur.Status.Phase, spentRefusal(cur.Status.Phase))
 			case cur.Annotations[lockingv1alpha1.DriverAnnotation] != s.driver:
 				return fmt.Errorf("lock: acquiring %s: %w", g.Spec.Resource, driverMismatch(cur))
 			default:
@@ -465,6 +465,17 @@ func (h *Handle) acquireError(try bool) error {
 	}
 	// The caller never held the lock: not "ownership lost".
 	return fmt.Errorf("lock: acquiring %s: grant %s ended before this call could confirm it held it: %w", h.resource, h.key, refusalOf(reason))
+}
+
+// spentRefusal is the refusal of a retry that finds its request ID's grant
+// ended in phase p: the code the registry gives once the grant is deleted
+// (fencing.CheckRequestID), ALREADY_ENDED for Released and TimedOut.
+func spentRefusal(p lockingv1alpha1.LockGrantPhase) *fencing.Error {
+	e := refusalOf(phaseReason(p))
+	if e.Reason == fencing.ReasonReleased || e.Reason == fencing.ReasonTimedOut {
+		e.Reason = fencing.ReasonAlreadyEnded
+	}
+	return e
 }
 
 // phaseReason is the catalog code of a final phase.

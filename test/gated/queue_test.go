@@ -74,7 +74,7 @@ func TestJobPodsRunOneAtATimeInOrder(t *testing.T) {
 			}
 		}
 		if i > 0 {
-			if e := waitEvent(t, p, podgate.ReasonWaiting); !strings.Contains(e.Note, "waiting for lock "+lock) {
+			if e := waitEvent(t, p, lockingv1alpha1.GatedPodReasonWaiting); !strings.Contains(e.Note, "waiting for lock "+lock) {
 				t.Errorf("Pod %d's Event does not say what it waits for: %q", i, e.Note)
 			}
 		}
@@ -93,7 +93,7 @@ func TestDeletedWaitingPodWithdrawsItsRequest(t *testing.T) {
 	gone := createPod(t, podSpec(ns, "gone", nil))
 	next := createPod(t, podSpec(ns, "next", nil))
 	waitGrant(t, gone, "Pending", phase(lockingv1alpha1.PhasePending))
-	if e := waitEvent(t, gone, podgate.ReasonWaiting); !strings.Contains(e.Note, fmt.Sprintf("held by Pod holder (fence %d)", f)) {
+	if e := waitEvent(t, gone, lockingv1alpha1.GatedPodReasonWaiting); !strings.Contains(e.Note, fmt.Sprintf("held by Pod holder (fence %d)", f)) {
 		t.Errorf("the waiting Pod's Event does not say who holds the lock: %q", e.Note)
 	}
 

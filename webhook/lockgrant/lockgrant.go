@@ -27,10 +27,10 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
 
 	lockingv1alpha1 "github.com/lockwarden/lockwarden/api/v1alpha1"
-	"github.com/lockwarden/lockwarden/internal/denial"
+	"github.com/lockwarden/lockwarden/internal/deny"
 	"github.com/lockwarden/lockwarden/internal/policy"
 	"github.com/lockwarden/lockwarden/pkg/fencing"
-	facts "github.com/lockwarden/lockwarden/pkg/fencing/k8s"
+	"github.com/lockwarden/lockwarden/pkg/fencing/facts"
 )
 
 // Defaulter fills in what the API server knows and the client must not
@@ -110,7 +110,7 @@ func (d *Defaulter) checkRequestID(ctx context.Context, ns string, g *lockingv1a
 	}
 	notice, err := fencing.CheckRequestID(spent, d.Clock.Now())
 	if err != nil {
-		return deny(g.Name, err)
+		return forbidden(g.Name, err)
 	}
 	if notice != "" {
 		g.Annotations[lockingv1alpha1.ReusedRequestIDAnnotation] = spent.State.String() + " " + spent.EndedAt.UTC().Format(time.RFC3339)
@@ -184,11 +184,11 @@ func (v *Validator) ValidateCreate(ctx context.Context, g *lockingv1alpha1.LockG
 	var errs field.ErrorList
 	spec := field.NewPath("spec")
 	if g.Spec.Renewals != 0 {
-		errs = append(errs, denial.FieldInvalid(spec.Child("renewals"), g.Spec.Renewals, fencing.ReasonInvalidSpec, "a new LockGrant must have renewals 0"))
+		errs = append(errs, deny.FieldInvalid(spec.Child("renewals"), g.Spec.Renewals, fencing.ReasonInvalidSpec, "a new LockGrant must have renewals 0"))
 	}
 	if g.Spec.RequestID != "" {
 		if want := lockingv1alpha1.GrantNameForRequest(g.Spec.RequestID); g.Name != want {
-			errs = append(errs, denial.FieldInvalid(field.NewPath("metadata", "name"), g.Name, fencing.ReasonInvalidSpec,
+			errs = append(errs, deny.FieldInvalid(field.NewPath("metadata", "name"), g.Name, fencing.ReasonInvalidSpec,
 				fmt.Sprintf("a LockGrant with requestID %q must be named %q (or use generateName)", g.Spec.RequestID, want)))
 		}
 	}
@@ -240,7 +240,7 @@ func (v *Validator) checkPolicy(ctx context.Context, g *lockingv1alpha1.LockGran
 	pol := &lockingv1alpha1.GuardPolicy{}
 	if err := v.Reader.Get(ctx, types.NamespacedName{Name: g.Spec.Policy}, pol); err != nil {
 		if apierrors.IsNotFound(err) {
-			return invalid(g.Name, denial.FieldInvalid(field.NewPath("spec", "policy"), g.Spec.Policy, fencing.ReasonInvalidSpec, "no such GuardPolicy"))
+			return invalid(g.Name, deny.FieldInvalid(field.NewPath("spec", "policy"), g.Spec.Policy, fencing.ReasonInvalidSpec, "no such GuardPolicy"))
 		}
 		return err
 	}
@@ -274,7 +274,7 @@ func (v *Validator) ValidateUpdate(ctx context.Context, oldG, newG *lockingv1alp
 		errs := make(field.ErrorList, 0, len(u.Immutable))
 		for _, f := range u.Immutable {
 			path, value := immutableField(newG, f)
-			errs = append(errs, denial.FieldInvalid(path, value, fencing.ReasonInvalidSpec, "immutable"))
+			errs = append(errs, deny.FieldInvalid(path, value, fencing.ReasonInvalidSpec, "immutable"))
 		}
 		return nil, invalid(newG.Name, errs...)
 	}
@@ -400,10 +400,10 @@ func requester(ctx context.Context) (string, error) {
 	return req.UserInfo.Username, nil
 }
 
-// deny turns a fencing refusal into a Forbidden admission error whose
+// forbidden turns a fencing refusal into a Forbidden admission error whose
 // message starts with the reason code.
-func deny(name string, err error) error {
-	return denial.Error(err, lockingv1alpha1.GroupVersion.WithResource("lockgrants").GroupResource(), name)
+func forbidden(name string, err error) error {
+	return deny.Error(err, lockingv1alpha1.GroupVersion.WithResource("lockgrants").GroupResource(), name)
 }
 
 // refusal is err as the admission error of grant name: a refusal with
@@ -412,7 +412,7 @@ func deny(name string, err error) error {
 // returned as is. nil for nil.
 func refusal(name string, path *field.Path, value any, err error) error {
 	if fencing.ReasonOf(err) == fencing.ReasonInvalidSpec {
-		return invalid(name, denial.Field(path, value, err))
+		return invalid(name, deny.Field(path, value, err))
 	}
 	return answer(name, err)
 }
@@ -424,12 +424,12 @@ func answer(name string, err error) error {
 	if fencing.ReasonOf(err) == "" {
 		return err
 	}
-	return deny(name, err)
+	return forbidden(name, err)
 }
 
 // invalid is the 422 Invalid error of grant name for errs (nil for none).
 func invalid(name string, errs ...*field.Error) error {
-	return denial.Invalid(lockingv1alpha1.GroupVersion.WithKind("LockGrant").GroupKind(), name, errs)
+	return deny.Invalid(lockingv1alpha1.GroupVersion.WithKind("LockGrant").GroupKind(), name, errs)
 }
 
 // typedFields refuses a request whose LockGrant does not decode because a
@@ -440,7 +440,7 @@ type typedFields struct{ next admission.Handler }
 // Handle implements admission.Handler.
 func (h typedFields) Handle(ctx context.Context, req admission.Request) admission.Response {
 	if errs := fieldTypeErrors(req.Object.Raw); len(errs) > 0 {
-		return denial.InvalidResponse(lockingv1alpha1.GroupVersion.WithKind("LockGrant").GroupKind(), req.Name, errs)
+		return deny.InvalidResponse(lockingv1alpha1.GroupVersion.WithKind("LockGrant").GroupKind(), req.Name, errs)
 	}
 	return h.next.Handle(ctx, req)
 }
@@ -456,7 +456,7 @@ func fieldTypeErrors(raw []byte) field.ErrorList {
 		return nil // decodes, or fails in a way the decoder itself reports
 	}
 	parts := strings.Split(te.Field, ".")
-	return field.ErrorList{denial.FieldInvalid(field.NewPath(parts[0], parts[1:]...), valueAt(raw, parts, te.Value), fencing.ReasonInvalidSpec,
+	return field.ErrorList{deny.FieldInvalid(field.NewPath(parts[0], parts[1:]...), valueAt(raw, parts, te.Value), fencing.ReasonInvalidSpec,
 		"must be "+jsonType(te.Type))}
 }
 

@@ -15,7 +15,7 @@ import (
 	"github.com/lockwarden/lockwarden/internal/grantplan"
 	"github.com/lockwarden/lockwarden/internal/issuer"
 	"github.com/lockwarden/lockwarden/pkg/fencing"
-	facts "github.com/lockwarden/lockwarden/pkg/fencing/k8s"
+	"github.com/lockwarden/lockwarden/pkg/fencing/facts"
 )
 
 // epochBase is the virtual clock's origin on the registry's wall clock.

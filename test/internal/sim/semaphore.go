@@ -16,7 +16,7 @@ import (
 	"github.com/lockwarden/lockwarden/internal/grantplan"
 	"github.com/lockwarden/lockwarden/internal/issuer"
 	"github.com/lockwarden/lockwarden/pkg/fencing"
-	facts "github.com/lockwarden/lockwarden/pkg/fencing/k8s"
+	"github.com/lockwarden/lockwarden/pkg/fencing/facts"
 )
 
 // FaultSemaphore plays a resource with permits (LockGrantSpec.Permits)
