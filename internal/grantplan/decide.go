@@ -17,28 +17,6 @@ import (
 	"github.com/lockwarden/lockwarden/pkg/fencing"
 )
 
-// The reasons of a LockGrant's conditions and Events are the API's (api/v1alpha1); these aliases go once the plans use those names.
-const (
-	ReasonPending           = lockingv1alpha1.LockGrantReasonPending
-	ReasonGranted           = lockingv1alpha1.LockGrantReasonGranted
-	ReasonRenewed           = lockingv1alpha1.LockGrantReasonRenewed
-	ReasonReleased          = lockingv1alpha1.LockGrantReasonReleased
-	ReasonCancelled         = lockingv1alpha1.LockGrantReasonCancelled
-	ReasonExpired           = lockingv1alpha1.LockGrantReasonExpired
-	ReasonAlreadyEnded      = lockingv1alpha1.LockGrantReasonAlreadyEnded
-	ReasonTimedOut          = lockingv1alpha1.LockGrantReasonTimedOut
-	ReasonSuperseded        = lockingv1alpha1.LockGrantReasonSuperseded
-	ReasonRevokedEpoch      = lockingv1alpha1.LockGrantReasonRevokedEpoch
-	ReasonPolicyDenied      = lockingv1alpha1.LockGrantReasonPolicyDenied
-	ReasonFenceRegression   = lockingv1alpha1.LockGrantReasonFenceRegression
-	ReasonSessionExpired    = lockingv1alpha1.LockGrantReasonSessionExpired
-	ReasonLockDelay         = lockingv1alpha1.LockGrantReasonLockDelay
-	ReasonOverLimit         = lockingv1alpha1.LockGrantReasonOverLimit
-	ReasonWithinLimit       = lockingv1alpha1.LockGrantReasonWithinLimit
-	ReasonSequenceExhausted = lockingv1alpha1.LockGrantReasonSequenceExhausted
-	ReasonEpochBehind       = lockingv1alpha1.LockGrantReasonEpochBehind
-)
-
 // Facts is what one decision about a resource needs.
 type Facts struct {
 	// Now is the controller's clock.
@@ -134,24 +112,24 @@ func (f Facts) renewing(g *lockingv1alpha1.LockGrant) (time.Time, error) {
 func (f Facts) revocation(g *lockingv1alpha1.LockGrant) (reason, msg string) {
 	if fence := g.Status.FenceToken; fence > 0 {
 		if err := fencing.CheckFenceEpoch(fence, f.Epoch, f.Revoked); err != nil {
-			return ReasonRevokedEpoch, detail(err)
+			return lockingv1alpha1.LockGrantReasonRevokedEpoch, detail(err)
 		}
 		// A fence of a later epoch than the issuer's, or of sequence 0,
 		// was never issued in its epoch: an earlier version carried a
 		// full sequence into the epoch bits. Revoking the epoch it was
 		// issued in would miss it, so it ends now.
 		if fencing.EpochOf(fence) > f.Epoch || fencing.CheckIssued(fence, nil) != nil {
-			return ReasonRevokedEpoch, fmt.Sprintf("fence %s names issuer epoch %d but was never issued in it (the issuer is at epoch %d)",
+			return lockingv1alpha1.LockGrantReasonRevokedEpoch, fmt.Sprintf("fence %s names issuer epoch %d but was never issued in it (the issuer is at epoch %d)",
 				fencing.FormatFence(fence), fencing.EpochOf(fence), f.Epoch)
 		}
 	}
 	if name := g.Spec.Policy; name != "" {
 		pol := f.Policies[name]
 		if pol == nil {
-			return ReasonPolicyDenied, fmt.Sprintf("GuardPolicy %q does not exist", name)
+			return lockingv1alpha1.LockGrantReasonPolicyDenied, fmt.Sprintf("GuardPolicy %q does not exist", name)
 		}
 		if why := policy.AllowsGrant(pol, g.Spec.Owner, policy.Groups(g), g.Spec.LeaseDurationSeconds); why != "" {
-			return ReasonPolicyDenied, why
+			return lockingv1alpha1.LockGrantReasonPolicyDenied, why
 		}
 	}
 	return "", ""
@@ -445,7 +423,7 @@ func (p *pass) settleHolder(g *lockingv1alpha1.LockGrant, own int32) {
 	} else if serr != nil && !g.Spec.Release {
 		// Its client is gone: end the grant now rather than at
 		// the end of its lease. The fence stays consumed.
-		p.emit(end(g, lockingv1alpha1.PhaseExpired, ReasonSessionExpired, "Ended before its lease ran out: "+detail(serr), p.now, true))
+		p.emit(end(g, lockingv1alpha1.PhaseExpired, lockingv1alpha1.LockGrantReasonSessionExpired, "Ended before its lease ran out: "+detail(serr), p.now, true))
 	} else if e, ended := settleLease(g, p.now); ended {
 		p.emit(e...)
 	} else {
@@ -477,13 +455,13 @@ func (p *pass) settleRequest(g *lockingv1alpha1.LockGrant) {
 	case reason != "":
 		p.emit(end(g, lockingv1alpha1.PhaseRevoked, reason, msg, p.now, true))
 	case g.Spec.Release:
-		p.emit(end(g, lockingv1alpha1.PhaseReleased, ReasonCancelled, "Request withdrawn before it was granted", p.now, false))
+		p.emit(end(g, lockingv1alpha1.PhaseReleased, lockingv1alpha1.LockGrantReasonCancelled, "Request withdrawn before it was granted", p.now, false))
 	case !waitDeadline(g).IsZero() && fencing.Expired(waitDeadline(g), p.f.Now):
-		p.emit(end(g, lockingv1alpha1.PhaseTimedOut, ReasonTimedOut, "Wait limit passed before the resource was granted", p.now, true))
+		p.emit(end(g, lockingv1alpha1.PhaseTimedOut, lockingv1alpha1.LockGrantReasonTimedOut, "Wait limit passed before the resource was granted", p.now, true))
 	case serr != nil:
 		// Nobody follows the request any more: withdraw it,
 		// never grant it, and let the next live waiter in.
-		p.emit(end(g, lockingv1alpha1.PhaseReleased, ReasonSessionExpired, "Withdrawn before it was granted: "+detail(serr), p.now, true))
+		p.emit(end(g, lockingv1alpha1.PhaseReleased, lockingv1alpha1.LockGrantReasonSessionExpired, "Withdrawn before it was granted: "+detail(serr), p.now, true))
 	default:
 		p.waiting = append(p.waiting, g)
 		p.deadlines = append(p.deadlines, waitDeadline(g), lapses)
@@ -498,8 +476,8 @@ func (p *pass) noteRegression(g *lockingv1alpha1.LockGrant) {
 	if !ok || meta.IsStatusConditionTrue(g.Status.Conditions, lockingv1alpha1.ConditionFenceRegression) {
 		return
 	}
-	setCond(g, lockingv1alpha1.ConditionFenceRegression, metav1.ConditionTrue, ReasonFenceRegression, msg, p.now)
-	p.emit(Event{Grant: g, Warning: true, Reason: ReasonFenceRegression,
+	setCond(g, lockingv1alpha1.ConditionFenceRegression, metav1.ConditionTrue, lockingv1alpha1.LockGrantReasonFenceRegression, msg, p.now)
+	p.emit(Event{Grant: g, Warning: true, Reason: lockingv1alpha1.LockGrantReasonFenceRegression,
 		Note: "A protected resource refused this grant's fence as a regression: " + msg})
 }
 
@@ -616,7 +594,7 @@ func (p *pass) slotFor(head *lockingv1alpha1.LockGrant) (int32, bool) {
 // to it lasts that long).
 func (p *pass) grant(next *lockingv1alpha1.LockGrant, k int32) bool {
 	if _, err := p.f.renewing(next); err != nil {
-		p.emit(end(next, lockingv1alpha1.PhaseReleased, ReasonSessionExpired, "Withdrawn at its turn: "+detail(err), p.now, true))
+		p.emit(end(next, lockingv1alpha1.PhaseReleased, lockingv1alpha1.LockGrantReasonSessionExpired, "Withdrawn at its turn: "+detail(err), p.now, true))
 		p.write(next)
 		return false
 	}
@@ -706,11 +684,11 @@ func (p *pass) positions() {
 		}
 		switch {
 		case !p.headDelay.IsZero() && i == 0:
-			setReady(g, metav1.ConditionFalse, ReasonLockDelay, "Next in line; the last holder's lease ended without a release, so the resource is granted again at "+p.headDelay.UTC().Format(time.RFC3339Nano)+" (lock-delay)", p.now)
+			setReady(g, metav1.ConditionFalse, lockingv1alpha1.LockGrantReasonLockDelay, "Next in line; the last holder's lease ended without a release, so the resource is granted again at "+p.headDelay.UTC().Format(time.RFC3339Nano)+" (lock-delay)", p.now)
 		case p.headNoFence != nil && i == 0:
 			p.emit(heldBack(g, p.f.Resource, p.headNoFence, p.now)...)
 		default:
-			setReady(g, metav1.ConditionFalse, ReasonPending, "Waiting in the queue for the resource", p.now)
+			setReady(g, metav1.ConditionFalse, lockingv1alpha1.LockGrantReasonPending, "Waiting in the queue for the resource", p.now)
 		}
 		if !equalStatus(old, &g.Status) {
 			p.write(g)
@@ -867,12 +845,12 @@ func slotNumbers(slots map[int32]*slot) []int32 {
 func withinLimit(g *lockingv1alpha1.LockGrant, limit int32, now metav1.MicroTime) {
 	k := g.HeldSlot()
 	if k >= limit {
-		setCond(g, lockingv1alpha1.ConditionWithinLimit, metav1.ConditionFalse, ReasonOverLimit,
+		setCond(g, lockingv1alpha1.ConditionWithinLimit, metav1.ConditionFalse, lockingv1alpha1.LockGrantReasonOverLimit,
 			fmt.Sprintf("Holds permit %d while the resource's limit is %s; it keeps its permit and fence until it is released or expires, and nobody is granted while %d or more grants hold", k, permits(limit), limit), now)
 		return
 	}
 	if c := meta.FindStatusCondition(g.Status.Conditions, lockingv1alpha1.ConditionWithinLimit); c != nil && c.Status != metav1.ConditionTrue {
-		setCond(g, lockingv1alpha1.ConditionWithinLimit, metav1.ConditionTrue, ReasonWithinLimit,
+		setCond(g, lockingv1alpha1.ConditionWithinLimit, metav1.ConditionTrue, lockingv1alpha1.LockGrantReasonWithinLimit,
 			fmt.Sprintf("Holds permit %d within the resource's limit of %s", k, permits(limit)), now)
 	}
 }
@@ -913,8 +891,8 @@ func hold(g *lockingv1alpha1.LockGrant, k int32, resource string, fence int64, n
 	st.GrantedAt = &now
 	exp := leaseEnd(now, g)
 	st.ExpiresAt = &exp
-	setReady(g, metav1.ConditionTrue, ReasonGranted, "Held with fence "+fencing.FormatFence(fence), now)
-	return Event{Grant: g, Reason: ReasonGranted, Note: "Granted with fence " + fencing.FormatFence(fence)}
+	setReady(g, metav1.ConditionTrue, lockingv1alpha1.LockGrantReasonGranted, "Held with fence "+fencing.FormatFence(fence), now)
+	return Event{Grant: g, Reason: lockingv1alpha1.LockGrantReasonGranted, Note: "Granted with fence " + fencing.FormatFence(fence)}
 }
 
 // leaseEnd is the end of a lease of g granted or renewed at now, to the
@@ -974,25 +952,25 @@ func settleLease(g *lockingv1alpha1.LockGrant, now metav1.MicroTime) ([]Event, b
 		st.ObservedRenewals = g.Spec.Renewals
 		switch {
 		case expired:
-			setCond(g, lockingv1alpha1.ConditionRenewed, metav1.ConditionFalse, ReasonExpired, "Renew arrived after the lease expired; acquire again for a new fence", now)
-			evs = append(evs, Event{Grant: g, Warning: true, Reason: ReasonExpired, Note: "Renew refused: the lease had expired"})
+			setCond(g, lockingv1alpha1.ConditionRenewed, metav1.ConditionFalse, lockingv1alpha1.LockGrantReasonExpired, "Renew arrived after the lease expired; acquire again for a new fence", now)
+			evs = append(evs, Event{Grant: g, Warning: true, Reason: lockingv1alpha1.LockGrantReasonExpired, Note: "Renew refused: the lease had expired"})
 		case g.Spec.Release:
 			// The renew lost the race to the release: the grant ends
 			// released, and the renew is answered with why.
-			setCond(g, lockingv1alpha1.ConditionRenewed, metav1.ConditionFalse, ReasonAlreadyEnded, "Renew arrived together with the release; the grant is released", now)
+			setCond(g, lockingv1alpha1.ConditionRenewed, metav1.ConditionFalse, lockingv1alpha1.LockGrantReasonAlreadyEnded, "Renew arrived together with the release; the grant is released", now)
 		default:
 			exp := leaseEnd(now, g)
 			st.ExpiresAt = &exp
 			st.LastRenewTime = &now
-			setCond(g, lockingv1alpha1.ConditionRenewed, metav1.ConditionTrue, ReasonRenewed, "Lease extended to "+exp.UTC().Format(time.RFC3339Nano), now)
-			setReady(g, metav1.ConditionTrue, ReasonGranted, "Held with fence "+fencing.FormatFence(st.FenceToken), now)
+			setCond(g, lockingv1alpha1.ConditionRenewed, metav1.ConditionTrue, lockingv1alpha1.LockGrantReasonRenewed, "Lease extended to "+exp.UTC().Format(time.RFC3339Nano), now)
+			setReady(g, metav1.ConditionTrue, lockingv1alpha1.LockGrantReasonGranted, "Held with fence "+fencing.FormatFence(st.FenceToken), now)
 		}
 	}
 	switch {
 	case g.Spec.Release && !expired:
-		return append(evs, end(g, lockingv1alpha1.PhaseReleased, ReasonReleased, "Released by its owner", now, false)), true
+		return append(evs, end(g, lockingv1alpha1.PhaseReleased, lockingv1alpha1.LockGrantReasonReleased, "Released by its owner", now, false)), true
 	case expired:
-		return append(evs, end(g, lockingv1alpha1.PhaseExpired, ReasonExpired, "Lease expired at "+st.ExpiresAt.UTC().Format(time.RFC3339Nano), now, true)), true
+		return append(evs, end(g, lockingv1alpha1.PhaseExpired, lockingv1alpha1.LockGrantReasonExpired, "Lease expired at "+st.ExpiresAt.UTC().Format(time.RFC3339Nano), now, true)), true
 	}
 	return evs, false
 }
@@ -1003,13 +981,13 @@ func settleLease(g *lockingv1alpha1.LockGrant, now metav1.MicroTime) ([]Event, b
 func endHeldNotHolder(g *lockingv1alpha1.LockGrant, serr error, now metav1.MicroTime) Event {
 	switch {
 	case g.Spec.Release:
-		return end(g, lockingv1alpha1.PhaseReleased, ReasonReleased, "Released by its owner", now, false)
+		return end(g, lockingv1alpha1.PhaseReleased, lockingv1alpha1.LockGrantReasonReleased, "Released by its owner", now, false)
 	case g.Status.ExpiresAt != nil && fencing.Expired(g.Status.ExpiresAt.Time, now.Time):
-		return end(g, lockingv1alpha1.PhaseExpired, ReasonExpired, "Lease expired at "+g.Status.ExpiresAt.UTC().Format(time.RFC3339Nano), now, true)
+		return end(g, lockingv1alpha1.PhaseExpired, lockingv1alpha1.LockGrantReasonExpired, "Lease expired at "+g.Status.ExpiresAt.UTC().Format(time.RFC3339Nano), now, true)
 	case serr != nil:
-		return end(g, lockingv1alpha1.PhaseExpired, ReasonSessionExpired, "Ended before its lease ran out: "+detail(serr), now, true)
+		return end(g, lockingv1alpha1.PhaseExpired, lockingv1alpha1.LockGrantReasonSessionExpired, "Ended before its lease ran out: "+detail(serr), now, true)
 	}
-	return end(g, lockingv1alpha1.PhaseExpired, ReasonSuperseded, "The resource's fence record names another holder", now, true)
+	return end(g, lockingv1alpha1.PhaseExpired, lockingv1alpha1.LockGrantReasonSuperseded, "The resource's fence record names another holder", now, true)
 }
 
 func end(g *lockingv1alpha1.LockGrant, phase lockingv1alpha1.LockGrantPhase, reason, msg string, now metav1.MicroTime, warning bool) Event {

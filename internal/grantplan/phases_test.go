@@ -20,14 +20,14 @@ func TestDecideRevokesAHolderOfARevokedEpoch(t *testing.T) {
 		Epoch: 3, Revoked: []int64{2}}
 	p := Decide(f)
 	s := statusOf(p, "a")
-	if s == nil || s.Phase != lockingv1alpha1.PhaseRevoked || readyReason(s) != ReasonRevokedEpoch || s.EndedAt == nil {
-		t.Fatalf("a = %+v; want Revoked with reason %s", s, ReasonRevokedEpoch)
+	if s == nil || s.Phase != lockingv1alpha1.PhaseRevoked || readyReason(s) != lockingv1alpha1.LockGrantReasonRevokedEpoch || s.EndedAt == nil {
+		t.Fatalf("a = %+v; want Revoked with reason %s", s, lockingv1alpha1.LockGrantReasonRevokedEpoch)
 	}
 	if p.Counter == nil || p.Counter.Holder != nil || p.Counter.Fence != fenceIn(2, 5) {
 		t.Fatalf("counter write %+v; want the resource freed, its fence kept", p.Counter)
 	}
-	if len(p.Events) != 1 || !p.Events[0].Warning || p.Events[0].Reason != ReasonRevokedEpoch {
-		t.Fatalf("events %+v; want one Warning %s", p.Events, ReasonRevokedEpoch)
+	if len(p.Events) != 1 || !p.Events[0].Warning || p.Events[0].Reason != lockingv1alpha1.LockGrantReasonRevokedEpoch {
+		t.Fatalf("events %+v; want one Warning %s", p.Events, lockingv1alpha1.LockGrantReasonRevokedEpoch)
 	}
 	if ws := CounterWrites(f, p); len(ws) != 1 || ws[0].Slot != 0 {
 		t.Fatalf("counter writes %+v; want slot 0's", ws)
@@ -47,8 +47,8 @@ func TestDecideNeverGrantsARequestItsPolicyDenies(t *testing.T) {
 	p := Decide(Facts{Now: sec(1), Resource: res, Counter: counter(7, nil), Grants: []lockingv1alpha1.LockGrant{b, c},
 		Policies: map[string]*lockingv1alpha1.GuardPolicy{"billing": pol}})
 	s := statusOf(p, "b")
-	if s == nil || s.Phase != lockingv1alpha1.PhaseRevoked || readyReason(s) != ReasonPolicyDenied || s.FenceToken != 0 {
-		t.Fatalf("b = %+v; want refused with reason %s and no fence", s, ReasonPolicyDenied)
+	if s == nil || s.Phase != lockingv1alpha1.PhaseRevoked || readyReason(s) != lockingv1alpha1.LockGrantReasonPolicyDenied || s.FenceToken != 0 {
+		t.Fatalf("b = %+v; want refused with reason %s and no fence", s, lockingv1alpha1.LockGrantReasonPolicyDenied)
 	}
 	if c := findCond(s, lockingv1alpha1.ConditionReady); !strings.Contains(c.Message, `"owner-b" is not a holder of GuardPolicy "billing"`) {
 		t.Fatalf("b's Ready says %q; want the policy's reason", c.Message)
@@ -72,8 +72,8 @@ func TestDecideWithdrawnWaiterLeavesTheLine(t *testing.T) {
 	f := Facts{Now: sec(1), Resource: res, Counter: counter(7, &a), Grants: []lockingv1alpha1.LockGrant{d, b, a, c}}
 	p := Decide(f)
 	s := statusOf(p, "b")
-	if s == nil || s.Phase != lockingv1alpha1.PhaseReleased || readyReason(s) != ReasonCancelled || s.QueuePosition != nil {
-		t.Fatalf("b = %+v; want Released (%s), out of the queue", s, ReasonCancelled)
+	if s == nil || s.Phase != lockingv1alpha1.PhaseReleased || readyReason(s) != lockingv1alpha1.LockGrantReasonCancelled || s.QueuePosition != nil {
+		t.Fatalf("b = %+v; want Released (%s), out of the queue", s, lockingv1alpha1.LockGrantReasonCancelled)
 	}
 	if s := statusOf(p, "c"); s == nil || s.QueuePosition == nil || *s.QueuePosition != 0 {
 		t.Fatalf("c = %+v; want next in line", s)
