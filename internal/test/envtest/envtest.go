@@ -151,7 +151,7 @@ func Run(m *testing.M, s Suite) int {
 		if clk == nil {
 			clk = clock.RealClock{}
 		}
-		e, err = StartWith(root, clk, s.Options)
+		e, err = start(root, clk, s.Options)
 	}
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
@@ -230,17 +230,12 @@ func isRoot(gomod string) bool {
 	return false
 }
 
-// Start starts the control plane and the in-process manager on clk. root is
-// the repository root (bin/ holds the control plane, unless
-// KUBEBUILDER_ASSETS says otherwise). Log output goes to stderr at the
-// error level, or at debug level when LOCKWARDEN_TEST_VERBOSE is set. On
-// error nothing is left running.
-func Start(root string, clk clock.PassiveClock) (*Env, error) {
-	return StartWith(root, clk, Options{})
-}
-
-// StartWith is Start with the manager's settings o.
-func StartWith(root string, clk clock.PassiveClock, o Options) (*Env, error) {
+// start starts the control plane and the in-process manager on clk, with
+// the manager's settings o. root is the repository root (bin/ holds the
+// control plane, unless KUBEBUILDER_ASSETS says otherwise). Log output goes
+// to stderr at the error level, or at debug level when
+// LOCKWARDEN_TEST_VERBOSE is set. On error nothing is left running.
+func start(root string, clk clock.PassiveClock, o Options) (*Env, error) {
 	level := zapcore.DPanicLevel
 	if os.Getenv("LOCKWARDEN_TEST_VERBOSE") != "" {
 		level = zapcore.DebugLevel
