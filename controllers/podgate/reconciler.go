@@ -140,7 +140,54 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reco
 	if err != nil {
 		return reconcile.Result{}, err
 	}
-	return r.apply(ctx, f, podgate.Decide(f))
+	p := podgate.Decide(f)
+	if p.End != nil {
+		// Ending a Pod is decided on the API server's versions, never on
+		// caches alone: the Pod cache can be ahead of the grant cache (the
+		// Pod another replica just started, its grant still Pending here),
+		// which looks like a gate removed by hand.
+		fresh, changed, err := r.confirm(ctx, f)
+		if err != nil {
+			return reconcile.Result{}, err
+		}
+		if changed {
+			f, p = fresh, podgate.Decide(fresh)
+		}
+	}
+	return r.apply(ctx, f, p)
+}
+
+// confirm reads the Pod and its grants directly from the API server and
+// returns the facts with them, and whether any differs from the cached
+// version decided on.
+func (r *Reconciler) confirm(ctx context.Context, f podgate.Facts) (podgate.Facts, bool, error) {
+	changed := false
+	if f.Pod != nil {
+		pod := &corev1.Pod{}
+		switch err := r.APIReader.Get(ctx, client.ObjectKeyFromObject(f.Pod), pod); {
+		case apierrors.IsNotFound(err):
+			f.Pod, changed = nil, true
+		case err != nil:
+			return f, false, fmt.Errorf("reading Pod: %w", err)
+		case pod.ResourceVersion != f.Pod.ResourceVersion:
+			f.Pod, changed = pod, true
+		}
+	}
+	grants := make([]*lockingv1alpha1.LockGrant, 0, len(f.Grants))
+	for _, g := range f.Grants {
+		cur := &lockingv1alpha1.LockGrant{}
+		switch err := r.APIReader.Get(ctx, client.ObjectKeyFromObject(g), cur); {
+		case apierrors.IsNotFound(err):
+			changed = true
+		case err != nil:
+			return f, false, fmt.Errorf("reading grant %s: %w", g.Name, err)
+		default:
+			changed = changed || cur.ResourceVersion != g.ResourceVersion
+			grants = append(grants, cur)
+		}
+	}
+	f.Grants = grants
+	return f, changed, nil
 }
 
 // gather reads what Decide needs. The Pod comes from the gated Pods'

@@ -73,8 +73,11 @@ func TestDecideNeverCarriesIntoTheEpochBits(t *testing.T) {
 		t.Fatalf("after the epoch was raised: granted %v, counter %+v; want fence %d", grantedNames(p), p.Counter, fenceIn(4, 1))
 	}
 	key := issuer.Params{Epoch: 4, KeyID: "k", Key: testKey()}
-	Sign(p, key, "7")
-	if r := p.Granted[0].Status.Record; r == nil || r.IssuerEpoch != 4 || r.FenceToken != fenceIn(4, 1) {
+	signed := Sign(p, key, "7")
+	if len(signed) != 1 || signed[0].Grant != p.Granted[0] {
+		t.Fatalf("signed %d records; want the new holder's", len(signed))
+	}
+	if r := signed[0].Record; r == nil || r.IssuerEpoch != 4 || r.FenceToken != fenceIn(4, 1) {
 		t.Fatalf("record %+v; want fence %d signed as issuer epoch 4", r, fenceIn(4, 1))
 	}
 	if c := meta.FindStatusCondition(p.Granted[0].Status.Conditions, lockingv1alpha1.ConditionReady); c == nil || c.Reason != ReasonGranted {

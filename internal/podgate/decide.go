@@ -147,7 +147,7 @@ func Decide(f Facts) Plan {
 	if pod == nil {
 		return p
 	}
-	finished := pod.Status.Phase == corev1.PodSucceeded || pod.Status.Phase == corev1.PodFailed
+	finished := Finished(pod)
 	deleting := pod.DeletionTimestamp != nil
 	gated := Gated(pod)
 	switch {
@@ -211,6 +211,43 @@ func Decide(f Facts) Plan {
 		renew(&p, f, mine)
 	}
 	return p
+}
+
+// Finished reports whether no container of pod runs or will run again:
+// its phase is Succeeded or Failed, or it restarts no container (its
+// restartPolicy is Never and no container overrides it) and the kubelet
+// reports every regular container terminated and no container (init,
+// sidecar or ephemeral) running or waiting to start. The kubelet reports
+// the containers terminated a while before the phase: it writes the phase
+// only once it has torn the Pod's sandbox down, which on a busy node takes
+// a second or more of every handoff.
+func Finished(pod *corev1.Pod) bool {
+	if pod.Status.Phase == corev1.PodSucceeded || pod.Status.Phase == corev1.PodFailed {
+		return true
+	}
+	if pod.Spec.RestartPolicy != corev1.RestartPolicyNever || pod.Status.Phase != corev1.PodRunning ||
+		len(pod.Spec.Containers) == 0 || len(pod.Status.ContainerStatuses) != len(pod.Spec.Containers) ||
+		len(pod.Status.EphemeralContainerStatuses) != len(pod.Spec.EphemeralContainers) {
+		return false
+	}
+	for _, c := range pod.Spec.Containers {
+		if c.RestartPolicy != nil || len(c.RestartPolicyRules) > 0 {
+			return false
+		}
+	}
+	for _, cs := range pod.Status.ContainerStatuses {
+		if cs.State.Terminated == nil {
+			return false
+		}
+	}
+	for _, list := range [][]corev1.ContainerStatus{pod.Status.InitContainerStatuses, pod.Status.EphemeralContainerStatuses} {
+		for _, cs := range list {
+			if cs.State.Running != nil || cs.State.Waiting != nil {
+				return false
+			}
+		}
+	}
+	return true
 }
 
 // waitsForRequest reports whether a Pod still waits for its grant to be

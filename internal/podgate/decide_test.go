@@ -259,3 +259,42 @@ func TestDecideRequestsThePodsAheadFirst(t *testing.T) {
 }
 
 func podOfName(g *lockingv1alpha1.LockGrant) string { return PodOf(g).Name }
+
+func TestFinished(t *testing.T) {
+	terminated := corev1.ContainerState{Terminated: &corev1.ContainerStateTerminated{}}
+	running := corev1.ContainerState{Running: &corev1.ContainerStateRunning{}}
+	ended := func(q *corev1.Pod) {
+		q.Spec.RestartPolicy = corev1.RestartPolicyNever
+		q.Spec.Containers = []corev1.Container{{Name: "a"}, {Name: "b"}}
+		q.Status.Phase = corev1.PodRunning
+		q.Status.ContainerStatuses = []corev1.ContainerStatus{{Name: "a", State: terminated}, {Name: "b", State: terminated}}
+	}
+	p := withPod(gatedPod("1"), ended)
+	for _, c := range []struct {
+		name string
+		pod  *corev1.Pod
+		want bool
+	}{
+		{"Succeeded", withPod(gatedPod("1"), func(q *corev1.Pod) { q.Status.Phase = corev1.PodSucceeded }), true},
+		{"Failed", withPod(gatedPod("1"), func(q *corev1.Pod) { q.Status.Phase = corev1.PodFailed }), true},
+		{"Running, every container of a Pod that restarts none terminated", p, true},
+		{"one container still runs", withPod(p, func(q *corev1.Pod) { q.Status.ContainerStatuses[1].State = running }), false},
+		{"one container not reported yet", withPod(p, func(q *corev1.Pod) { q.Status.ContainerStatuses = q.Status.ContainerStatuses[:1] }), false},
+		{"restartPolicy OnFailure", withPod(p, func(q *corev1.Pod) { q.Spec.RestartPolicy = corev1.RestartPolicyOnFailure }), false},
+		{"a container that restarts itself", withPod(p, func(q *corev1.Pod) {
+			q.Spec.Containers[0].RestartPolicy = ptr.To(corev1.ContainerRestartPolicyAlways)
+		}), false},
+		{"a sidecar still runs", withPod(p, func(q *corev1.Pod) {
+			q.Status.InitContainerStatuses = []corev1.ContainerStatus{{Name: "proxy", State: running}}
+		}), false},
+		{"an ephemeral container waits to start", withPod(p, func(q *corev1.Pod) {
+			q.Spec.EphemeralContainers = []corev1.EphemeralContainer{{EphemeralContainerCommon: corev1.EphemeralContainerCommon{Name: "debug"}}}
+			q.Status.EphemeralContainerStatuses = []corev1.ContainerStatus{{Name: "debug", State: corev1.ContainerState{Waiting: &corev1.ContainerStateWaiting{}}}}
+		}), false},
+		{"Pending", withPod(p, func(q *corev1.Pod) { q.Status.Phase = corev1.PodPending }), false},
+	} {
+		if got := Finished(c.pod); got != c.want {
+			t.Errorf("%s: Finished = %v, want %v", c.name, got, c.want)
+		}
+	}
+}

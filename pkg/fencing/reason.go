@@ -128,12 +128,14 @@ const (
 	// gives no reason, or the object is not wedged (its recorded fence can
 	// still be passed by raising the issuer epoch or by the next grant).
 	ReasonOverrideRefused Reason = "OVERRIDE_REFUSED"
-	// ReasonRequestIDLive means the owner asked to delete its live grant
-	// (waiting or Held) that was made with a request ID of the user's
-	// choosing: deleted, the grant would take the ID's record with it, and
-	// a retry with the same ID would run the attempt again. The grant is
-	// released with spec.release instead; the controller records the ID
-	// as spent before it deletes the ended grant. Nothing changed.
+	// ReasonRequestIDLive means a delete would forget a request ID of the
+	// user's choosing that nothing but its grant records yet: the owner's
+	// delete of its live grant (waiting or Held), or anyone's delete of an
+	// ended grant before the controller recorded its ID as spent. Deleted,
+	// the grant would take the ID's record with it, and a retry with the
+	// same ID would run the attempt again. A live grant is released with
+	// spec.release instead; the controller records the ID as spent before
+	// it deletes the ended grant. Nothing changed.
 	ReasonRequestIDLive Reason = "REQUEST_ID_LIVE"
 	// ReasonInternal means lockwarden could not decide (an API read failed, the
 	// request could not be decoded); nothing changed and the request may be

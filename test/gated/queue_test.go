@@ -119,6 +119,27 @@ func TestDeletedRunningPodReleases(t *testing.T) {
 	waitStarted(t, next)
 }
 
+// A Pod that restarts no container gives its lock back as soon as the
+// kubelet reports every container terminated, before it writes the
+// Pod's phase (which it does only once the sandbox is torn down).
+func TestEndedContainersReleaseBeforeThePhase(t *testing.T) {
+	ns := space(t)
+	heartbeat(t, "node-a")
+	holder := createPod(t, podSpec(ns, "holder", nil))
+	next := createPod(t, podSpec(ns, "next", nil))
+	waitStarted(t, holder)
+	run(t, holder, "node-a")
+	cur := pod(t, holder)
+	cur.Status.ContainerStatuses = []corev1.ContainerStatus{{Name: "settle", Image: "registry.example/settle:1", ImageID: "registry.example/settle@sha256:1",
+		State: corev1.ContainerState{Terminated: &corev1.ContainerStateTerminated{ExitCode: 0, Reason: "Completed"}}}}
+	must(t, admin.Status().Update(t.Context(), cur))
+	waitGrant(t, holder, "Released", phase(lockingv1alpha1.PhaseReleased))
+	waitStarted(t, next)
+	if p := pod(t, holder); p.Status.Phase != corev1.PodRunning {
+		t.Fatalf("the holder's phase is %s, want still Running", p.Status.Phase)
+	}
+}
+
 // With permits: 2, two Pods run at once, each on its own slot with its own
 // fence sequence; the third waits.
 func TestPermitsRunNAtOnceOnTheirOwnSlots(t *testing.T) {

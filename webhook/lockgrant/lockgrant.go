@@ -133,6 +133,20 @@ type Validator struct {
 	// PodGrants, when set, accepts the grants the manager requests for
 	// lock-gated Pods (podgrant.go).
 	PodGrants *PodGrants
+	// RequestIDWindow is the manager's request-ID window, and Ledgers
+	// reads the namespaces' RequestIDLedgers directly from the API server:
+	// an ended grant of a user-chosen request ID is deleted only once its
+	// ID is recorded as spent. A zero window records nothing.
+	RequestIDWindow time.Duration
+	Ledgers         client.Reader
+}
+
+// WithRequestIDWindow makes the validator keep an ended grant of a
+// user-chosen request ID until the ledger of its namespace, read with
+// ledgers, records the ID as spent (window: the manager's request-ID
+// window).
+func WithRequestIDWindow(window time.Duration, ledgers client.Reader) func(*Validator) {
+	return func(v *Validator) { v.RequestIDWindow, v.Ledgers = window, ledgers }
 }
 
 // ForceReleaseVerb is the RBAC verb on lockgrants that lets an identity
@@ -281,22 +295,41 @@ func immutableField(g *lockingv1alpha1.LockGrant, f string) (*field.Path, string
 // ValidateDelete lets the owner delete its grant, anyone with delete
 // rights delete a finished one, and otherwise requires the force-release
 // verb: deleting a live grant someone else holds is a forced release, a
-// separate and audited action (the next grant gets a higher fence). Grants
-// in a namespace being deleted can always go.
+// separate and audited action (the next grant gets a higher fence). A grant
+// of a request ID its user chose goes only once nothing forgets the ID: not
+// live by its owner, and once ended only after the namespace's ledger
+// records the ID as spent. Grants in a namespace being deleted can always
+// go.
 func (v *Validator) ValidateDelete(ctx context.Context, g *lockingv1alpha1.LockGrant) (admission.Warnings, error) {
 	req, err := admission.RequestFromContext(ctx)
 	if err != nil {
 		return nil, err
 	}
-	forced, err := fencing.CheckGrantDelete(fencing.GrantDelete{
+	var ended, now time.Time
+	if g.Status.EndedAt != nil {
+		ended = g.Status.EndedAt.Time
+	}
+	if v.RequestIDWindow > 0 {
+		now = v.Clock.Now()
+	}
+	d := fencing.GrantDelete{
 		Caller: req.UserInfo.Username, Owner: g.Spec.Owner, Phase: phaseWord(g), Ended: g.Status.Phase.Final(),
 		RequestID: chosenRequestID(g),
+		EndedAt:   ended, Now: now, Window: v.RequestIDWindow,
+		Recorded: func() (bool, error) {
+			if v.Ledgers == nil {
+				return false, nil
+			}
+			spent, err := facts.ReadSpentRequest(ctx, v.Ledgers, g.Namespace, g.Spec.RequestID)
+			return spent.Records(ended, v.RequestIDWindow), err
+		},
 		NamespaceTerminating: func() bool {
 			terminating, err := facts.NamespaceTerminating(ctx, v.Reader, g.Namespace)
 			return err == nil && terminating
 		},
 		ForceRelease: func() (bool, error) { return v.authorized(ctx, g, ForceReleaseVerb) },
-	})
+	}
+	forced, err := fencing.CheckGrantDelete(d)
 	if err != nil {
 		return nil, answer(g.Name, err)
 	}
