@@ -4,8 +4,6 @@ import (
 	"context"
 	"fmt"
 	"net/http"
-	"os"
-	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -26,7 +24,6 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/config"
-	"sigs.k8s.io/controller-runtime/pkg/envtest"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
 	lockingv1alpha1 "github.com/lockwarden/lockwarden/api/v1alpha1"
@@ -34,10 +31,11 @@ import (
 	"github.com/lockwarden/lockwarden/controllers/lockgrant"
 	"github.com/lockwarden/lockwarden/internal/issuer"
 	"github.com/lockwarden/lockwarden/internal/membership"
+	"github.com/lockwarden/lockwarden/internal/test/envtest"
 )
 
 const (
-	systemNS = "lockwarden-system"
+	systemNS = envtest.ManagerNamespace
 	// takeoverDelay is longer than the manager's default, so that a
 	// preferred replica slowed by a loaded machine is not taken over.
 	takeoverDelay = 2 * time.Second
@@ -314,31 +312,15 @@ func waitPhase(t *testing.T, c client.Client, g *lockingv1alpha1.LockGrant, phas
 }
 
 // startControlPlane starts envtest with lockwarden's CRDs and the manager's
-// namespace, and returns its config and an admin client.
+// namespace, no manager (the test runs the replicas), and returns its
+// config and an admin client.
 func startControlPlane(t *testing.T) (*rest.Config, client.Client) {
 	t.Helper()
-	root, err := filepath.Abs("..")
-	if err != nil {
+	env := envtest.StartControlPlane(t)
+	if err := env.Admin.Create(t.Context(), &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: systemNS}}); err != nil {
 		t.Fatal(err)
 	}
-	if os.Getenv("KUBEBUILDER_ASSETS") == "" {
-		t.Setenv("KUBEBUILDER_ASSETS", filepath.Join(root, "bin"))
-	}
-	env := &envtest.Environment{CRDDirectoryPaths: []string{filepath.Join(root, "config", "crd", "bases")}, ErrorIfCRDPathMissing: true}
-	cfg, err := env.Start()
-	if err != nil {
-		_ = env.Stop()
-		t.Fatalf("starting envtest: %v", err)
-	}
-	t.Cleanup(func() { _ = env.Stop() })
-	c, err := client.New(cfg, client.Options{Scheme: newScheme()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := c.Create(t.Context(), &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: systemNS}}); err != nil {
-		t.Fatal(err)
-	}
-	return cfg, c
+	return env.Config, env.Admin
 }
 
 func newScheme() *runtime.Scheme {

@@ -3,8 +3,6 @@ package lockgrant_test
 import (
 	"context"
 	"crypto/ed25519"
-	"os"
-	"path/filepath"
 	"sync"
 	"testing"
 	"time"
@@ -15,19 +13,17 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
-	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
-	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/rest"
 	clocktesting "k8s.io/utils/clock/testing"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/client/interceptor"
-	"sigs.k8s.io/controller-runtime/pkg/envtest"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	lockingv1alpha1 "github.com/lockwarden/lockwarden/api/v1alpha1"
 	"github.com/lockwarden/lockwarden/controllers/lockgrant"
 	"github.com/lockwarden/lockwarden/internal/issuer"
+	"github.com/lockwarden/lockwarden/internal/test/envtest"
 )
 
 // These tests play manager replicas against a real API server (its status
@@ -53,24 +49,8 @@ func startAPIServer(t *testing.T) client.WithWatch {
 // lockwarden's and Kubernetes' kinds.
 func startControlPlane(t *testing.T) (*rest.Config, *runtime.Scheme) {
 	t.Helper()
-	root, err := filepath.Abs("../..")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if os.Getenv("KUBEBUILDER_ASSETS") == "" {
-		t.Setenv("KUBEBUILDER_ASSETS", filepath.Join(root, "bin"))
-	}
-	env := &envtest.Environment{CRDDirectoryPaths: []string{filepath.Join(root, "config", "crd", "bases")}, ErrorIfCRDPathMissing: true}
-	cfg, err := env.Start()
-	if err != nil {
-		_ = env.Stop()
-		t.Fatalf("starting envtest: %v", err)
-	}
-	t.Cleanup(func() { _ = env.Stop() })
-	scheme := runtime.NewScheme()
-	utilruntime.Must(clientgoscheme.AddToScheme(scheme))
-	utilruntime.Must(lockingv1alpha1.AddToScheme(scheme))
-	return cfg, scheme
+	env := envtest.StartControlPlane(t)
+	return env.Config, env.Scheme
 }
 
 // oneKey issues in epoch 0 with one key.

@@ -4,8 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"os"
-	"path/filepath"
 	"slices"
 	"strconv"
 	"sync"
@@ -16,7 +14,6 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/rest"
-	"k8s.io/utils/clock"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -24,7 +21,7 @@ import (
 
 	lockingv1alpha1 "github.com/lockwarden/lockwarden/api/v1alpha1"
 	"github.com/lockwarden/lockwarden/examples/fenced-controller/counter"
-	"github.com/lockwarden/lockwarden/internal/testenv"
+	"github.com/lockwarden/lockwarden/internal/test/envtest"
 	"github.com/lockwarden/lockwarden/pkg/fencing"
 	"github.com/lockwarden/lockwarden/pkg/lock"
 	"github.com/lockwarden/lockwarden/pkg/lock/election"
@@ -35,33 +32,17 @@ import (
 // and etcd with lockwarden's controller and webhooks in this process on the
 // real clock.
 
-var env *testenv.Env
+var env *envtest.Env
 
 func TestMain(m *testing.M) {
-	code := runSuite(m)
-	// With the control plane stopped, no goroutine of a replica may be left.
-	if code == 0 {
-		if err := testenv.FindLeaks(); err != nil {
-			fmt.Fprintln(os.Stderr, "goleak:", err)
-			code = 1
-		}
-	}
-	os.Exit(code)
-}
-
-func runSuite(m *testing.M) int {
-	root, _ := filepath.Abs("../..")
-	var err error
-	if env, err = testenv.Start(root, clock.RealClock{}); err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		return 1
-	}
-	defer env.Stop()
-	if err := env.GrantUsersAccess(context.Background()); err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		return 1
-	}
-	return m.Run()
+	envtest.Main(m, envtest.Suite{
+		Setup: func(ctx context.Context, e *envtest.Env) error {
+			env = e
+			return e.GrantUsersAccess(ctx)
+		},
+		// With the control plane stopped, no goroutine of a replica may be left.
+		FindLeaks: true,
+	})
 }
 
 // freezer stands for a process that stops (SIGSTOP, a long GC pause, a

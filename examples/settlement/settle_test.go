@@ -13,7 +13,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/lockwarden/lockwarden/internal/pgtest"
+	"github.com/lockwarden/lockwarden/internal/test/pgtest"
 	"github.com/lockwarden/lockwarden/pkg/fencing"
 	"github.com/lockwarden/lockwarden/pkg/store/postgres"
 )

@@ -14,10 +14,10 @@ import (
 	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	"sigs.k8s.io/controller-runtime/pkg/envtest"
 
 	lockingv1alpha1 "github.com/lockwarden/lockwarden/api/v1alpha1"
-	"github.com/lockwarden/lockwarden/internal/pgtest"
+	"github.com/lockwarden/lockwarden/internal/test/envtest"
+	"github.com/lockwarden/lockwarden/internal/test/pgtest"
 	"github.com/lockwarden/lockwarden/pkg/store/postgres"
 )
 
@@ -164,21 +164,12 @@ func startKube(t *testing.T) (*rest.Config, client.WithWatch) {
 		}
 		t.Skipf("no kube-apiserver in %s (run `make tools`): %v", assets, err)
 	}
-	env := &envtest.Environment{
-		BinaryAssetsDirectory: assets,
-		CRDDirectoryPaths:     []string{filepath.Join(root, "config", "crd", "bases")},
-		ErrorIfCRDPathMissing: true,
-	}
-	cfg, err := env.Start()
-	if err != nil {
-		t.Fatalf("starting envtest: %v", err)
-	}
-	t.Cleanup(func() { _ = env.Stop() })
-	admin, err := client.NewWithWatch(cfg, client.Options{Scheme: scheme()})
+	env := envtest.StartControlPlane(t)
+	admin, err := client.NewWithWatch(env.Config, client.Options{Scheme: scheme()})
 	if err != nil {
 		t.Fatal(err)
 	}
-	return cfg, admin
+	return env.Config, admin
 }
 
 // standIn grants every LockGrant of ns as the controller would, one at a

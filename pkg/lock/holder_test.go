@@ -21,7 +21,7 @@ import (
 
 	lockingv1alpha1 "github.com/lockwarden/lockwarden/api/v1alpha1"
 	"github.com/lockwarden/lockwarden/internal/deny"
-	"github.com/lockwarden/lockwarden/internal/testenv"
+	"github.com/lockwarden/lockwarden/internal/test/envtest"
 	"github.com/lockwarden/lockwarden/pkg/fencing"
 	"github.com/lockwarden/lockwarden/pkg/lock"
 	"github.com/lockwarden/lockwarden/pkg/lock/holder"
@@ -307,7 +307,7 @@ func TestPartitionHealSettlesQuickly(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	px, err := testenv.StartProxy(u.Host)
+	px, err := envtest.StartProxy(u.Host)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -19,7 +19,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	lockingv1alpha1 "github.com/lockwarden/lockwarden/api/v1alpha1"
-	"github.com/lockwarden/lockwarden/internal/testenv"
+	"github.com/lockwarden/lockwarden/internal/test/envtest"
 	"github.com/lockwarden/lockwarden/pkg/lock"
 )
 
@@ -30,7 +30,7 @@ import (
 // notice a deadline touches the grant (wake).
 
 var (
-	env    *testenv.Env
+	env    *envtest.Env
 	scheme *runtime.Scheme
 	admin  client.WithWatch
 	cfg    *rest.Config
@@ -39,47 +39,31 @@ var (
 )
 
 func TestMain(m *testing.M) {
-	code := run(m)
-	// With the control plane stopped, no goroutine of the library may be
-	// left: every handle's loop, watch and request ends with it.
-	if code == 0 {
-		if err := testenv.FindLeaks(); err != nil {
-			fmt.Fprintln(os.Stderr, "goleak:", err)
-			code = 1
-		}
-	}
-	os.Exit(code)
-}
-
-func run(m *testing.M) int {
-	root, _ := filepath.Abs("../..")
 	clk = clocktesting.NewFakeClock(time.Date(2026, 7, 19, 0, 0, 0, 0, time.UTC))
-	var err error
-	if env, err = testenv.Start(root, clk); err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		return 1
-	}
-	defer env.Stop()
-	scheme, admin, cfg = env.Scheme, env.Admin, env.Config
-	if err := env.GrantUsersAccess(context.Background()); err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		return 1
-	}
-	// The Example functions read their configuration the way a program
-	// does: from $KUBECONFIG.
-	dir, err := os.MkdirTemp("", "lockwarden-lock-test-")
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		return 1
-	}
-	defer os.RemoveAll(dir)
-	kc := filepath.Join(dir, "kubeconfig")
-	if err := os.WriteFile(kc, env.Env.KubeConfig, 0o600); err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		return 1
-	}
-	os.Setenv("KUBECONFIG", kc)
-	return m.Run()
+	envtest.Main(m, envtest.Suite{
+		Clock: clk,
+		Setup: func(ctx context.Context, e *envtest.Env) error {
+			env, scheme, admin, cfg = e, e.Scheme, e.Admin, e.Config
+			if err := e.GrantUsersAccess(ctx); err != nil {
+				return err
+			}
+			// The Example functions read their configuration the way a
+			// program does: from $KUBECONFIG.
+			dir, err := os.MkdirTemp("", "lockwarden-lock-test-")
+			if err != nil {
+				return err
+			}
+			e.Cleanup(func() { os.RemoveAll(dir) })
+			kc := filepath.Join(dir, "kubeconfig")
+			if err := os.WriteFile(kc, e.Env.KubeConfig, 0o600); err != nil {
+				return err
+			}
+			return os.Setenv("KUBECONFIG", kc)
+		},
+		// With the control plane stopped, no goroutine of the library may
+		// be left: every handle's loop, watch and request ends with it.
+		FindLeaks: true,
+	})
 }
 
 // namespace creates a fresh namespace for one test.

@@ -17,15 +17,13 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
-	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
 	"k8s.io/apimachinery/pkg/util/wait"
-	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	"sigs.k8s.io/controller-runtime/pkg/envtest"
 	"sigs.k8s.io/yaml"
 
 	lockingv1alpha1 "github.com/lockwarden/lockwarden/api/v1alpha1"
+	"github.com/lockwarden/lockwarden/internal/test/envtest"
 	"github.com/lockwarden/lockwarden/pkg/fencing"
 	"github.com/lockwarden/lockwarden/pkg/fencing/denial"
 	"github.com/lockwarden/lockwarden/pkg/fencing/facts"
@@ -37,7 +35,7 @@ import (
 var (
 	cfg    *rest.Config
 	admin  client.Client
-	scheme = runtime.NewScheme()
+	scheme *runtime.Scheme
 )
 
 // The identities of the cases: the grants' owner, another user, and a user
@@ -52,36 +50,13 @@ const (
 )
 
 func TestMain(m *testing.M) {
-	os.Exit(run(m))
-}
-
-func run(m *testing.M) int {
-	utilruntime.Must(clientgoscheme.AddToScheme(scheme))
-	utilruntime.Must(lockingv1alpha1.AddToScheme(scheme))
-	root, _ := filepath.Abs("../..")
-	if os.Getenv("KUBEBUILDER_ASSETS") == "" {
-		os.Setenv("KUBEBUILDER_ASSETS", filepath.Join(root, "bin"))
-	}
-	env := &envtest.Environment{
-		CRDDirectoryPaths:     []string{filepath.Join(root, "config", "crd", "bases")},
-		ErrorIfCRDPathMissing: true,
-	}
-	var err error
-	if cfg, err = env.Start(); err != nil {
-		_ = env.Stop()
-		fmt.Fprintln(os.Stderr, err)
-		return 1
-	}
-	defer env.Stop() //nolint:errcheck // best effort at exit
-	if admin, err = client.New(cfg, client.Options{Scheme: scheme}); err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		return 1
-	}
-	if err := setup(context.Background(), filepath.Join(root, "config", "policy", "lockgrant_updates.yaml")); err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		return 1
-	}
-	return m.Run()
+	envtest.Main(m, envtest.Suite{
+		ControlPlaneOnly: true,
+		Setup: func(ctx context.Context, e *envtest.Env) error {
+			cfg, admin, scheme = e.Config, e.Admin, e.Scheme
+			return setup(ctx, filepath.Join(e.Root, "config", "policy", "lockgrant_updates.yaml"))
+		},
+	})
 }
 
 // setup installs the policy and its binding as config/policy has them, and

@@ -10,18 +10,18 @@ import (
 	"testing"
 	"time"
 
-	"github.com/lockwarden/lockwarden/internal/testenv"
+	"github.com/lockwarden/lockwarden/internal/test/envtest"
 )
 
 // TestChaos runs about a minute of the chaos suite and requires every check
 // of the history to pass. The run directory (logs, history) is kept when
 // the test fails.
 func TestChaos(t *testing.T) {
-	root := testenv.Repo(t, "../..")
+	root := envtest.Repo(t, "../..")
 	assets := filepath.Join(root, "bin")
 	bins := t.TempDir()
-	manager := testenv.Build(t, root, bins, "./cmd/manager")
-	chaos := testenv.Build(t, filepath.Join(root, "test"), bins, "./cmd/lockwarden-chaos")
+	manager := envtest.Build(t, root, bins, "./cmd/manager")
+	chaos := envtest.Build(t, filepath.Join(root, "test"), bins, "./cmd/lockwarden-chaos")
 	runDir, err := os.MkdirTemp("", "lockwarden-chaos-test-")
 	if err != nil {
 		t.Fatal(err)

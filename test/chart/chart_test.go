@@ -8,7 +8,7 @@ import (
 
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 
-	"github.com/lockwarden/lockwarden/internal/testenv"
+	"github.com/lockwarden/lockwarden/internal/test/envtest"
 )
 
 const haValues = "charts/lockwarden/ci/ha-certmanager-values.yaml"
@@ -18,13 +18,13 @@ func render(t *testing.T, root string, values ...string) []*unstructured.Unstruc
 	for _, v := range values {
 		args = append(args, "-f", v)
 	}
-	return testenv.Objects(t, testenv.Helm(t, root, args...))
+	return envtest.Objects(t, envtest.Helm(t, root, args...))
 }
 
 func TestLint(t *testing.T) {
-	root := testenv.Repo(t, "../..")
-	testenv.Helm(t, root, "lint", "--strict", "charts/lockwarden")
-	testenv.Helm(t, root, "lint", "--strict", "charts/lockwarden", "-f", haValues)
+	root := envtest.Repo(t, "../..")
+	envtest.Helm(t, root, "lint", "--strict", "charts/lockwarden")
+	envtest.Helm(t, root, "lint", "--strict", "charts/lockwarden", "-f", haValues)
 }
 
 // webhooks returns every webhook configuration's webhooks, keyed by
@@ -44,8 +44,8 @@ func webhooks(objs []*unstructured.Unstructured) map[string]any {
 // config/default does (paths, rules, selectors, failure policies), pointing
 // at the same Service in the release's namespace.
 func TestWebhooksMatchConfig(t *testing.T) {
-	root := testenv.Repo(t, "../..")
-	want := webhooks(testenv.Objects(t, testenv.Kustomize(t, root, "config/default")))
+	root := envtest.Repo(t, "../..")
+	want := webhooks(envtest.Objects(t, envtest.Kustomize(t, root, "config/default")))
 	if len(want) == 0 {
 		t.Fatal("config/default has no webhook configurations")
 	}
@@ -61,11 +61,11 @@ func TestWebhooksMatchConfig(t *testing.T) {
 // helm.sh/resource-policy: keep, so `helm uninstall` leaves every
 // FenceCounter and the FenceIssuer; the CRDs are config/'s.
 func TestCRDsKeptOnUninstall(t *testing.T) {
-	root := testenv.Repo(t, "../..")
-	config := testenv.Objects(t, testenv.Kustomize(t, root, "config/crd"))
+	root := envtest.Repo(t, "../..")
+	config := envtest.Objects(t, envtest.Kustomize(t, root, "config/crd"))
 	objs := render(t, root)
 	for _, c := range config {
-		got := testenv.Find(t, objs, "CustomResourceDefinition", c.GetName())
+		got := envtest.Find(t, objs, "CustomResourceDefinition", c.GetName())
 		if got.GetAnnotations()["helm.sh/resource-policy"] != "keep" {
 			t.Errorf("CRD %s: annotations %v, want helm.sh/resource-policy: keep", c.GetName(), got.GetAnnotations())
 		}
@@ -73,7 +73,7 @@ func TestCRDsKeptOnUninstall(t *testing.T) {
 			t.Errorf("CRD %s: the chart's spec differs from config/crd; run `make chart`", c.GetName())
 		}
 	}
-	off := testenv.Objects(t, testenv.Helm(t, root, "template", "lockwarden", "charts/lockwarden", "--set", "crds.keep=false"))
+	off := envtest.Objects(t, envtest.Helm(t, root, "template", "lockwarden", "charts/lockwarden", "--set", "crds.keep=false"))
 	for _, o := range off {
 		if o.GetKind() == "CustomResourceDefinition" && o.GetAnnotations()["helm.sh/resource-policy"] == "keep" {
 			t.Errorf("crds.keep=false: CRD %s still kept", o.GetName())
@@ -83,7 +83,7 @@ func TestCRDsKeptOnUninstall(t *testing.T) {
 
 func managerArgs(t *testing.T, objs []*unstructured.Unstructured) []string {
 	t.Helper()
-	d := testenv.Find(t, objs, "Deployment", "lockwarden-controller-manager")
+	d := envtest.Find(t, objs, "Deployment", "lockwarden-controller-manager")
 	containers, _, _ := unstructured.NestedSlice(d.Object, "spec", "template", "spec", "containers")
 	args, _, _ := unstructured.NestedStringSlice(containers[0].(map[string]any), "args")
 	return args
@@ -93,8 +93,8 @@ func managerArgs(t *testing.T, objs []*unstructured.Unstructured) []string {
 // (plus the leader election timings and retention it makes settable), and
 // with cert-manager it leaves the certificate to cert-manager.
 func TestManagerFlags(t *testing.T) {
-	root := testenv.Repo(t, "../..")
-	cfg := managerArgs(t, testenv.Objects(t, testenv.Kustomize(t, root, "config/default")))
+	root := envtest.Repo(t, "../..")
+	cfg := managerArgs(t, envtest.Objects(t, envtest.Kustomize(t, root, "config/default")))
 	chart := managerArgs(t, render(t, root))
 	for _, a := range cfg {
 		if !slices.Contains(chart, a) {
@@ -114,11 +114,11 @@ func TestManagerFlags(t *testing.T) {
 			}
 		}
 	}
-	testenv.Find(t, ha, "Certificate", "lockwarden-webhook-server-cert")
-	testenv.Find(t, ha, "ServiceMonitor", "lockwarden-controller-manager")
-	testenv.Find(t, ha, "PrometheusRule", "lockwarden-alerts")
-	testenv.Find(t, ha, "NetworkPolicy", "lockwarden-controller-manager")
-	pdb := testenv.Find(t, ha, "PodDisruptionBudget", "lockwarden-controller-manager")
+	envtest.Find(t, ha, "Certificate", "lockwarden-webhook-server-cert")
+	envtest.Find(t, ha, "ServiceMonitor", "lockwarden-controller-manager")
+	envtest.Find(t, ha, "PrometheusRule", "lockwarden-alerts")
+	envtest.Find(t, ha, "NetworkPolicy", "lockwarden-controller-manager")
+	pdb := envtest.Find(t, ha, "PodDisruptionBudget", "lockwarden-controller-manager")
 	if v, _, _ := num(pdb.Object, "spec", "minAvailable"); v != 2 {
 		t.Errorf("PDB minAvailable = %d, want 2 from the HA values", v)
 	}
@@ -128,9 +128,9 @@ func TestManagerFlags(t *testing.T) {
 // metrics-reader role, two replicas behind a PDB, the manager's Secret
 // rights in a Role of its namespace.
 func TestProductionDefaults(t *testing.T) {
-	root := testenv.Repo(t, "../..")
+	root := envtest.Repo(t, "../..")
 	objs := render(t, root)
-	d := testenv.Find(t, objs, "Deployment", "lockwarden-controller-manager")
+	d := envtest.Find(t, objs, "Deployment", "lockwarden-controller-manager")
 	if uid, _, _ := num(d.Object, "spec", "template", "spec", "securityContext", "runAsUser"); uid != 65532 {
 		t.Errorf("runAsUser = %d, want 65532", uid)
 	}
@@ -141,13 +141,13 @@ func TestProductionDefaults(t *testing.T) {
 	if !slices.Contains(args, "--metrics-bind-address=:8443") || slices.Contains(args, "--metrics-secure=false") {
 		t.Errorf("metrics must be served over HTTPS on :8443 by default: %v", args)
 	}
-	testenv.Find(t, objs, "ClusterRole", "lockwarden-metrics-reader")
-	testenv.Find(t, objs, "PodDisruptionBudget", "lockwarden-controller-manager")
-	role := testenv.Find(t, objs, "Role", "lockwarden-manager-role")
+	envtest.Find(t, objs, "ClusterRole", "lockwarden-metrics-reader")
+	envtest.Find(t, objs, "PodDisruptionBudget", "lockwarden-controller-manager")
+	role := envtest.Find(t, objs, "Role", "lockwarden-manager-role")
 	if role.GetNamespace() != "lockwarden-system" {
 		t.Errorf("manager Role in namespace %q", role.GetNamespace())
 	}
-	cr := testenv.Find(t, objs, "ClusterRole", "lockwarden-manager-role")
+	cr := envtest.Find(t, objs, "ClusterRole", "lockwarden-manager-role")
 	rules, _, _ := unstructured.NestedSlice(cr.Object, "rules")
 	for _, r := range rules {
 		res, _, _ := unstructured.NestedStringSlice(r.(map[string]any), "resources")
@@ -177,10 +177,10 @@ func num(obj map[string]any, fields ...string) (int64, bool, error) {
 // matchConditions: while no replica answers it holds up only what lockwarden
 // guards, and the manager's own Pods are always scheduled.
 func TestFailClosedWebhooksSkipTheirNamespace(t *testing.T) {
-	root := testenv.Repo(t, "../..")
+	root := envtest.Repo(t, "../..")
 	for ns, objs := range map[string][]*unstructured.Unstructured{
-		"lockwarden-system": testenv.Objects(t, testenv.Kustomize(t, root, "config/default")),
-		"locks":             testenv.Objects(t, testenv.Helm(t, root, "template", "lockwarden", "charts/lockwarden", "--namespace", "locks")),
+		"lockwarden-system": envtest.Objects(t, envtest.Kustomize(t, root, "config/default")),
+		"locks":             envtest.Objects(t, envtest.Helm(t, root, "template", "lockwarden", "charts/lockwarden", "--namespace", "locks")),
 	} {
 		for _, o := range objs {
 			if o.GetKind() != "ValidatingWebhookConfiguration" && o.GetKind() != "MutatingWebhookConfiguration" {
@@ -236,10 +236,10 @@ func ownKindsOnly(h map[string]any) bool {
 // ValidatingAdmissionPolicy refuses a Pod that names a lock, so that no such
 // Pod, in any namespace, starts without its lock.
 func TestGatedPodPolicyCoversWhatTheWebhookSkips(t *testing.T) {
-	root := testenv.Repo(t, "../..")
+	root := envtest.Repo(t, "../..")
 	for ns, objs := range map[string][]*unstructured.Unstructured{
-		"lockwarden-system": testenv.Objects(t, testenv.Kustomize(t, root, "config/default")),
-		"locks":             testenv.Objects(t, testenv.Helm(t, root, "template", "lockwarden", "charts/lockwarden", "--namespace", "locks")),
+		"lockwarden-system": envtest.Objects(t, envtest.Kustomize(t, root, "config/default")),
+		"locks":             envtest.Objects(t, envtest.Helm(t, root, "template", "lockwarden", "charts/lockwarden", "--namespace", "locks")),
 	} {
 		var skipped, refused []string
 		for _, o := range objs {

@@ -11,18 +11,18 @@ import (
 	"testing"
 	"time"
 
-	"github.com/lockwarden/lockwarden/internal/testenv"
+	"github.com/lockwarden/lockwarden/internal/test/envtest"
 )
 
 // TestDemo runs what `make demo` runs: a paused holder's late write must be
 // refused with STALE_OWNER and the object must keep its successor's data,
 // with two real worker processes under two service-account identities.
 func TestDemo(t *testing.T) {
-	root := testenv.Repo(t, "../..")
+	root := envtest.Repo(t, "../..")
 	assets := filepath.Join(root, "bin")
 	dir := t.TempDir()
-	manager := testenv.Build(t, root, dir, "./cmd/manager")
-	demo := testenv.Build(t, filepath.Join(root, "test"), dir, "./cmd/lockwarden-demo")
+	manager := envtest.Build(t, root, dir, "./cmd/manager")
+	demo := envtest.Build(t, filepath.Join(root, "test"), dir, "./cmd/lockwarden-demo")
 
 	ctx, cancel := context.WithTimeout(t.Context(), 4*time.Minute)
 	defer cancel()

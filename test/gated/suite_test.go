@@ -14,11 +14,11 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/yaml"
 
-	"github.com/lockwarden/lockwarden/internal/testenv"
+	"github.com/lockwarden/lockwarden/internal/test/envtest"
 )
 
 var (
-	env *testenv.Env
+	env *envtest.Env
 	// admin is a client with cluster-admin rights; in envtest the manager
 	// runs as the same identity.
 	admin client.WithWatch
@@ -27,24 +27,14 @@ var (
 )
 
 func TestMain(m *testing.M) {
-	os.Exit(runSuite(m))
-}
-
-func runSuite(m *testing.M) int {
-	root, _ := filepath.Abs("../..")
 	clk = clocktesting.NewFakeClock(time.Date(2026, 7, 19, 0, 0, 0, 0, time.UTC))
-	var err error
-	if env, err = testenv.Start(root, clk); err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		return 1
-	}
-	defer env.Stop()
-	admin = env.Admin
-	if err := installPolicies(filepath.Join(root, "config", "webhook", "manifests.yaml")); err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		return 1
-	}
-	return m.Run()
+	envtest.Main(m, envtest.Suite{
+		Clock: clk,
+		Setup: func(_ context.Context, e *envtest.Env) error {
+			env, admin = e, e.Admin
+			return installPolicies(filepath.Join(e.Root, "config", "webhook", "manifests.yaml"))
+		},
+	})
 }
 
 // installPolicies creates the ValidatingAdmissionPolicies and their

@@ -33,11 +33,11 @@ import (
 	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	"sigs.k8s.io/controller-runtime/pkg/envtest"
+	crenvtest "sigs.k8s.io/controller-runtime/pkg/envtest"
 	logf "sigs.k8s.io/controller-runtime/pkg/log"
 
 	lockingv1alpha1 "github.com/lockwarden/lockwarden/api/v1alpha1"
-	"github.com/lockwarden/lockwarden/internal/testenv"
+	"github.com/lockwarden/lockwarden/internal/test/envtest"
 	"github.com/lockwarden/lockwarden/test/internal/localcp"
 )
 
@@ -66,12 +66,12 @@ type cluster struct {
 func startCluster(t *testing.T) *cluster {
 	t.Helper()
 	logf.SetLogger(logr.Discard())
-	root := testenv.Repo(t, "../..")
+	root := envtest.Repo(t, "../..")
 	dir := t.TempDir()
 	scheme := runtime.NewScheme()
 	utilruntime.Must(clientgoscheme.AddToScheme(scheme))
 	utilruntime.Must(lockingv1alpha1.AddToScheme(scheme))
-	env := &envtest.Environment{BinaryAssetsDirectory: filepath.Join(root, "bin"), Scheme: scheme}
+	env := &crenvtest.Environment{BinaryAssetsDirectory: filepath.Join(root, "bin"), Scheme: scheme}
 	cfg, err := env.Start()
 	if err != nil {
 		_ = env.Stop()
@@ -89,7 +89,7 @@ func startCluster(t *testing.T) *cluster {
 	return &cluster{
 		t: t, root: root, dir: dir, cp: cp, admin: admin, scheme: scheme,
 		cs:      kubernetes.NewForConfigOrDie(cfg),
-		manager: testenv.Build(t, root, dir, "./cmd/manager"),
+		manager: envtest.Build(t, root, dir, "./cmd/manager"),
 	}
 }
 
@@ -378,7 +378,7 @@ func (c *cluster) finalizeNamespace(name string) {
 // userClient returns a client authenticating as a new user name.
 func (c *cluster) userClient(name string) client.WithWatch {
 	c.t.Helper()
-	u, err := c.cp.Env.AddUser(envtest.User{Name: name, Groups: []string{"system:masters"}}, nil)
+	u, err := c.cp.Env.AddUser(crenvtest.User{Name: name, Groups: []string{"system:masters"}}, nil)
 	if err != nil {
 		c.t.Fatal(err)
 	}

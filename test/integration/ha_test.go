@@ -17,7 +17,7 @@ import (
 	lockingv1alpha1 "github.com/lockwarden/lockwarden/api/v1alpha1"
 	"github.com/lockwarden/lockwarden/controllers/lockgrant"
 	"github.com/lockwarden/lockwarden/internal/issuer"
-	"github.com/lockwarden/lockwarden/internal/testenv"
+	"github.com/lockwarden/lockwarden/internal/test/envtest"
 )
 
 // replicaSkew is the clock-skew bound between manager replicas that
@@ -30,7 +30,7 @@ func startReplica(t *testing.T, skew time.Duration) {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
-	if err := env.StartReplica(ctx, testenv.SkewedClock{Base: clk, Skew: skew}); err != nil {
+	if err := env.StartReplica(ctx, envtest.SkewedClock{Base: clk, Skew: skew}); err != nil {
 		t.Fatal(err)
 	}
 }

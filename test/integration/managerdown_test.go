@@ -18,7 +18,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	lockingv1alpha1 "github.com/lockwarden/lockwarden/api/v1alpha1"
-	"github.com/lockwarden/lockwarden/internal/testenv"
+	"github.com/lockwarden/lockwarden/internal/test/envtest"
 )
 
 // TestManagerDown installs the shipped webhook configurations a second time,
@@ -136,7 +136,7 @@ func installDownWebhooks(t *testing.T, ns string) string {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, cfg := range testenv.Objects(t, manifest) {
+	for _, cfg := range envtest.Objects(t, manifest) {
 		cfg.SetName("lw-down-" + ns + "-" + cfg.GetName())
 		hooks, _, _ := unstructured.NestedSlice(cfg.Object, "webhooks")
 		for i := range hooks {

@@ -2,9 +2,6 @@ package integration
 
 import (
 	"context"
-	"fmt"
-	"os"
-	"path/filepath"
 	"testing"
 	"time"
 
@@ -12,11 +9,11 @@ import (
 	clocktesting "k8s.io/utils/clock/testing"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
-	"github.com/lockwarden/lockwarden/internal/testenv"
+	"github.com/lockwarden/lockwarden/internal/test/envtest"
 )
 
 var (
-	env *testenv.Env
+	env *envtest.Env
 	// admin is a client with cluster-admin rights.
 	admin client.Client
 	// cfg is the admin rest config; users impersonate from it.
@@ -26,27 +23,17 @@ var (
 )
 
 // managerNamespace holds the issuer's keys and trust bundle.
-const managerNamespace = testenv.ManagerNamespace
+const managerNamespace = envtest.ManagerNamespace
 
 func TestMain(m *testing.M) {
-	os.Exit(run(m))
-}
-
-func run(m *testing.M) int {
-	root, _ := filepath.Abs("../..")
 	clk = clocktesting.NewFakeClock(time.Date(2026, 7, 19, 0, 0, 0, 0, time.UTC))
-	var err error
-	if env, err = testenv.Start(root, clk); err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		return 1
-	}
-	defer env.Stop()
-	admin, cfg = env.Admin, env.Config
-	if err := env.GrantUsersAccess(context.Background()); err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		return 1
-	}
-	return m.Run()
+	envtest.Main(m, envtest.Suite{
+		Clock: clk,
+		Setup: func(ctx context.Context, e *envtest.Env) error {
+			env, admin, cfg = e, e.Admin, e.Config
+			return e.GrantUsersAccess(ctx)
+		},
+	})
 }
 
 // namespace creates a fresh namespace for one test.

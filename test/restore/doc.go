@@ -4,7 +4,7 @@
 // accepted. It runs the product as a user would: etcd and
 // kube-apiserver from bin/ (envtest), config/local applied with kubectl, the
 // real manager binary as a process, the examples/settlement worker as a
-// process, and a real PostgreSQL (internal/pgtest).
+// process, and a real PostgreSQL (internal/test/pgtest).
 //
 // The tests show:
 //   - FENCE_REGRESSION end to end: after the restore, grants that reissue an

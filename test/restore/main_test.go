@@ -23,7 +23,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 
 	lockingv1alpha1 "github.com/lockwarden/lockwarden/api/v1alpha1"
-	"github.com/lockwarden/lockwarden/internal/pgtest"
+	"github.com/lockwarden/lockwarden/internal/test/pgtest"
 	"github.com/lockwarden/lockwarden/test/internal/localcp"
 )
 

@@ -2,9 +2,6 @@ package election_test
 
 import (
 	"context"
-	"fmt"
-	"os"
-	"path/filepath"
 	"sync"
 	"testing"
 	"time"
@@ -13,10 +10,9 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/rest"
-	"k8s.io/utils/clock"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
-	"github.com/lockwarden/lockwarden/internal/testenv"
+	"github.com/lockwarden/lockwarden/internal/test/envtest"
 )
 
 // The elector's envtest: a real kube-apiserver and etcd from bin/, the
@@ -24,34 +20,18 @@ import (
 // (terms expire as they would in a cluster: the tests use leases of a few
 // seconds), and every candidate under an impersonated identity.
 
-var env *testenv.Env
+var env *envtest.Env
 
 func TestMain(m *testing.M) {
-	code := run(m)
-	// With the control plane stopped, no goroutine of an elector may be
-	// left: its terms, watches and requests end with Run.
-	if code == 0 {
-		if err := testenv.FindLeaks(); err != nil {
-			fmt.Fprintln(os.Stderr, "goleak:", err)
-			code = 1
-		}
-	}
-	os.Exit(code)
-}
-
-func run(m *testing.M) int {
-	root, _ := filepath.Abs("../../..")
-	var err error
-	if env, err = testenv.Start(root, clock.RealClock{}); err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		return 1
-	}
-	defer env.Stop()
-	if err := env.GrantUsersAccess(context.Background()); err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		return 1
-	}
-	return m.Run()
+	envtest.Main(m, envtest.Suite{
+		Setup: func(ctx context.Context, e *envtest.Env) error {
+			env = e
+			return e.GrantUsersAccess(ctx)
+		},
+		// With the control plane stopped, no goroutine of an elector may
+		// be left: its terms, watches and requests end with Run.
+		FindLeaks: true,
+	})
 }
 
 // namespace creates a fresh namespace for one test.

@@ -12,7 +12,7 @@ import (
 
 	clocktesting "k8s.io/utils/clock/testing"
 
-	"github.com/lockwarden/lockwarden/internal/pgtest"
+	"github.com/lockwarden/lockwarden/internal/test/pgtest"
 	"github.com/lockwarden/lockwarden/pkg/fencing"
 	"github.com/lockwarden/lockwarden/pkg/store/postgres"
 )

@@ -10,7 +10,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/lockwarden/lockwarden/internal/pgtest"
+	"github.com/lockwarden/lockwarden/internal/test/pgtest"
 	"github.com/lockwarden/lockwarden/pkg/fencing"
 	"github.com/lockwarden/lockwarden/pkg/store/postgres"
 )

@@ -15,7 +15,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	lockingv1alpha1 "github.com/lockwarden/lockwarden/api/v1alpha1"
-	"github.com/lockwarden/lockwarden/internal/testenv"
+	"github.com/lockwarden/lockwarden/internal/test/envtest"
 )
 
 // Two `kubectl lock run` with one request ID, started a second apart (a
@@ -319,13 +319,13 @@ func kubectlLockAt(t *testing.T, kc string, env []string, args ...string) *proc 
 }
 
 // startProxy starts a partitionable proxy to the API server.
-func startProxy(t *testing.T) *testenv.Proxy {
+func startProxy(t *testing.T) *envtest.Proxy {
 	t.Helper()
 	u, err := url.Parse(adminHost)
 	if err != nil {
 		t.Fatal(err)
 	}
-	p, err := testenv.StartProxy(u.Host)
+	p, err := envtest.StartProxy(u.Host)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -335,7 +335,7 @@ func startProxy(t *testing.T) *testenv.Proxy {
 
 // proxyKubeconfig writes a copy of the kubeconfig at path whose server is
 // the proxy, and returns its path.
-func proxyKubeconfig(t *testing.T, p *testenv.Proxy, path string) string {
+func proxyKubeconfig(t *testing.T, p *envtest.Proxy, path string) string {
 	t.Helper()
 	cfg, err := clientcmd.LoadFromFile(path)
 	if err != nil {

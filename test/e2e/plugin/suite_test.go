@@ -16,11 +16,10 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
-	"k8s.io/utils/clock"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	"sigs.k8s.io/controller-runtime/pkg/envtest"
+	crenvtest "sigs.k8s.io/controller-runtime/pkg/envtest"
 
-	"github.com/lockwarden/lockwarden/internal/testenv"
+	"github.com/lockwarden/lockwarden/internal/test/envtest"
 )
 
 // The manager's --finished-grant-retention and --request-id-window: short
@@ -42,65 +41,52 @@ var (
 	adminHost string
 )
 
-func TestMain(m *testing.M) { os.Exit(run(m)) }
+func TestMain(m *testing.M) {
+	envtest.Main(m, envtest.Suite{
+		// Finished grants are deleted after a few seconds and their
+		// request IDs stay spent for a few more, so that a test sees both
+		// happen.
+		Options: envtest.Options{FinishedGrantRetention: retention, RequestIDWindow: requestIDWindow},
+		Setup:   setup,
+	})
+}
 
-func run(m *testing.M) int {
-	root, _ := filepath.Abs("../../..")
-	assets := os.Getenv("KUBEBUILDER_ASSETS")
-	if assets == "" {
-		assets = filepath.Join(root, "bin")
-		os.Setenv("KUBEBUILDER_ASSETS", assets)
-	}
+// setup builds the plugin, lets users work with grants and keep sessions,
+// and writes the kubeconfigs of the users the tests act as.
+func setup(ctx context.Context, e *envtest.Env) error {
+	admin = e.Admin
+	adminHost = e.Config.Host
 	dir, err := os.MkdirTemp("", "lockwarden-e2e-")
 	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		return 1
+		return err
 	}
-	defer os.RemoveAll(dir)
+	e.Cleanup(func() { os.RemoveAll(dir) })
 	binDir = filepath.Join(dir, "bin")
-	if err := buildPlugin(root, assets); err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		return 1
+	if err := buildPlugin(e.Root, os.Getenv("KUBEBUILDER_ASSETS")); err != nil {
+		return err
 	}
-
-	// Finished grants are deleted after a few seconds and their request
-	// IDs stay spent for a few more, so that a test sees both happen.
-	tenv, err := testenv.StartWith(root, clock.RealClock{}, testenv.Options{FinishedGrantRetention: retention, RequestIDWindow: requestIDWindow})
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		return 1
-	}
-	defer tenv.Stop()
-	env := tenv.Env
-	admin = tenv.Admin
-	adminHost = tenv.Config.Host
-	if err := tenv.GrantUsersAccess(context.Background()); err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		return 1
+	if err := e.GrantUsersAccess(ctx); err != nil {
+		return err
 	}
 	// kubectl lock run keeps a session, as it would in a real cluster.
-	if err := tenv.GrantUsersSessions(context.Background(), ""); err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		return 1
+	if err := e.GrantUsersSessions(ctx, ""); err != nil {
+		return err
 	}
 	for _, name := range []string{"alice", "bob"} {
-		u, err := env.AddUser(envtest.User{Name: name, Groups: []string{"system:authenticated"}}, nil)
+		u, err := e.Env.AddUser(crenvtest.User{Name: name, Groups: []string{"system:authenticated"}}, nil)
 		if err != nil {
-			fmt.Fprintln(os.Stderr, err)
-			return 1
+			return err
 		}
 		kc, err := u.KubeConfig()
 		if err != nil {
-			fmt.Fprintln(os.Stderr, err)
-			return 1
+			return err
 		}
 		kubeconfigs[name] = filepath.Join(dir, name+".kubeconfig")
 		if err := os.WriteFile(kubeconfigs[name], kc, 0o600); err != nil {
-			fmt.Fprintln(os.Stderr, err)
-			return 1
+			return err
 		}
 	}
-	return m.Run()
+	return nil
 }
 
 // buildPlugin builds cmd/kubectl-lock into binDir and links kubectl there,

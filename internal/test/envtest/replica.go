@@ -1,4 +1,4 @@
-package testenv
+package envtest
 
 import (
 	"context"
@@ -35,7 +35,7 @@ func (c SkewedClock) Now() time.Time { return c.Base.Now().Add(c.Skew) }
 func (c SkewedClock) Since(t time.Time) time.Duration { return c.Now().Sub(t) }
 
 // StartReplica runs a second manager replica's LockGrant controller on clk,
-// beside the one Start runs, as two replicas run it with
+// beside the suite's in-process manager, as two replicas run it with
 // --grants-on-every-replica: both reconcile every resource at once. It
 // serves no webhooks (the API server calls the first). The replica stops
 // when ctx is done.

@@ -1,7 +1,7 @@
 package integration
 
-// This test raises the cluster-wide FenceIssuer's epoch; the file name
-// sorts among the last so that it runs after the others.
+// These tests raise the cluster-wide FenceIssuer's epoch: they run last,
+// from TestClusterWideState.
 
 import (
 	"slices"
@@ -27,7 +27,7 @@ import (
 // After the administrator raises the epoch as the condition says, it is
 // granted the first fence of that epoch, above F, and its write to the
 // object is accepted.
-func TestZZGrantNeverIssuedAtOrBelowARecordedFence(t *testing.T) {
+func testGrantNeverIssuedAtOrBelowARecordedFence(t *testing.T) {
 	ns := namespace(t)
 	const name = "ledger-floor"
 	policy := "floor-" + ns
@@ -91,7 +91,7 @@ func TestZZGrantNeverIssuedAtOrBelowARecordedFence(t *testing.T) {
 // that recorded F under a policy is retired (the policy deleted, then the
 // object) after the scan found F; the next request for its resource is
 // granted the issuer epoch's first fence, below F, at once.
-func TestZZFloorOfADeletedObjectHoldsNothingBack(t *testing.T) {
+func testFloorOfADeletedObjectHoldsNothingBack(t *testing.T) {
 	ns := namespace(t)
 	const name = "ledger-gone"
 	policy := "floor-gone-" + ns

@@ -1,8 +1,8 @@
 package integration
 
 // The tests in this file change the cluster-wide FenceIssuer (keys, epoch),
-// which every later grant of the suite would see; the file name sorts last
-// so that they run after the others.
+// which every later grant of the suite would see: they run last, from
+// TestClusterWideState.
 
 import (
 	"testing"
@@ -27,7 +27,7 @@ func updateIssuer(t *testing.T, mutate func(*lockingv1alpha1.FenceIssuer)) {
 
 // Rotation: a new key signs, the old one keeps verifying until retired; a
 // retired key never verifies.
-func TestZZSigningKeyRotation(t *testing.T) {
+func testSigningKeyRotation(t *testing.T) {
 	ns, tl := namespace(t), startTimeline()
 	tl.at(0)
 	a := as(t, "rot-a")
@@ -79,7 +79,7 @@ func TestZZSigningKeyRotation(t *testing.T) {
 
 // Revoking an epoch makes its grants fail verification and ends its Held
 // grants; the next fence is above every fence of the earlier epoch.
-func TestZZRevokedIssuerEpoch(t *testing.T) {
+func testRevokedIssuerEpoch(t *testing.T) {
 	ns, tl := namespace(t), startTimeline()
 	tl.at(0)
 	a, b := as(t, "ep-a"), as(t, "ep-b")

@@ -1,18 +1,42 @@
-// Package testenv starts what lockwarden's envtest suites run against: a
-// real kube-apiserver and etcd from bin/ (envtest), lockwarden's CRDs and
-// webhook configuration, and the manager's controllers and webhooks running
-// in the test process exactly as cmd/manager wires them, on the clock the
-// suite chooses (a fake clock steps lease timing instead of waiting).
-package testenv
+// Package envtest starts what lockwarden's envtest suites run against: a
+// real kube-apiserver and etcd from bin/ (controller-runtime's envtest),
+// lockwarden's CRDs and webhook configuration, and the manager's
+// controllers and webhooks running in the test process exactly as
+// cmd/manager wires them, on the clock the suite chooses (a fake clock
+// steps lease timing instead of waiting).
+//
+// A suite owns one environment for all its tests and hands its TestMain to
+// Main, which starts the environment, runs the suite's Setup and its
+// tests, stops everything and exits:
+//
+//	var env *envtest.Env
+//
+//	func TestMain(m *testing.M) {
+//		envtest.Main(m, envtest.Suite{
+//			Clock: clk,
+//			Setup: func(ctx context.Context, e *envtest.Env) error {
+//				env = e
+//				return e.GrantUsersAccess(ctx)
+//			},
+//		})
+//	}
+//
+// A test that needs a control plane of its own, with no manager (it runs
+// the manager or its controllers itself), calls StartControlPlane.
+package envtest
 
 import (
+	"bufio"
 	"context"
 	"crypto/tls"
+	"errors"
 	"fmt"
 	"net"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
+	"testing"
 	"time"
 
 	"go.uber.org/zap/zapcore"
@@ -33,7 +57,7 @@ import (
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	"sigs.k8s.io/controller-runtime/pkg/envtest"
+	crenvtest "sigs.k8s.io/controller-runtime/pkg/envtest"
 	logf "sigs.k8s.io/controller-runtime/pkg/log"
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
@@ -55,7 +79,7 @@ type Env struct {
 	// Root is the repository root.
 	Root string
 	// Env is envtest's environment (KubeConfig, AddUser, the etcd URL).
-	Env *envtest.Environment
+	Env *crenvtest.Environment
 	// Config is the admin's REST config; Admin its client.
 	Config *rest.Config
 	Admin  client.WithWatch
@@ -68,6 +92,8 @@ type Env struct {
 	// and a test that needs a later scan runs Floors.Scan itself.
 	Floors *recovery.Scanner
 	cancel context.CancelFunc
+	// cleanups run, last registered first, when the environment stops.
+	cleanups []func()
 }
 
 // Options are the manager's settings that a suite may choose; the zero
@@ -78,42 +104,145 @@ type Options struct {
 	FinishedGrantRetention, RequestIDWindow time.Duration
 }
 
-// Start starts the control plane and the in-process manager on clk. root is
-// the repository root (bin/ holds the control plane, unless
-// KUBEBUILDER_ASSETS says otherwise). Log output goes to stderr at the
-// error level, or at debug level when LOCKWARDEN_TEST_VERBOSE is set. On
-// error nothing is left running.
-func Start(root string, clk clock.PassiveClock) (*Env, error) {
-	return StartWith(root, clk, Options{})
+// Suite is what a suite asks of Main: the manager's clock and settings, or
+// a control plane alone, and what to do once it runs.
+type Suite struct {
+	// Clock is the in-process manager's clock; nil is the real clock.
+	Clock clock.PassiveClock
+	// Options are the manager's settings.
+	Options Options
+	// ControlPlaneOnly starts the API server and etcd with lockwarden's
+	// CRDs only: no manager, no webhook configuration, no admission
+	// policies (a suite that judges one of them alone installs it in
+	// Setup).
+	ControlPlaneOnly bool
+	// Setup runs once the environment is up, before the tests; a suite
+	// keeps e (and its clients) for its tests here. What it starts, it
+	// stops with e.Cleanup. An error fails the suite before any test runs.
+	Setup func(ctx context.Context, e *Env) error
+	// FindLeaks fails a passing suite when goroutines other than the
+	// long-lived ones of client-go and controller-runtime are left once the
+	// environment has stopped (see FindLeaks): nothing the code under test
+	// started may outlive it.
+	FindLeaks bool
 }
 
-// StartWith is Start with the manager's settings o.
-func StartWith(root string, clk clock.PassiveClock, o Options) (*Env, error) {
+// Main owns a suite's TestMain: it runs the suite (Run) and exits with its
+// code.
+func Main(m *testing.M, s Suite) {
+	os.Exit(Run(m, s))
+}
+
+// Run starts the suite's environment from the repository's bin/ (unless
+// KUBEBUILDER_ASSETS says otherwise), runs s.Setup and then m's tests,
+// stops the environment whatever happened, and returns the exit code for
+// TestMain. Errors of the set-up go to stderr and fail the suite.
+func Run(m *testing.M, s Suite) int {
+	root, err := Root()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	var e *Env
+	if s.ControlPlaneOnly {
+		e, err = startControlPlane(root, false)
+	} else {
+		clk := s.Clock
+		if clk == nil {
+			clk = clock.RealClock{}
+		}
+		e, err = start(root, clk, s.Options)
+	}
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	code := func() int {
+		defer e.Stop()
+		if s.Setup != nil {
+			if err := s.Setup(context.Background(), e); err != nil {
+				fmt.Fprintf(os.Stderr, "setting up the suite: %v\n", err)
+				return 1
+			}
+		}
+		return m.Run()
+	}()
+	if code == 0 && s.FindLeaks {
+		if err := FindLeaks(); err != nil {
+			fmt.Fprintln(os.Stderr, "goleak:", err)
+			return 1
+		}
+	}
+	return code
+}
+
+// StartControlPlane starts an API server and etcd with lockwarden's CRDs,
+// and nothing else (no manager, no namespace of its own, no webhook
+// configuration, no admission policies), for test t alone: a test that
+// runs the manager, its replicas or a controller itself. They stop when t
+// ends. Its Admin client is an administrator's.
+func StartControlPlane(t testing.TB) *Env {
+	t.Helper()
+	root, err := Root()
+	if err != nil {
+		t.Fatal(err)
+	}
+	e, err := startControlPlane(root, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(e.Stop)
+	return e
+}
+
+// Root is the repository's root: the nearest directory, from the working
+// directory (a test's package directory) up, whose go.mod is lockwarden's
+// module (the test module's go.mod, in test/, is passed by).
+func Root() (string, error) {
+	dir, err := os.Getwd()
+	if err != nil {
+		return "", err
+	}
+	for {
+		if isRoot(filepath.Join(dir, "go.mod")) {
+			return dir, nil
+		}
+		parent := filepath.Dir(dir)
+		if parent == dir {
+			return "", errors.New("no go.mod of module github.com/lockwarden/lockwarden above the working directory")
+		}
+		dir = parent
+	}
+}
+
+func isRoot(gomod string) bool {
+	f, err := os.Open(gomod)
+	if err != nil {
+		return false
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		if fields := strings.Fields(sc.Text()); len(fields) == 2 && fields[0] == "module" {
+			return fields[1] == "github.com/lockwarden/lockwarden"
+		}
+	}
+	return false
+}
+
+// start starts the control plane and the in-process manager on clk, with
+// the manager's settings o. root is the repository root (bin/ holds the
+// control plane, unless KUBEBUILDER_ASSETS says otherwise). Log output goes
+// to stderr at the error level, or at debug level when
+// LOCKWARDEN_TEST_VERBOSE is set. On error nothing is left running.
+func start(root string, clk clock.PassiveClock, o Options) (*Env, error) {
 	level := zapcore.DPanicLevel
 	if os.Getenv("LOCKWARDEN_TEST_VERBOSE") != "" {
 		level = zapcore.DebugLevel
 	}
 	logf.SetLogger(zap.New(zap.WriteTo(os.Stderr), zap.Level(level)))
-	if os.Getenv("KUBEBUILDER_ASSETS") == "" {
-		os.Setenv("KUBEBUILDER_ASSETS", filepath.Join(root, "bin"))
-	}
-	e := &Env{Root: root, Scheme: runtime.NewScheme()}
-	utilruntime.Must(clientgoscheme.AddToScheme(e.Scheme))
-	utilruntime.Must(lockingv1alpha1.AddToScheme(e.Scheme))
-	e.Env = &envtest.Environment{
-		CRDDirectoryPaths:     []string{filepath.Join(root, "config", "crd", "bases")},
-		ErrorIfCRDPathMissing: true,
-		WebhookInstallOptions: envtest.WebhookInstallOptions{
-			Paths: []string{filepath.Join(root, "config", "webhook", "manifests.yaml")},
-		},
-	}
-	var err error
-	if e.Config, err = e.Env.Start(); err != nil {
-		_ = e.Env.Stop() // a half-started control plane must not outlive the test
-		return nil, fmt.Errorf("starting envtest (did `make tools` build bin/?): %w", err)
-	}
-	if e.Admin, err = client.NewWithWatch(e.Config, client.Options{Scheme: e.Scheme}); err != nil {
-		e.Stop()
+	e, err := startControlPlane(root, true)
+	if err != nil {
 		return nil, err
 	}
 	ctx, cancel := context.WithCancel(context.Background())
@@ -133,8 +262,50 @@ func StartWith(root string, clk clock.PassiveClock, o Options) (*Env, error) {
 	return e, nil
 }
 
-// Stop stops the manager and the control plane.
+// startControlPlane starts etcd and the API server with lockwarden's CRDs
+// (and, with webhooks, the webhook configuration of config/webhook, which
+// calls this process), and an admin client. On error nothing is left
+// running.
+func startControlPlane(root string, webhooks bool) (*Env, error) {
+	if os.Getenv("KUBEBUILDER_ASSETS") == "" {
+		os.Setenv("KUBEBUILDER_ASSETS", filepath.Join(root, "bin"))
+	}
+	e := &Env{Root: root, Scheme: runtime.NewScheme()}
+	utilruntime.Must(clientgoscheme.AddToScheme(e.Scheme))
+	utilruntime.Must(lockingv1alpha1.AddToScheme(e.Scheme))
+	e.Env = &crenvtest.Environment{
+		CRDDirectoryPaths:     []string{filepath.Join(root, "config", "crd", "bases")},
+		ErrorIfCRDPathMissing: true,
+	}
+	if webhooks {
+		e.Env.WebhookInstallOptions = crenvtest.WebhookInstallOptions{
+			Paths: []string{filepath.Join(root, "config", "webhook", "manifests.yaml")},
+		}
+	}
+	var err error
+	if e.Config, err = e.Env.Start(); err != nil {
+		_ = e.Env.Stop() // a half-started control plane must not outlive the test
+		return nil, fmt.Errorf("starting envtest (did `make tools` build bin/?): %w", err)
+	}
+	if e.Admin, err = client.NewWithWatch(e.Config, client.Options{Scheme: e.Scheme}); err != nil {
+		e.Stop()
+		return nil, err
+	}
+	return e, nil
+}
+
+// Cleanup registers f to run when the environment stops, before the
+// manager and the control plane stop; the last registered runs first.
+func (e *Env) Cleanup(f func()) {
+	e.cleanups = append(e.cleanups, f)
+}
+
+// Stop runs the cleanups, then stops the manager and the control plane.
 func (e *Env) Stop() {
+	for _, f := range slices.Backward(e.cleanups) {
+		f()
+	}
+	e.cleanups = nil
 	if e.cancel != nil {
 		e.cancel()
 	}

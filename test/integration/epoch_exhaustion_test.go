@@ -1,7 +1,7 @@
 package integration
 
-// These tests change the cluster-wide FenceIssuer's epoch; the file name
-// sorts among the last so that they run after the others.
+// These tests change the cluster-wide FenceIssuer's epoch: they run last,
+// from TestClusterWideState.
 
 import (
 	"slices"
@@ -19,7 +19,7 @@ import (
 // would leave Held and writing: it waits, told to raise the epoch. Once
 // the issuer is at 4 with 0..3 revoked, it is granted the first fence of
 // epoch 4, and no Held grant of an epoch up to 3 is left to write.
-func TestZZExhaustedSequenceNeverCarriesIntoTheEpoch(t *testing.T) {
+func testExhaustedSequenceNeverCarriesIntoTheEpoch(t *testing.T) {
 	ns, tl := namespace(t), startTimeline()
 	tl.at(0)
 	issuerEpoch(t)

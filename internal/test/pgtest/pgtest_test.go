@@ -5,7 +5,7 @@ import (
 	"os"
 	"testing"
 
-	"github.com/lockwarden/lockwarden/internal/pgtest"
+	"github.com/lockwarden/lockwarden/internal/test/pgtest"
 )
 
 func TestMain(m *testing.M) { os.Exit(pgtest.Main(m)) }
