@@ -164,6 +164,9 @@ func (r *registry) release(uid types.UID, caller string, _ time.Duration) error 
 // returns the time to the next deadline.
 func (r *registry) reconcile(resource string, now time.Duration) time.Duration {
 	var grants []lockingv1alpha1.LockGrant
+	if len(r.grants) > 0 {
+		grants = make([]lockingv1alpha1.LockGrant, 0, len(r.grants))
+	}
 	for _, g := range r.grants {
 		if g.Spec.Resource == resource {
 			grants = append(grants, *g) // Decide copies what it changes

@@ -328,15 +328,21 @@ func (rp *replica) wrote(uid types.UID, rv string) bool {
 // It returns them with the counter's resourceVersion as read.
 func (w *world) passFacts(rp *replica, resource string, now, skew time.Duration, cached, fresher map[types.UID]*lockingv1alpha1.LockGrant, mode readMode) (grantplan.Facts, string) {
 	r := w.reg
+	// Copies of the structs will do: nothing changes a cached grant or
+	// one in fresher in place (a delivery replaces a cached grant), and
+	// Decide copies what it changes.
 	var grants []lockingv1alpha1.LockGrant
+	if n := len(cached) + len(fresher); n > 0 {
+		grants = make([]lockingv1alpha1.LockGrant, 0, n+1)
+	}
 	for uid, g := range cached {
 		if _, replaced := fresher[uid]; !replaced {
-			grants = append(grants, *g.DeepCopy())
+			grants = append(grants, *g)
 		}
 	}
 	for _, g := range fresher {
 		if g != nil {
-			grants = append(grants, *g.DeepCopy())
+			grants = append(grants, *g)
 		}
 	}
 	byUID := func(a, b lockingv1alpha1.LockGrant) int { return compareUID(a.UID, b.UID) }
