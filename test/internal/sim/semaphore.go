@@ -55,6 +55,8 @@ type semWorld struct {
 	grants   map[types.UID]*lockingv1alpha1.LockGrant
 	counters map[string]*lockingv1alpha1.FenceCounter // by fenced resource ID
 	rv, uids int64
+	// uidOrder are the grants' UIDs in order (grantUIDs).
+	uidOrder []types.UID
 	// limit is the permits that new requests name.
 	limit int32
 	// past are the counters as they were at the last few ticks, newest
@@ -449,13 +451,14 @@ func refreshHolder(f *grantplan.Facts, c *lockingv1alpha1.FenceCounter, direct m
 	f.Grants = grantplan.WithHolder(f.Grants, c.Spec.Holder, direct[types.UID(c.Spec.Holder.UID)])
 }
 
+// grantUIDs lists the grants' UIDs in order (compareUID). A round never
+// deletes a grant, and UIDs are numbered as they are made, so the list is
+// the order they were made in (request); callers must not change it.
 func (w *semWorld) grantUIDs() []types.UID {
-	uids := make([]types.UID, 0, len(w.grants))
-	for uid := range w.grants {
-		uids = append(uids, uid)
+	if len(w.uidOrder) != len(w.grants) {
+		w.uidOrder = slices.SortedFunc(maps.Keys(w.grants), compareUID)
 	}
-	slices.SortFunc(uids, compareUID)
-	return uids
+	return w.uidOrder
 }
 
 // apply writes a plan as the controller does: each counter by
@@ -712,6 +715,7 @@ func (w *semWorld) request(spec lockingv1alpha1.LockGrantSpec) types.UID {
 		Spec: spec,
 	}
 	w.createdAt[uid] = w.s.now
+	w.uidOrder = append(w.uidOrder, uid)
 	return uid
 }
 
