@@ -78,6 +78,7 @@ func run() int {
 			}
 		}
 		r = sim.Round(*replay, kinds)
+		*parallel = 1
 	} else {
 		r = sim.Run(*seed, *rounds, *parallel)
 	}
