@@ -25,8 +25,6 @@ func (e event) before(o event) bool {
 // boxing each event in an interface).
 type queue []event
 
-func (q queue) Len() int { return len(q) }
-
 func (q *queue) push(e event) {
 	*q = append(*q, e)
 	h := *q
@@ -86,7 +84,7 @@ func (s *scheduler) after(d time.Duration, fn func()) { s.at(s.now+d, fn) }
 
 // run executes events until none is left or the horizon passes.
 func (s *scheduler) run(horizon time.Duration) {
-	for s.q.Len() > 0 {
+	for len(s.q) > 0 {
 		e := s.q.pop()
 		if e.at > horizon {
 			return
