@@ -37,6 +37,7 @@ package webhook
 import (
 	"context"
 	"fmt"
+	"time"
 
 	"k8s.io/client-go/metadata"
 	"k8s.io/utils/clock"
@@ -74,8 +75,9 @@ const (
 
 // Setup registers every webhook with the manager's webhook server. clk is
 // the clock admission judges leases by; it must be the controller's clock.
-// bundle returns the issuer's trust bundle.
-func Setup(mgr ctrl.Manager, clk clock.PassiveClock, bundle func(context.Context) (*fencing.TrustBundle, error)) error {
+// bundle returns the issuer's trust bundle; requestIDWindow is the
+// manager's --request-id-window.
+func Setup(mgr ctrl.Manager, clk clock.PassiveClock, bundle func(context.Context) (*fencing.TrustBundle, error), requestIDWindow time.Duration) error {
 	meta, err := metadata.NewForConfig(mgr.GetConfig())
 	if err != nil {
 		return fmt.Errorf("metadata client: %w", err)
@@ -91,7 +93,7 @@ func Setup(mgr ctrl.Manager, clk clock.PassiveClock, bundle func(context.Context
 		return err
 	}
 	register(ValidateLockGrantPath, lockgrant.NewValidator(mgr.GetScheme(), clk, mgr.GetClient(), mgr.GetClient(), reader,
-		lockgrant.WithPodGrants(reader, self)))
+		lockgrant.WithPodGrants(reader, self), lockgrant.WithRequestIDWindow(requestIDWindow, reader)))
 	register(ValidateFenceCounterPath, fencecounter.NewValidator(mgr.GetScheme(), reader))
 	register(ValidateGuardPolicyPath, guardpolicy.NewValidator(mgr.GetScheme()))
 	register(ValidateFenceIssuerPath, fenceissuer.NewValidator(mgr.GetScheme()))

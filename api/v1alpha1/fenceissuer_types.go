@@ -8,6 +8,13 @@ import (
 // uses. It creates it, with epoch 0 and one signing key, when missing.
 const DefaultFenceIssuerName = "default"
 
+// Reasons of a FenceIssuer's Ready condition.
+const (
+	// FenceIssuerReasonPublished (Ready True): the controller holds every
+	// listed key and published the trust bundle for the issuer's epoch.
+	FenceIssuerReasonPublished = "Published"
+)
+
 // SigningKeyState is the life stage of a signing key.
 // +kubebuilder:validation:Enum=Active;Verify;Retired
 type SigningKeyState string

@@ -62,3 +62,38 @@ const (
 // PodRequestID returns the request ID of the grant of the Pod with the given
 // UID.
 func PodRequestID(podUID string) string { return PodRequestIDPrefix + podUID }
+
+// Reasons of the Events the manager records on a lock-gated Pod, and of the
+// DisruptionTarget condition it sets on a Pod it deletes.
+const (
+	// GatedPodReasonWaiting: the Pod's grant was requested and waits in the
+	// queue.
+	GatedPodReasonWaiting = "Waiting"
+	// GatedPodReasonGranted: the grant is Held; the Pod may start.
+	GatedPodReasonGranted = "Granted"
+	// GatedPodReasonLockLost: the grant ended while the Pod ran (it expired
+	// after its node was lost or the manager could not renew it, was
+	// revoked or force-released): the Pod is deleted.
+	GatedPodReasonLockLost = "LockLost"
+	// GatedPodReasonRequestEnded: the grant ended before it was Held
+	// (withdrawn by its owner, revoked, deleted): the Pod, still gated, is
+	// deleted.
+	GatedPodReasonRequestEnded = "LockRequestEnded"
+	// GatedPodReasonGateRemoved: the scheduling gate was removed by someone
+	// else before the grant was Held: the Pod may run without its lock, and
+	// is deleted.
+	GatedPodReasonGateRemoved = "GateRemovedWithoutLock"
+	// GatedPodReasonInvalidRequest: the Pod's lock annotations do not parse
+	// (they changed after admission); no grant is requested.
+	GatedPodReasonInvalidRequest = "InvalidLockRequest"
+	// GatedPodReasonRequestRefused: admission refused the grant's request
+	// (the ServiceAccount may no longer acquire); retried with backoff.
+	GatedPodReasonRequestRefused = "LockRequestRefused"
+	// GatedPodReasonNodeLost: the node's heartbeat lapsed; the grant is no
+	// longer renewed and ends at its lease's end.
+	GatedPodReasonNodeLost = "NodeHeartbeatLost"
+	// GatedPodReasonNotReady: a started container of the Pod is not ready
+	// (its readiness probe fails: it is stuck, frozen or overloaded); the
+	// grant is not renewed while it stays so, and ends at its lease's end.
+	GatedPodReasonNotReady = "ContainerNotReady"
+)

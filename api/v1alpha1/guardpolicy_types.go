@@ -20,6 +20,22 @@ const (
 	ModeEnforce GuardPolicyMode = "Enforce"
 )
 
+// Reasons of a GuardPolicy's Ready condition, and of the Events its
+// webhook records.
+const (
+	// GuardPolicyReasonWebhookInstalled (Ready True): the policy's
+	// admission webhook is installed in its mode.
+	GuardPolicyReasonWebhookInstalled = "WebhookInstalled"
+	// GuardPolicyReasonInvalidPolicy (Ready False): the policy could not be
+	// installed (a bad selector, rule or holder list); the message names
+	// the field (INVALID_POLICY).
+	GuardPolicyReasonInvalidPolicy = "InvalidPolicy"
+	// GuardPolicyReasonShadowDenied is the reason of the Warning Event a
+	// policy in Shadow mode records on an object whose write Enforce would
+	// have denied.
+	GuardPolicyReasonShadowDenied = "ShadowDenied"
+)
+
 // GuardedResource is one API resource a policy guards.
 type GuardedResource struct {
 	// apiGroup is the API group, "" for the core group.

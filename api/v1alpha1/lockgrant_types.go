@@ -215,6 +215,14 @@ const (
 	PhaseRevoked LockGrantPhase = "Revoked"
 )
 
+// LockGrantPhases returns every phase of a LockGrant, in the order of its
+// life: the CRD's enum (TestMarkersMatchConstants keeps the two in
+// agreement), and the values clients such as kubectl lockwarden accept.
+// The slice is the caller's.
+func LockGrantPhases() []LockGrantPhase {
+	return []LockGrantPhase{PhasePending, PhaseHeld, PhaseExpired, PhaseReleased, PhaseTimedOut, PhaseRevoked}
+}
+
 // Final reports whether the phase can never change again.
 func (p LockGrantPhase) Final() bool {
 	switch p {
@@ -224,7 +232,8 @@ func (p LockGrantPhase) Final() bool {
 	return false
 }
 
-// Condition types of a LockGrant.
+// Condition types of a LockGrant. ConditionReady is also the one
+// condition of a FenceIssuer and of a GuardPolicy.
 const (
 	// ConditionReady is True while the grant is Held, and says why not
 	// otherwise (reason Pending, Expired, Released, TimedOut, ...).
@@ -243,6 +252,76 @@ const (
 	// the annotation locking.lockwarden.io/fence-regression): the registry
 	// reissued a fence. Recover by bumping the issuer epoch.
 	ConditionFenceRegression = "FenceRegression"
+)
+
+// Reasons of a LockGrant's conditions and of the Events the controller
+// records about it, in CamelCase as Kubernetes API conventions ask. A
+// reason that stands for a refusal of the fencing catalog is that code's
+// ConditionReason (Expired for EXPIRED, RevokedEpoch for REVOKED_EPOCH), so
+// that users see the same word everywhere; metric labels carry the code
+// itself (fencing.CodeOf).
+const (
+	// LockGrantReasonPending (Ready False): the request waits in the
+	// resource's FIFO queue.
+	LockGrantReasonPending = "Pending"
+	// LockGrantReasonLockDelay (Ready False): the request is next in line
+	// and waits out the lock-delay of a holder whose lease ended without a
+	// release.
+	LockGrantReasonLockDelay = "LockDelay"
+	// LockGrantReasonSequenceExhausted (Ready False): the request is next in
+	// line, and the resource's fences of the issuer's epoch are used up: it
+	// is granted once the issuer's epoch is raised (SEQUENCE_EXHAUSTED).
+	LockGrantReasonSequenceExhausted = "SequenceExhausted"
+	// LockGrantReasonEpochBehind (Ready False): the request is next in line,
+	// and the resource recorded a fence of a later epoch than the issuer's:
+	// it is granted once the issuer's epoch is raised to that epoch
+	// (EPOCH_BEHIND).
+	LockGrantReasonEpochBehind = "EpochBehind"
+	// LockGrantReasonGranted (Ready True, and an Event): the grant is Held
+	// with its fence.
+	LockGrantReasonGranted = "Granted"
+	// LockGrantReasonRenewed (Renewed True): the owner's last renew
+	// extended the lease.
+	LockGrantReasonRenewed = "Renewed"
+	// LockGrantReasonAlreadyEnded (Renewed False): a renew met the grant's
+	// release (ALREADY_ENDED).
+	LockGrantReasonAlreadyEnded = "AlreadyEnded"
+	// LockGrantReasonReleased (Ready False, phase Released): the owner
+	// released the grant.
+	LockGrantReasonReleased = "Released"
+	// LockGrantReasonCancelled (Ready False, phase Released): the owner
+	// withdrew the request before it was granted.
+	LockGrantReasonCancelled = "Cancelled"
+	// LockGrantReasonTimedOut (Ready False, phase TimedOut): the request's
+	// wait limit passed before it was granted (TIMED_OUT).
+	LockGrantReasonTimedOut = "TimedOut"
+	// LockGrantReasonExpired (Ready False with phase Expired, or Renewed
+	// False): the lease ran out, or a renew arrived after it had (EXPIRED).
+	LockGrantReasonExpired = "Expired"
+	// LockGrantReasonSuperseded (Ready False, phase Expired): the
+	// resource's FenceCounter names another holder.
+	LockGrantReasonSuperseded = "Superseded"
+	// LockGrantReasonSessionExpired (Ready False, phase Expired or
+	// Released): the session Lease the request names is gone or lapsed; a
+	// waiting request is withdrawn, a Held grant ends (SESSION_EXPIRED).
+	LockGrantReasonSessionExpired = "SessionExpired"
+	// LockGrantReasonRevokedEpoch (Ready False, phase Revoked): the grant's
+	// issuer epoch was revoked or superseded (REVOKED_EPOCH).
+	LockGrantReasonRevokedEpoch = "RevokedEpoch"
+	// LockGrantReasonPolicyDenied (Ready False, phase Revoked): the grant's
+	// GuardPolicy is gone or no longer allows it.
+	LockGrantReasonPolicyDenied = "PolicyDenied"
+	// LockGrantReasonFenceRegression (FenceRegression True, and a Warning
+	// Event): a protected resource refused the grant's fence as reissued
+	// (FENCE_REGRESSION).
+	LockGrantReasonFenceRegression = "FenceRegression"
+	// LockGrantReasonOverLimit (WithinLimit False): the Held grant's slot
+	// is no longer below the resource's limit of permits, which was lowered
+	// after it was granted. It keeps its slot and its fence.
+	LockGrantReasonOverLimit = "OverLimit"
+	// LockGrantReasonWithinLimit (WithinLimit True): the limit covers the
+	// grant's slot again.
+	LockGrantReasonWithinLimit = "WithinLimit"
 )
 
 // LockGrantStatus is written only by the lockwarden controller. The API

@@ -133,16 +133,72 @@ const (
 	SessionLabel = "locking.lockwarden.io/session"
 )
 
-// ResourcePattern is the syntax of a resource ID (LockGrantSpec.Resource);
-// the CRD schema enforces the same expression.
-const ResourcePattern = `^[a-z0-9]([a-z0-9._-]*[a-z0-9])?(/[a-z0-9]([a-z0-9._-]*[a-z0-9])?)*$`
+// The syntax of the spec fields the CRD schemas bound by a pattern: the
+// schema enforces the same expressions (TestMarkersMatchConstants keeps
+// the markers and these in agreement), admission checks them first to
+// answer INVALID_SPEC with the field, and clients (pkg/lock, kubectl
+// lockwarden) check them before they send a request.
+const (
+	// ResourcePattern is the syntax of a resource ID
+	// (LockGrantSpec.Resource): one or more segments separated by "/", each
+	// of lowercase letters, digits, ".", "_" and "-", starting and ending
+	// with a letter or digit; at most MaxResourceLength bytes.
+	ResourcePattern = `^[a-z0-9]([a-z0-9._-]*[a-z0-9])?(/[a-z0-9]([a-z0-9._-]*[a-z0-9])?)*$`
+	// RequestIDPattern is the syntax of LockGrantSpec.RequestID: letters,
+	// digits, ".", "_" and "-", starting and ending with a letter or
+	// digit; at most MaxRequestIDLength bytes.
+	RequestIDPattern = `^[A-Za-z0-9]([A-Za-z0-9._-]*[A-Za-z0-9])?$`
+	// OperationRootPattern is the syntax of LockGrantSpec.OperationRoot:
+	// "sha256:" and 64 lowercase hex digits.
+	OperationRootPattern = `^sha256:[0-9a-f]{64}$`
+	// OperationClassPattern is the syntax of LockGrantSpec.OperationClass:
+	// lowercase letters, digits and "-", starting and ending with a letter
+	// or digit; at most MaxOperationClassLength bytes.
+	OperationClassPattern = `^[a-z0-9]([a-z0-9-]*[a-z0-9])?$`
+	// SigningKeyIDPattern is the syntax of SigningKey.KeyID, with
+	// OperationClassPattern's alphabet; at most MaxSigningKeyIDLength bytes.
+	SigningKeyIDPattern = `^[a-z0-9]([a-z0-9-]*[a-z0-9])?$`
+	// GuardedResourcePattern is the syntax of GuardedResource.Resource, a
+	// plural resource name such as "configmaps".
+	GuardedResourcePattern = `^[a-z0-9]([a-z0-9-]*[a-z0-9])?$`
+)
 
-var resourceRE = regexp.MustCompile(ResourcePattern)
+// Bounds of the fields above, in bytes. The CRD schemas enforce them too.
+const (
+	// MaxRequestIDLength is the longest LockGrantSpec.RequestID.
+	MaxRequestIDLength = 63
+	// MaxOperationClassLength is the longest LockGrantSpec.OperationClass.
+	MaxOperationClassLength = 63
+	// MaxSigningKeyIDLength is the longest SigningKey.KeyID.
+	MaxSigningKeyIDLength = 32
+)
+
+var (
+	resourceRE       = regexp.MustCompile(ResourcePattern)
+	requestIDRE      = regexp.MustCompile(RequestIDPattern)
+	operationRootRE  = regexp.MustCompile(OperationRootPattern)
+	operationClassRE = regexp.MustCompile(OperationClassPattern)
+)
 
 // ValidResourceID reports whether id is a well-formed resource ID of at most
 // MaxResourceLength bytes.
 func ValidResourceID(id string) bool {
 	return id != "" && len(id) <= MaxResourceLength && resourceRE.MatchString(id)
+}
+
+// ValidRequestID reports whether id matches RequestIDPattern and is at
+// most MaxRequestIDLength bytes.
+func ValidRequestID(id string) bool {
+	return len(id) <= MaxRequestIDLength && requestIDRE.MatchString(id)
+}
+
+// ValidOperationRoot reports whether root matches OperationRootPattern.
+func ValidOperationRoot(root string) bool { return operationRootRE.MatchString(root) }
+
+// ValidOperationClass reports whether class matches OperationClassPattern
+// and is at most MaxOperationClassLength bytes.
+func ValidOperationClass(class string) bool {
+	return len(class) <= MaxOperationClassLength && operationClassRE.MatchString(class)
 }
 
 // FenceCounterName returns the name of the FenceCounter of a fenced
@@ -178,4 +234,16 @@ func GrantNameForRequest(requestID string) string {
 const (
 	GuardPolicyEnforcePathPrefix = "/guardpolicy/enforce/"
 	GuardPolicyShadowPathPrefix  = "/guardpolicy/shadow/"
+)
+
+// Reasons of Events lockwarden records on objects that are not its own
+// kinds.
+const (
+	// EventReasonGuardOverridden: an administrator overrode the guard of a
+	// wedged object (annotation locking.lockwarden.io/override); recorded on
+	// the object and on the FenceIssuer.
+	EventReasonGuardOverridden = "GuardOverridden"
+	// EventReasonCertificateSecretCreated: the manager created its missing
+	// webhook certificate Secret; recorded on the Secret.
+	EventReasonCertificateSecretCreated = "CertificateSecretCreated"
 )

@@ -21,10 +21,10 @@ func TestHeldBackLine(t *testing.T) {
 		g    *lockingv1alpha1.LockGrant
 		want string
 	}{
-		{waiting("SequenceExhausted", "raise the FenceIssuer's spec.epoch to 4 or more"), "SEQUENCE_EXHAUSTED: raise the FenceIssuer's spec.epoch to 4 or more"},
-		{waiting("EpochBehind", "raise it to 9"), "EPOCH_BEHIND: raise it to 9"},
+		{waiting(lockingv1alpha1.LockGrantReasonSequenceExhausted, "raise the FenceIssuer's spec.epoch to 4 or more"), "SEQUENCE_EXHAUSTED: raise the FenceIssuer's spec.epoch to 4 or more"},
+		{waiting(lockingv1alpha1.LockGrantReasonEpochBehind, "raise it to 9"), "EPOCH_BEHIND: raise it to 9"},
 		{waiting("Pending", "Waiting in the queue for the resource"), ""},
-		{waiting("LockDelay", "Next in line"), ""},
+		{waiting(lockingv1alpha1.LockGrantReasonLockDelay, "Next in line"), ""},
 		{&lockingv1alpha1.LockGrant{}, ""},
 	} {
 		if got := heldBack(tc.g); got != tc.want {

@@ -269,19 +269,8 @@ func (a *app) run(resource string, argv []string, o acquireOptions, grace time.D
 		_ = release(releaseTimeout)
 		return exitLockLost, fmt.Errorf("lock on %s lost before the command started (grant %s): %w", resource, info.Grant.Name, err)
 	}
-	env := append(os.Environ(),
-		EnvFence+"="+fencing.FormatFence(info.Fence),
-		EnvGrant+"="+info.Grant.Name,
-		EnvGrantUID+"="+string(info.UID),
-		EnvNamespace+"="+info.Grant.Namespace,
-		EnvResource+"="+resource,
-		EnvRequestID+"="+info.RequestID,
-		EnvProof+"="+h.Proof(),
-		EnvPermit+"="+strconv.Itoa(int(info.Permit)),
-		EnvFencedResource+"="+info.FencedResource,
-	)
 	interactive := isTerminal(a.streams.In)
-	child, code, err := startCommand(argv, env, a.streams, interactive, grace)
+	child, code, err := startCommand(argv, commandEnv(h, resource), a.streams, interactive, grace)
 	if err != nil {
 		_ = release(releaseTimeout)
 		return code, err
@@ -333,6 +322,23 @@ func (a *app) run(resource string, argv []string, o acquireOptions, grace time.D
 			}
 		}
 	}
+}
+
+// commandEnv is the environment COMMAND runs in: this process's, and the
+// held grant of resource with its fence and signed record.
+func commandEnv(h *lock.Handle, resource string) []string {
+	info := h.Info()
+	return append(os.Environ(),
+		EnvFence+"="+fencing.FormatFence(info.Fence),
+		EnvGrant+"="+info.Grant.Name,
+		EnvGrantUID+"="+string(info.UID),
+		EnvNamespace+"="+info.Grant.Namespace,
+		EnvResource+"="+resource,
+		EnvRequestID+"="+info.RequestID,
+		EnvProof+"="+h.Proof(),
+		EnvPermit+"="+strconv.Itoa(int(info.Permit)),
+		EnvFencedResource+"="+info.FencedResource,
+	)
 }
 
 // command is COMMAND as run started it, with everything it starts. Each

@@ -378,6 +378,9 @@ func (a *app) listCmd() *cobra.Command {
   kubectl lockwarden list -o jsonpath='{range .items[*]}{.metadata.name} {.status.fenceToken}{"\n"}{end}'`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
+			if phase != "" && !slices.ContainsFunc(phaseNames(), func(p string) bool { return strings.EqualFold(p, phase) }) {
+				return fmt.Errorf("--phase %q is not a phase: %s", phase, phaseList())
+			}
 			printer, err := toPrinter(pf)
 			if err != nil {
 				return err
@@ -419,13 +422,28 @@ func (a *app) listCmd() *cobra.Command {
 		},
 	}
 	cmd.Flags().StringVar(&resource, "resource", "", "Only grants for this resource ID.")
-	cmd.Flags().StringVar(&phase, "phase", "", "Only grants in this phase: Pending, Held, Expired, Released or TimedOut.")
+	cmd.Flags().StringVar(&phase, "phase", "", "Only grants in this phase: "+phaseList()+".")
 	cmd.Flags().StringVar(&owner, "owner", "", "Only grants of this owner identity.")
 	cmd.Flags().StringVarP(&selector, "selector", "l", "", "Label selector.")
 	cmd.Flags().BoolVarP(&all, "all-namespaces", "A", false, "List grants of every namespace.")
 	pf.AddFlags(cmd)
-	_ = cmd.RegisterFlagCompletionFunc("phase", cobra.FixedCompletions([]string{"Pending", "Held", "Expired", "Released", "TimedOut"}, cobra.ShellCompDirectiveNoFileComp))
+	_ = cmd.RegisterFlagCompletionFunc("phase", cobra.FixedCompletions(phaseNames(), cobra.ShellCompDirectiveNoFileComp))
 	return cmd
+}
+
+// phaseNames are the phases of a LockGrant, as --phase takes them.
+func phaseNames() []string {
+	var names []string
+	for _, p := range lockingv1alpha1.LockGrantPhases() {
+		names = append(names, string(p))
+	}
+	return names
+}
+
+// phaseList is phaseNames in words: "Pending, Held, ... or Revoked".
+func phaseList() string {
+	n := phaseNames()
+	return strings.Join(n[:len(n)-1], ", ") + " or " + n[len(n)-1]
 }
 
 // printGrants prints list with p: as a LockGrantList, or with byName (-o

@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"io"
 	"slices"
 	"strings"
 	"testing"
@@ -87,7 +88,7 @@ func TestStatusOfPermits(t *testing.T) {
 	// The newest live request names the limit: lowered to 1, the holder of
 	// permit 1 is over it.
 	lowered := append(grants, grantAt("w3", res, 7, 1, lockingv1alpha1.PhasePending, nil, 0))
-	lowered[1].Status.Conditions = []metav1.Condition{{Type: lockingv1alpha1.ConditionWithinLimit, Status: metav1.ConditionFalse, Reason: "OverLimit"}}
+	lowered[1].Status.Conditions = []metav1.Condition{{Type: lockingv1alpha1.ConditionWithinLimit, Status: metav1.ConditionFalse, Reason: lockingv1alpha1.LockGrantReasonOverLimit}}
 	st = statusOf("ns", res, lowered, nil)
 	if st.Permits != 1 || !st.Holders[1].OverLimit || st.Holders[0].OverLimit {
 		t.Errorf("after a request for 1 permit: limit %d, holders %+v; want 1 with permit 1 over it", st.Permits, st.Holders)
@@ -139,5 +140,23 @@ func TestListPermitColumn(t *testing.T) {
 	}
 	if f := strings.Fields(lines[2]); f[3] != "-" {
 		t.Errorf("permit column of an exclusive lock: %q in %q, want -", f[3], lines[2])
+	}
+}
+
+// list --phase takes every phase of a LockGrant, Revoked included, and
+// refuses a word that is none.
+func TestListPhases(t *testing.T) {
+	if got, want := phaseList(), "Pending, Held, Expired, Released, TimedOut or Revoked"; got != want {
+		t.Errorf("phaseList() = %q, want %q", got, want)
+	}
+	cmd := (&app{}).listCmd()
+	if u := cmd.Flags().Lookup("phase").Usage; !strings.Contains(u, "Revoked") {
+		t.Errorf("--phase usage %q does not name Revoked", u)
+	}
+	cmd.SetArgs([]string{"--phase", "Gone"})
+	cmd.SetOut(io.Discard)
+	cmd.SetErr(io.Discard)
+	if err := cmd.Execute(); err == nil || !strings.Contains(err.Error(), "not a phase") {
+		t.Errorf("list --phase Gone: %v, want a refusal", err)
 	}
 }

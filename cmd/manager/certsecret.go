@@ -15,6 +15,8 @@ import (
 	"k8s.io/client-go/tools/events"
 	logf "sigs.k8s.io/controller-runtime/pkg/log"
 	"sigs.k8s.io/controller-runtime/pkg/manager"
+
+	lockingv1alpha1 "github.com/lockwarden/lockwarden/api/v1alpha1"
 )
 
 // certSecret keeps the webhook certificate Secret in existence. The
@@ -46,10 +48,6 @@ type certSecret struct {
 }
 
 var _ manager.LeaderElectionRunnable = (*certSecret)(nil)
-
-// ReasonCertificateSecretCreated is the reason of the Event recorded when
-// the manager creates a missing webhook certificate Secret.
-const ReasonCertificateSecretCreated = "CertificateSecretCreated"
 
 // NeedLeaderElection is false: every replica serves webhooks, and any of
 // them may be the one that starts first after the Secret was deleted.
@@ -88,7 +86,7 @@ func (s *certSecret) ensure(ctx context.Context, meta metav1.ObjectMeta) (bool, 
 	}
 	logf.FromContext(ctx).Info("Created the missing webhook certificate Secret; the rotator issues a new CA and serving certificate into it", "secret", s.key.String())
 	if s.recorder != nil {
-		s.recorder.Eventf(created, nil, corev1.EventTypeWarning, ReasonCertificateSecretCreated, "Create",
+		s.recorder.Eventf(created, nil, corev1.EventTypeWarning, lockingv1alpha1.EventReasonCertificateSecretCreated, "Create",
 			"The webhook certificate Secret was missing; the manager created it, and issues a new CA and serving certificate into it")
 	}
 	return true, nil

@@ -99,7 +99,7 @@ func TestManagerCreatesAMissingCertificateSecret(t *testing.T) {
 			return false, err
 		}
 		for _, e := range events.Items {
-			if e.Reason == ReasonCertificateSecretCreated && e.Regarding.Kind == "Secret" && e.Regarding.Name == name {
+			if e.Reason == lockingv1alpha1.EventReasonCertificateSecretCreated && e.Regarding.Kind == "Secret" && e.Regarding.Name == name {
 				return true, nil
 			}
 		}

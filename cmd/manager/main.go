@@ -139,28 +139,9 @@ func main() {
 	}
 }
 
-// run runs the manager against the API server cfg names until ctx ends.
-func run(ctx context.Context, cfg *rest.Config, o options) error {
-	scheme := runtime.NewScheme()
-	utilruntime.Must(clientgoscheme.AddToScheme(scheme))
-	utilruntime.Must(lockingv1alpha1.AddToScheme(scheme))
-
-	// Without --webhook-cert-dir the manager runs outside a pod: it keeps
-	// its certificate in a temporary directory, filled from the Secret. With
-	// --webhook-cert-sync it fills the directory it was given, in a pod
-	// without waiting for the kubelet.
-	syncCerts := o.certDir == "" || o.certSync
-	if o.certSync && o.certSecret == "" {
-		return fmt.Errorf("--webhook-cert-sync needs --webhook-cert-secret")
-	}
-	if o.certDir == "" {
-		dir, err := os.MkdirTemp("", "lockwarden-webhook-certs-")
-		if err != nil {
-			return err
-		}
-		defer os.RemoveAll(dir)
-		o.certDir = dir
-	}
+// managerOptions are the manager's options: its scheme and caches, its
+// metrics and probe endpoints, leader election, and its webhook server.
+func managerOptions(scheme *runtime.Scheme, o options) ctrl.Options {
 	tlsOpts := []func(*tls.Config){func(c *tls.Config) { c.MinVersion = tls.VersionTLS12 }}
 	if !o.enableHTTP2 {
 		tlsOpts = append(tlsOpts, func(c *tls.Config) { c.NextProtos = []string{"http/1.1"} })
@@ -172,7 +153,7 @@ func run(ctx context.Context, cfg *rest.Config, o options) error {
 		metricsOpts.FilterProvider = filters.WithAuthenticationAndAuthorization
 		metricsOpts.CertDir = o.metricsCertDir
 	}
-	mgr, err := ctrl.NewManager(cfg, ctrl.Options{
+	return ctrl.Options{
 		Scheme: scheme,
 		// Secrets and ConfigMaps are read only in the manager's namespace.
 		Cache: cache.Options{
@@ -204,7 +185,32 @@ func run(ctx context.Context, cfg *rest.Config, o options) error {
 			CertDir: o.certDir,
 			TLSOpts: tlsOpts,
 		})},
-	})
+	}
+}
+
+// run runs the manager against the API server cfg names until ctx ends.
+func run(ctx context.Context, cfg *rest.Config, o options) error {
+	scheme := runtime.NewScheme()
+	utilruntime.Must(clientgoscheme.AddToScheme(scheme))
+	utilruntime.Must(lockingv1alpha1.AddToScheme(scheme))
+
+	// Without --webhook-cert-dir the manager runs outside a pod: it keeps
+	// its certificate in a temporary directory, filled from the Secret. With
+	// --webhook-cert-sync it fills the directory it was given, in a pod
+	// without waiting for the kubelet.
+	syncCerts := o.certDir == "" || o.certSync
+	if o.certSync && o.certSecret == "" {
+		return fmt.Errorf("--webhook-cert-sync needs --webhook-cert-secret")
+	}
+	if o.certDir == "" {
+		dir, err := os.MkdirTemp("", "lockwarden-webhook-certs-")
+		if err != nil {
+			return err
+		}
+		defer os.RemoveAll(dir)
+		o.certDir = dir
+	}
+	mgr, err := ctrl.NewManager(cfg, managerOptions(scheme, o))
 	if err != nil {
 		return fmt.Errorf("creating manager: %w", err)
 	}
@@ -265,7 +271,7 @@ func run(ctx context.Context, cfg *rest.Config, o options) error {
 		case <-ctx.Done():
 			return
 		}
-		if err := lwwebhook.Setup(mgr, clk, keyring.TrustBundle); err != nil {
+		if err := lwwebhook.Setup(mgr, clk, keyring.TrustBundle, o.requestIDWindow); err != nil {
 			cancel(fmt.Errorf("setting up webhooks: %w", err))
 			return
 		}

@@ -338,11 +338,11 @@ func (r *Reconciler) setReady(ctx context.Context, p *lockingv1alpha1.GuardPolic
 	before := p.Status.DeepCopy()
 	p.Status.ObservedGeneration = p.Generation
 	cond := metav1.Condition{
-		Type: "Ready", Status: metav1.ConditionTrue, Reason: "WebhookInstalled", ObservedGeneration: p.Generation,
+		Type: lockingv1alpha1.ConditionReady, Status: metav1.ConditionTrue, Reason: lockingv1alpha1.GuardPolicyReasonWebhookInstalled, ObservedGeneration: p.Generation,
 		Message: fmt.Sprintf("%s webhook %s installed", p.Spec.Mode, webhookName(p)),
 	}
 	if invalid != nil {
-		cond.Status, cond.Reason = metav1.ConditionFalse, fencing.ReasonInvalidPolicy.ConditionReason()
+		cond.Status, cond.Reason = metav1.ConditionFalse, lockingv1alpha1.GuardPolicyReasonInvalidPolicy
 		cond.Message = string(fencing.ReasonInvalidPolicy) + ": not installed: " + invalid.Error()
 	}
 	meta.SetStatusCondition(&p.Status.Conditions, cond)

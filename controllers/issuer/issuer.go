@@ -168,7 +168,7 @@ func (r *Reconciler) setReady(ctx context.Context, iss *lockingv1alpha1.FenceIss
 	iss.Status.ObservedGeneration = iss.Generation
 	iss.Status.TrustBundle = r.Namespace + "/" + issuerkeys.TrustBundleName
 	meta.SetStatusCondition(&iss.Status.Conditions, metav1.Condition{
-		Type: "Ready", Status: metav1.ConditionTrue, Reason: "Published", ObservedGeneration: iss.Generation,
+		Type: lockingv1alpha1.ConditionReady, Status: metav1.ConditionTrue, Reason: lockingv1alpha1.FenceIssuerReasonPublished, ObservedGeneration: iss.Generation,
 		Message: fmt.Sprintf("Epoch %d; trust bundle published in %s", iss.Spec.Epoch, iss.Status.TrustBundle),
 	})
 	if equalStatus(before, &iss.Status) {

@@ -14,6 +14,7 @@ import (
 	logf "sigs.k8s.io/controller-runtime/pkg/log"
 
 	lockingv1alpha1 "github.com/lockwarden/lockwarden/api/v1alpha1"
+	"github.com/lockwarden/lockwarden/pkg/fencing"
 )
 
 // +kubebuilder:rbac:groups=locking.lockwarden.io,resources=requestidledgers,verbs=get;create;update
@@ -86,13 +87,13 @@ func spentEntry(g *lockingv1alpha1.LockGrant, window time.Duration, now time.Tim
 		RequestID: g.Spec.RequestID, Phase: g.Status.Phase,
 		EndedAt: metav1.NewTime(ended), SpentUntil: metav1.NewTime(ended.Add(window)),
 	}
-	return e, now.Before(forgetAt(e))
+	return e, now.Before(fencing.SpentRecordKept(ended, window))
 }
 
 // forgetAt is when an entry leaves the ledger: its window, then as long
 // again, in which a new grant with the ID is admitted with a warning.
 func forgetAt(e lockingv1alpha1.SpentRequestID) time.Time {
-	return e.SpentUntil.Add(e.SpentUntil.Sub(e.EndedAt.Time))
+	return fencing.SpentRecordKept(e.EndedAt.Time, e.SpentUntil.Sub(e.EndedAt.Time))
 }
 
 // mergeSpent returns the ledger entries with add recorded, at now, and the

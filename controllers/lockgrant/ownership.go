@@ -113,7 +113,7 @@ func (r *Reconciler) leaveToPreferred(ctx context.Context, req reconcile.Request
 	if err != nil || f.Resource == "" {
 		return reconcile.Result{}, false
 	}
-	if p := grantplan.Decide(f); p.Counter == nil && len(p.SlotCounters) == 0 && len(p.Statuses) == 0 && len(p.Deletes) == 0 {
+	if p := grantplan.Decide(f.Facts); p.Empty() {
 		checks.Inc()
 		return reconcile.Result{RequeueAfter: p.RequeueAfter}, true
 	}

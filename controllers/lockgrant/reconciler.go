@@ -342,11 +342,11 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reco
 		if err != nil || f.Resource == "" {
 			return reconcile.Result{}, err
 		}
-		if mode != directCounters && !validated(f, p) {
+		if mode != directCounters && !validated(f.Facts, p) {
 			mode = directCounters
 			continue
 		}
-		counters, err := r.writeCounters(ctx, req.Namespace, f, p)
+		counters, err := r.writeCounters(ctx, req.Namespace, f.Facts, p)
 		if apierrors.IsConflict(err) && round < maxPassRounds {
 			// The counter moved since it was read: decide again on a
 			// direct read, at once (a sleep would only delay the
@@ -358,12 +358,15 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reco
 		if err != nil {
 			return reconcile.Result{}, err
 		}
-		grantplan.SignSlots(p, f.Params, func(k int32) string {
+		signed := grantplan.SignSlots(p, f.key, func(k int32) string {
 			if c := counters[k]; c != nil {
 				return c.ResourceVersion
 			}
 			return ""
 		})
+		for _, sg := range signed {
+			sg.Grant.Status.Record, sg.Grant.Status.Proof = sg.Record, sg.Proof
+		}
 		for _, g := range p.Statuses {
 			if c := counters[g.HeldSlot()]; c != nil {
 				g.Status.CounterGeneration = c.Generation
@@ -434,6 +437,14 @@ func validated(f grantplan.Facts, p grantplan.Plan) bool {
 	return written[0]
 }
 
+// scope is what a pass gathered about one resource: the facts it decides
+// on, and the issuer's Active key it signs the records of new holders with
+// (grantplan.Sign), which deciding does not need.
+type scope struct {
+	grantplan.Facts
+	key issuer.Params
+}
+
 // gather reads what decide needs: the resource's grants from the cache,
 // then its counters as mode says. The counter carries its holder's live
 // lease (spec.holder.expiresAt), so the holder's expiry is judged on it,
@@ -443,13 +454,17 @@ func validated(f grantplan.Facts, p grantplan.Plan) bool {
 // than what this replica wrote. The holder grant is read directly too
 // only when the cache may mislead (refreshHolder): it is missing, its
 // lease is over, or the counter predates the lease it now carries.
-func (r *Reconciler) gather(ctx context.Context, req reconcile.Request, mode readMode) (grantplan.Facts, error) {
-	f := grantplan.Facts{Retention: r.FinishedGrantRetention}
+// The issuer's Active key comes with the facts, apart from them: deciding
+// does not need it, signing the new holders' records does.
+func (r *Reconciler) gather(ctx context.Context, req reconcile.Request, mode readMode) (scope, error) {
+	var s scope
+	f := &s.Facts
+	f.Retention = r.FinishedGrantRetention
 	var list lockingv1alpha1.LockGrantList
 	// Decide copies every grant it changes: the cache's objects are
 	// listed as they are, not copied.
 	if err := r.Client.List(ctx, &list, client.InNamespace(req.Namespace), client.MatchingFields{CounterNameField: req.Name}, client.UnsafeDisableDeepCopy); err != nil {
-		return f, fmt.Errorf("listing grants: %w", err)
+		return s, fmt.Errorf("listing grants: %w", err)
 	}
 	// The clock is read after the grants: every create and renew the pass
 	// acts on was then sent before Now, so a lease the pass starts or
@@ -461,52 +476,52 @@ func (r *Reconciler) gather(ctx context.Context, req reconcile.Request, mode rea
 
 	counter, err := r.readCounter(ctx, req.NamespacedName, mode, f.Now)
 	if err != nil {
-		return f, fmt.Errorf("reading fence counter: %w", err)
+		return s, fmt.Errorf("reading fence counter: %w", err)
 	}
 	f.Counter = counter
 
 	if counter != nil {
 		if _, k, _ := lockingv1alpha1.ParseSlotResource(counter.Spec.Resource); k > 0 {
 			// Another slot's counter: its resource's pass decides it.
-			return grantplan.Facts{}, nil
+			return scope{}, nil
 		}
 		f.Resource = counter.Spec.Resource
 		if h := counter.Spec.Holder; h != nil {
-			if err := r.refreshHolder(ctx, mode, &f, req.Namespace, h); err != nil {
-				return f, err
+			if err := r.refreshHolder(ctx, mode, f, req.Namespace, h); err != nil {
+				return s, err
 			}
 		}
 	} else if len(f.Grants) > 0 {
 		f.Resource = f.Grants[0].Spec.Resource
 	}
 	if len(f.Grants) == 0 {
-		return f, nil // at most a stale holder to clear; no issuing
+		return s, nil // at most a stale holder to clear; no issuing
 	}
-	if err := r.gatherSlots(ctx, mode, &f, req.Namespace); err != nil {
-		return f, err
+	if err := r.gatherSlots(ctx, mode, f, req.Namespace); err != nil {
+		return s, err
 	}
 	params, err := r.Keyring.Params(ctx)
 	if err != nil {
-		return f, err
+		return s, err
 	}
-	if r.FreshKeyring != nil && counterAhead(f, params.Epoch) {
+	if r.FreshKeyring != nil && counterAhead(*f, params.Epoch) {
 		if params, err = r.FreshKeyring.Params(ctx); err != nil {
-			return f, err
+			return s, err
 		}
 	}
-	f.Params, f.Epoch, f.Revoked = params, params.Epoch, params.Revoked
+	s.key, f.Epoch, f.Revoked = params, params.Epoch, params.Revoked
 	if r.Floors != nil {
-		if f.Floors, err = r.confirmedFloors(ctx, req.Namespace, f); err != nil {
-			return f, err
+		if f.Floors, err = r.confirmedFloors(ctx, req.Namespace, *f); err != nil {
+			return s, err
 		}
 	}
 	if f.Policies, err = r.policies(ctx, f.Grants); err != nil {
-		return f, err
+		return s, err
 	}
 	if f.Sessions, err = r.sessions(ctx, req.Namespace, f.Grants, f.Now); err != nil {
-		return f, err
+		return s, err
 	}
-	return f, nil
+	return s, nil
 }
 
 // confirmedFloors returns the floors of f's resource and its slots; a floor
@@ -602,27 +617,27 @@ const (
 // cacheCatchUp, which decides on the cache once it has caught up. So a
 // grant its owner released is never ended Expired on a copy from before
 // the release, nor a live grant on a copy from before its swap.
-func (r *Reconciler) decide(ctx context.Context, req reconcile.Request, mode readMode) (grantplan.Facts, grantplan.Plan, error) {
-	fresher := map[types.UID]*lockingv1alpha1.LockGrant{}
-	confirmed := map[types.UID]string{}
-	listed := false
-	var behind []types.UID // unnamed grants whose cached copy is out of date
+//
+// Each round gathers, decides (grantplan.Decide), then confirms what it
+// decided on (listDirect once, then confirm).
+func (r *Reconciler) decide(ctx context.Context, req reconcile.Request, mode readMode) (scope, grantplan.Plan, error) {
+	rd := &directReads{fresher: map[types.UID]*lockingv1alpha1.LockGrant{}, confirmed: map[types.UID]string{}}
 	for range maxConfirmRounds {
 		f, err := r.gather(ctx, req, mode)
 		if err != nil || f.Resource == "" {
 			return f, grantplan.Plan{}, err
 		}
-		for uid, g := range fresher {
+		for uid, g := range rd.fresher {
 			f.Grants = grantplan.WithHolder(f.Grants, &lockingv1alpha1.FenceHolder{UID: string(uid)}, g)
 		}
-		p := grantplan.Decide(f)
-		if !listed && len(grantplan.NewlyHeld(f, p)) > 0 {
+		p := grantplan.Decide(f.Facts)
+		if !rd.listed && len(grantplan.NewlyHeld(f.Facts, p)) > 0 {
 			// A Held status for a grant not Held before: no other grant
 			// may still be Held as stored, which a cache that is behind
 			// can hide (a status another replica wrote before its
 			// swap). One direct list of the resource's grants finds it.
-			listed = true
-			stale, err := r.listDirect(ctx, req.Namespace, f, fresher, confirmed)
+			rd.listed = true
+			stale, err := r.listDirect(ctx, req.Namespace, f.Facts, rd.fresher, rd.confirmed)
 			if err != nil {
 				return f, grantplan.Plan{}, err
 			}
@@ -634,71 +649,99 @@ func (r *Reconciler) decide(ctx context.Context, req reconcile.Request, mode rea
 				continue
 			}
 		}
-		var toRead []lockingv1alpha1.LockGrant
-		unnamed := map[types.UID]bool{}
-		want := func(uid types.UID) {
-			i := slices.IndexFunc(f.Grants, func(g lockingv1alpha1.LockGrant) bool { return g.UID == uid })
-			if i >= 0 && confirmed[uid] != f.Grants[i].ResourceVersion && !slices.Contains(behind, uid) {
-				toRead = append(toRead, f.Grants[i])
-			}
-		}
-		for _, uid := range grantplan.NewHolders(f, p) {
-			want(uid)
-		}
-		for _, uid := range grantplan.EndsUnnamed(f, p) {
-			unnamed[uid] = true
-			want(uid)
-		}
-		if len(toRead) == 0 {
-			return f, held(p, behind), nil
-		}
-		fresh := make([]*lockingv1alpha1.LockGrant, len(toRead))
-		var reads errgroup.Group
-		for i := range toRead {
-			reads.Go(func() error {
-				g := &lockingv1alpha1.LockGrant{}
-				switch err := r.APIReader.Get(ctx, client.ObjectKeyFromObject(&toRead[i]), g); {
-				case apierrors.IsNotFound(err):
-					return nil
-				case err != nil:
-					return fmt.Errorf("reading grant %s before deciding on it: %w", toRead[i].Name, err)
-				}
-				fresh[i] = g
-				return nil
-			})
-		}
-		if err := reads.Wait(); err != nil {
+		stale, err := r.confirm(ctx, f.Facts, p, rd)
+		if err != nil {
 			return f, grantplan.Plan{}, err
 		}
-		stale := false
-		for i := range toRead {
-			listed := &toRead[i]
-			g := fresh[i]
-			if g != nil && g.UID == listed.UID && (g.ResourceVersion == listed.ResourceVersion || r.own.wrote(g.UID, g.ResourceVersion)) {
-				// As listed, or behind it only by this replica's own
-				// status write, which the listed copy already shows.
-				confirmed[listed.UID] = listed.ResourceVersion
-				continue
-			}
-			staleGrants.Inc()
-			if unnamed[listed.UID] {
-				behind = append(behind, listed.UID)
-				continue
-			}
-			stale = true
-			switch {
-			case g != nil && g.UID != listed.UID:
-				g = nil // another grant took the name: this one is gone
-			case g != nil:
-				g = r.own.overlay(g)
-			}
-			fresher[listed.UID] = g
-		}
 		if !stale {
-			return f, held(p, behind), nil
+			return f, held(p, rd.behind), nil
 		}
 	}
-	return grantplan.Facts{}, grantplan.Plan{}, errCacheBehind
+	return scope{}, grantplan.Plan{}, errCacheBehind
+}
+
+// directReads is what the rounds of one pass learned by reading its grants
+// directly.
+type directReads struct {
+	// fresher are the grants found out of date, by UID, with their fresh
+	// copies (nil: gone), which replace the cached ones from then on.
+	fresher map[types.UID]*lockingv1alpha1.LockGrant
+	// confirmed are the grants found as listed, with the resourceVersion
+	// of the copy decided on.
+	confirmed map[types.UID]string
+	// behind are the unnamed grants whose cached copy is out of date.
+	behind []types.UID
+	// listed says the resource's grants were listed directly once.
+	listed bool
+}
+
+// confirm reads directly the grants p makes new holders or ends while no
+// counter names them (grantplan.NewHolders, grantplan.EndsUnnamed), but
+// those confirmed at the version decided on and those known to be behind.
+// It reports whether one p would write was out of date, so that the pass
+// decides again on its fresh copy.
+func (r *Reconciler) confirm(ctx context.Context, f grantplan.Facts, p grantplan.Plan, rd *directReads) (bool, error) {
+	var toRead []lockingv1alpha1.LockGrant
+	unnamed := map[types.UID]bool{}
+	want := func(uid types.UID) {
+		i := slices.IndexFunc(f.Grants, func(g lockingv1alpha1.LockGrant) bool { return g.UID == uid })
+		if i >= 0 && rd.confirmed[uid] != f.Grants[i].ResourceVersion && !slices.Contains(rd.behind, uid) {
+			toRead = append(toRead, f.Grants[i])
+		}
+	}
+	for _, uid := range grantplan.NewHolders(f, p) {
+		want(uid)
+	}
+	for _, uid := range grantplan.EndsUnnamed(f, p) {
+		unnamed[uid] = true
+		want(uid)
+	}
+	if len(toRead) == 0 {
+		return false, nil
+	}
+	fresh := make([]*lockingv1alpha1.LockGrant, len(toRead))
+	var reads errgroup.Group
+	for i := range toRead {
+		reads.Go(func() error {
+			g := &lockingv1alpha1.LockGrant{}
+			switch err := r.APIReader.Get(ctx, client.ObjectKeyFromObject(&toRead[i]), g); {
+			case apierrors.IsNotFound(err):
+				return nil
+			case err != nil:
+				return fmt.Errorf("reading grant %s before deciding on it: %w", toRead[i].Name, err)
+			}
+			fresh[i] = g
+			return nil
+		})
+	}
+	if err := reads.Wait(); err != nil {
+		return false, err
+	}
+	stale := false
+	for i := range toRead {
+		listed := &toRead[i]
+		g := fresh[i]
+		if g != nil && g.UID == listed.UID && (g.ResourceVersion == listed.ResourceVersion || r.own.wrote(g.UID, g.ResourceVersion)) {
+			// As listed, or behind it only by this replica's own
+			// status write, which the listed copy already shows.
+			rd.confirmed[listed.UID] = listed.ResourceVersion
+			continue
+		}
+		staleGrants.Inc()
+		if unnamed[listed.UID] {
+			rd.behind = append(rd.behind, listed.UID)
+			continue
+		}
+		stale = true
+		switch {
+		case g != nil && g.UID != listed.UID:
+			g = nil // another grant took the name: this one is gone
+		case g != nil:
+			g = r.own.overlay(g)
+		}
+		rd.fresher[listed.UID] = g
+	}
+	return stale, nil
 }
 
 // listDirect lists the resource's grants directly from the API server and

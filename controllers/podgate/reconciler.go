@@ -140,7 +140,54 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reco
 	if err != nil {
 		return reconcile.Result{}, err
 	}
-	return r.apply(ctx, f, podgate.Decide(f))
+	p := podgate.Decide(f)
+	if p.End != nil {
+		// Ending a Pod is decided on the API server's versions, never on
+		// caches alone: the Pod cache can be ahead of the grant cache (the
+		// Pod another replica just started, its grant still Pending here),
+		// which looks like a gate removed by hand.
+		fresh, changed, err := r.confirm(ctx, f)
+		if err != nil {
+			return reconcile.Result{}, err
+		}
+		if changed {
+			f, p = fresh, podgate.Decide(fresh)
+		}
+	}
+	return r.apply(ctx, f, p)
+}
+
+// confirm reads the Pod and its grants directly from the API server and
+// returns the facts with them, and whether any differs from the cached
+// version decided on.
+func (r *Reconciler) confirm(ctx context.Context, f podgate.Facts) (podgate.Facts, bool, error) {
+	changed := false
+	if f.Pod != nil {
+		pod := &corev1.Pod{}
+		switch err := r.APIReader.Get(ctx, client.ObjectKeyFromObject(f.Pod), pod); {
+		case apierrors.IsNotFound(err):
+			f.Pod, changed = nil, true
+		case err != nil:
+			return f, false, fmt.Errorf("reading Pod: %w", err)
+		case pod.ResourceVersion != f.Pod.ResourceVersion:
+			f.Pod, changed = pod, true
+		}
+	}
+	grants := make([]*lockingv1alpha1.LockGrant, 0, len(f.Grants))
+	for _, g := range f.Grants {
+		cur := &lockingv1alpha1.LockGrant{}
+		switch err := r.APIReader.Get(ctx, client.ObjectKeyFromObject(g), cur); {
+		case apierrors.IsNotFound(err):
+			changed = true
+		case err != nil:
+			return f, false, fmt.Errorf("reading grant %s: %w", g.Name, err)
+		default:
+			changed = changed || cur.ResourceVersion != g.ResourceVersion
+			grants = append(grants, cur)
+		}
+	}
+	f.Grants = grants
+	return f, changed, nil
 }
 
 // gather reads what Decide needs. The Pod comes from the gated Pods'
@@ -320,7 +367,7 @@ func (r *Reconciler) request(ctx context.Context, f podgate.Facts, g *lockingv1a
 		logf.FromContext(ctx).V(1).Info("Requesting the grant of a Pod ahead failed", "grant", klog.KObj(g), "error", err.Error())
 		return nil
 	case denial.Reason(err) != "" || apierrors.IsInvalid(err):
-		r.event(f.Pod, nil, corev1.EventTypeWarning, podgate.ReasonRequestRefused, "Request", "the lock's grant was refused: %v", err)
+		r.event(f.Pod, nil, corev1.EventTypeWarning, lockingv1alpha1.GatedPodReasonRequestRefused, "Request", "the lock's grant was refused: %v", err)
 		return fmt.Errorf("requesting the Pod's grant: %w", err)
 	default:
 		return fmt.Errorf("requesting the Pod's grant: %w", err)
@@ -335,7 +382,7 @@ func (r *Reconciler) request(ctx context.Context, f podgate.Facts, g *lockingv1a
 			}
 		}
 	}
-	r.event(pod, g, corev1.EventTypeNormal, podgate.ReasonWaiting, "Request", "%s", r.waitingNote(ctx, g))
+	r.event(pod, g, corev1.EventTypeNormal, lockingv1alpha1.GatedPodReasonWaiting, "Request", "%s", r.waitingNote(ctx, g))
 	return nil
 }
 

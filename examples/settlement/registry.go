@@ -10,7 +10,7 @@ import (
 
 	lockingv1alpha1 "github.com/lockwarden/lockwarden/api/v1alpha1"
 	"github.com/lockwarden/lockwarden/pkg/fencing"
-	facts "github.com/lockwarden/lockwarden/pkg/fencing/k8s"
+	"github.com/lockwarden/lockwarden/pkg/fencing/facts"
 	"github.com/lockwarden/lockwarden/pkg/store/postgres"
 )
 

@@ -13,55 +13,8 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 
 	lockingv1alpha1 "github.com/lockwarden/lockwarden/api/v1alpha1"
-	"github.com/lockwarden/lockwarden/internal/issuer"
 	"github.com/lockwarden/lockwarden/internal/policy"
 	"github.com/lockwarden/lockwarden/pkg/fencing"
-)
-
-// Condition and Event reasons, in CamelCase as Kubernetes API conventions
-// ask. A reason that stands for a refusal is its fencing code's
-// ConditionReason (Expired for EXPIRED), so that users see the same word
-// everywhere; metric labels carry the code itself (fencing.CodeOf).
-const (
-	ReasonPending   = "Pending"
-	ReasonGranted   = "Granted"
-	ReasonRenewed   = "Renewed"
-	ReasonReleased  = "Released"
-	ReasonCancelled = "Cancelled"
-	ReasonExpired   = "Expired"
-	// ReasonAlreadyEnded means a renew met the grant's release.
-	ReasonAlreadyEnded = "AlreadyEnded"
-	ReasonTimedOut     = "TimedOut"
-	ReasonSuperseded   = "Superseded"
-	ReasonNotHeld      = "NotHeld"
-	// ReasonRevokedEpoch means the grant's issuer epoch was revoked or
-	// superseded.
-	ReasonRevokedEpoch = "RevokedEpoch"
-	// ReasonPolicyDenied means the grant's GuardPolicy no longer allows it.
-	ReasonPolicyDenied = "PolicyDenied"
-	// ReasonFenceRegression means a resource refused the grant's fence as
-	// reissued.
-	ReasonFenceRegression = "FenceRegression"
-	// ReasonSessionExpired means the session Lease the request names is
-	// gone or lapsed: a Pending request is withdrawn, a Held grant ends.
-	ReasonSessionExpired = "SessionExpired"
-	// ReasonLockDelay means the next in line waits out the lock-delay of
-	// a holder whose lease ended without a release.
-	ReasonLockDelay = "LockDelay"
-	// ReasonOverLimit means a Held grant's slot is no longer below the
-	// resource's limit of permits (condition WithinLimit False): the limit
-	// was lowered after it was granted. It keeps its slot and its fence.
-	ReasonOverLimit = "OverLimit"
-	// ReasonWithinLimit means the limit covers the grant's slot again.
-	ReasonWithinLimit = "WithinLimit"
-	// ReasonSequenceExhausted means the next in line waits because the
-	// resource's fences of the issuer's epoch are used up: it is granted
-	// once the issuer's epoch is raised (fencing.NextFence).
-	ReasonSequenceExhausted = "SequenceExhausted"
-	// ReasonEpochBehind means the next in line waits because the resource
-	// recorded a fence of a later epoch than the issuer's: it is granted
-	// once the issuer's epoch is raised to that epoch.
-	ReasonEpochBehind = "EpochBehind"
 )
 
 // Facts is what one decision about a resource needs.
@@ -90,8 +43,6 @@ type Facts struct {
 	// Policies are the GuardPolicies the grants name; a nil value means
 	// the policy does not exist.
 	Policies map[string]*lockingv1alpha1.GuardPolicy
-	// Params are the issuer's epoch and signing key, for records.
-	Params issuer.Params
 	// Sessions are the session Leases that live grants name, by Lease
 	// name; a nil value means the Lease does not exist.
 	Sessions map[string]*fencing.Session
@@ -161,24 +112,24 @@ func (f Facts) renewing(g *lockingv1alpha1.LockGrant) (time.Time, error) {
 func (f Facts) revocation(g *lockingv1alpha1.LockGrant) (reason, msg string) {
 	if fence := g.Status.FenceToken; fence > 0 {
 		if err := fencing.CheckFenceEpoch(fence, f.Epoch, f.Revoked); err != nil {
-			return ReasonRevokedEpoch, detail(err)
+			return lockingv1alpha1.LockGrantReasonRevokedEpoch, detail(err)
 		}
 		// A fence of a later epoch than the issuer's, or of sequence 0,
 		// was never issued in its epoch: an earlier version carried a
 		// full sequence into the epoch bits. Revoking the epoch it was
 		// issued in would miss it, so it ends now.
 		if fencing.EpochOf(fence) > f.Epoch || fencing.CheckIssued(fence, nil) != nil {
-			return ReasonRevokedEpoch, fmt.Sprintf("fence %s names issuer epoch %d but was never issued in it (the issuer is at epoch %d)",
+			return lockingv1alpha1.LockGrantReasonRevokedEpoch, fmt.Sprintf("fence %s names issuer epoch %d but was never issued in it (the issuer is at epoch %d)",
 				fencing.FormatFence(fence), fencing.EpochOf(fence), f.Epoch)
 		}
 	}
 	if name := g.Spec.Policy; name != "" {
 		pol := f.Policies[name]
 		if pol == nil {
-			return ReasonPolicyDenied, fmt.Sprintf("GuardPolicy %q does not exist", name)
+			return lockingv1alpha1.LockGrantReasonPolicyDenied, fmt.Sprintf("GuardPolicy %q does not exist", name)
 		}
 		if why := policy.AllowsGrant(pol, g.Spec.Owner, policy.Groups(g), g.Spec.LeaseDurationSeconds); why != "" {
-			return ReasonPolicyDenied, why
+			return lockingv1alpha1.LockGrantReasonPolicyDenied, why
 		}
 	}
 	return "", ""
@@ -218,6 +169,13 @@ type Plan struct {
 	// RequeueAfter is the time to the next deadline (an expiry or a wait
 	// limit); 0 when there is none.
 	RequeueAfter time.Duration
+}
+
+// Empty reports whether p writes nothing: no counter, no status (so no
+// grant and no Event either) and no deletion. Its RequeueAfter may still
+// ask for a later pass.
+func (p Plan) Empty() bool {
+	return p.Counter == nil && len(p.SlotCounters) == 0 && len(p.Statuses) == 0 && len(p.Deletes) == 0
 }
 
 // FIFO orders requests as the controller serves them: by admission time
@@ -287,300 +245,436 @@ type slot struct {
 // whose head is granted the lowest free slot below the limit (Limit) while
 // fewer grants hold than the limit allows. Nobody behind the head is
 // granted before it.
+//
+// Decide is the list of its phases, in the order they run; each is a
+// method of pass and reads what the earlier ones left there.
 func Decide(f Facts) Plan {
-	p := Plan{PolicyGenerations: map[string]int64{}}
+	p := newPass(f)
+	p.readCounters()
+	p.settle()
+	p.lockDelay()
+	p.fences()
+	p.admit()
+	p.freeSlots()
+	p.counters()
+	p.limits()
+	p.positions()
+	p.statusOrder()
+	p.requeue()
+	return p.plan
+}
+
+// pass is one decision in the making: the facts it decides on, what its
+// phases learned about the resource's slots and grants so far, and the
+// plan they build.
+type pass struct {
+	f   Facts
+	now metav1.MicroTime
+	// plan is the outcome under construction.
+	plan Plan
+	// grants are the facts' grants in FIFO order.
+	grants []lockingv1alpha1.LockGrant
+	// slots are the resource's slots by number.
+	slots map[int32]*slot
+	// named are the slots whose counter names each grant, lowest first,
+	// by UID.
+	named map[string][]int32
+	// holding are the holders that go on holding, waiting the requests
+	// that go on waiting, in FIFO order.
+	holding, waiting []*lockingv1alpha1.LockGrant
+	// endedHolders are the grants whose hold ends in this pass (or ended
+	// in an earlier one whose status write was lost): their statuses are
+	// written first, once the counters have moved on.
+	endedHolders []types.UID
+	// deadlines are the instants a later pass must decide at (zero: none).
+	deadlines []time.Time
+	// limit is the number of permits in force (Limit).
+	limit int32
+	// headDelay is the end of the lock-delay that holds the head of the
+	// queue back (zero: none); headNoFence is why the issuer's epoch has
+	// no fence for it (nil: it has one).
+	headDelay   time.Time
+	headNoFence error
+}
+
+// newPass starts a pass over f: the policies' generations, which records
+// bind, and the grants in FIFO order.
+func newPass(f Facts) *pass {
+	p := &pass{f: f, now: metav1.NewMicroTime(f.Now), plan: Plan{PolicyGenerations: map[string]int64{}}}
 	for name, pol := range f.Policies {
 		if pol != nil {
-			p.PolicyGenerations[name] = pol.Generation
+			p.plan.PolicyGenerations[name] = pol.Generation
 		}
 	}
-	now := metav1.NewMicroTime(f.Now)
-	grants := slices.Clone(f.Grants)
-	slices.SortFunc(grants, fifo)
+	p.grants = slices.Clone(f.Grants)
+	slices.SortFunc(p.grants, fifo)
+	return p
+}
 
-	slots := map[int32]*slot{0: {counter: f.Counter}}
-	for k, c := range f.SlotCounters {
+// emit adds Events to the plan.
+func (p *pass) emit(evs ...Event) {
+	p.plan.Events = append(p.plan.Events, evs...)
+}
+
+// write adds g to the statuses the plan writes, once.
+func (p *pass) write(g *lockingv1alpha1.LockGrant) {
+	if !slices.Contains(p.plan.Statuses, g) {
+		p.plan.Statuses = append(p.plan.Statuses, g)
+	}
+}
+
+// readCounters decides which slots the resource has and who holds them,
+// as their counters say: slot 0 always (the resource's own counter), and
+// each slot of a resource with permits whose counter exists.
+func (p *pass) readCounters() {
+	p.slots = map[int32]*slot{0: {counter: p.f.Counter}}
+	for k, c := range p.f.SlotCounters {
 		if k > 0 && k < lockingv1alpha1.MaxPermits {
-			slots[k] = &slot{counter: c}
+			p.slots[k] = &slot{counter: c}
 		}
 	}
-	// named: the slots whose counter names each grant, lowest first.
-	named := map[string][]int32{}
-	for _, k := range slotNumbers(slots) {
-		sl := slots[k]
+	p.named = map[string][]int32{}
+	for _, k := range slotNumbers(p.slots) {
+		sl := p.slots[k]
 		if sl.counter == nil {
 			continue
 		}
 		sl.holder, sl.fence = sl.counter.Spec.Holder, sl.counter.Spec.Fence
 		if sl.holder != nil {
-			named[sl.holder.UID] = append(named[sl.holder.UID], k)
+			p.named[sl.holder.UID] = append(p.named[sl.holder.UID], k)
 		}
 	}
-	var waiting []*lockingv1alpha1.LockGrant
-	var holding []*lockingv1alpha1.LockGrant
-	// endedHolders are the grants whose hold ends in this pass (or ended
-	// in an earlier one whose status write was lost): their statuses are
-	// written first, once the counters have moved on.
-	var endedHolders []types.UID
-	deadlines := []time.Time{}
+}
 
-	for i := range grants {
-		own, isHolder := ownSlot(&grants[i], named[string(grants[i].UID)], slots)
-		if quiet(&grants[i], f) {
-			noteRelease(slots, named[string(grants[i].UID)], &grants[i])
+// settle decides each grant on its own, in FIFO order: whether a final
+// grant is deleted, whether a holder goes on holding (renewed) or ends,
+// whether a grant Held in its status that no counter names ends, and
+// whether a request goes on waiting or ends. It notes the slots their
+// holders leave released by their owner, and a reported fence regression.
+func (p *pass) settle() {
+	for i := range p.grants {
+		named := p.named[string(p.grants[i].UID)]
+		own, isHolder := ownSlot(&p.grants[i], named, p.slots)
+		if quiet(&p.grants[i], p.f) {
+			noteRelease(p.slots, named, &p.grants[i])
 			continue // a finished grant with nothing left to do: no copy
 		}
-		g := grants[i].DeepCopy()
+		g := p.grants[i].DeepCopy()
 		old := g.Status.DeepCopy()
-		st := &g.Status
 		switch {
-		case st.Phase.Final():
-			// Nothing ever changes a final grant; it is deleted once its
-			// retention has passed.
-			if f.Retention > 0 && st.EndedAt != nil {
-				gone := st.EndedAt.Add(f.Retention)
-				if fencing.Expired(gone, f.Now) {
-					p.Deletes = append(p.Deletes, g)
-				} else {
-					deadlines = append(deadlines, gone)
-				}
-			}
+		case g.Status.Phase.Final():
+			p.retain(g)
 		case isHolder:
-			sl := slots[own]
-			answered := st.Phase == lockingv1alpha1.PhaseHeld
-			if !answered {
-				// The counter names it but its status was never written
-				// (a crash between the two writes): converge on the
-				// counter's fence, never issue another.
-				p.Events = append(p.Events, hold(g, own, f.Resource, sl.holder.Fence, now))
-			}
-			// The counter carries the live lease: its end is judged there,
-			// and the status mirrors it (the lease end of a status written
-			// just now is the counter's, whatever hold computed).
-			mirrorLease(g, sl.holder, now, answered)
-			lapses, serr := f.session(g)
-			leaseBefore := g.Status.ExpiresAt
-			if reason, msg := f.revocation(g); reason != "" {
-				p.Events = append(p.Events, end(g, lockingv1alpha1.PhaseRevoked, reason, msg, now, true))
-			} else if serr != nil && !g.Spec.Release {
-				// Its client is gone: end the grant now rather than at
-				// the end of its lease. The fence stays consumed.
-				p.Events = append(p.Events, end(g, lockingv1alpha1.PhaseExpired, ReasonSessionExpired, "Ended before its lease ran out: "+detail(serr), now, true))
-			} else if e, ended := settleHolder(g, now); ended {
-				p.Events = append(p.Events, e...)
-			} else {
-				p.Events = append(p.Events, e...)
-				sl.live = true
-				holding = append(holding, g)
-				deadlines = append(deadlines, st.ExpiresAt.Time, lapses)
-			}
-			if !sl.live {
-				endedHolders = append(endedHolders, g.UID)
-			} else if leaseMoved(sl.holder, leaseBefore, st.ExpiresAt) {
-				// A renew (or a counter written before it carried the
-				// lease): the counter records the new end first, by
-				// compare-and-swap, so that a renew and the resource's
-				// handoff to the next waiter can never both happen.
-				next := sl.counter.Spec.DeepCopy()
-				next.Holder.ExpiresAt = lockingv1alpha1.FormatInstant(st.ExpiresAt.Time)
-				sl.next = next
-			}
-		case st.Phase == lockingv1alpha1.PhaseHeld:
+			p.settleHolder(g, own)
+		case g.Status.Phase == lockingv1alpha1.PhaseHeld:
 			// Held in status but no longer the counter's holder: the
 			// counter moved on (this controller wrote the counter and died
 			// before ending this grant). It can never hold again.
-			_, serr := f.session(g)
-			p.Events = append(p.Events, endHeldNotHolder(g, serr, now))
-			endedHolders = append(endedHolders, g.UID)
+			_, serr := p.f.session(g)
+			p.emit(endHeldNotHolder(g, serr, p.now))
+			p.endedHolders = append(p.endedHolders, g.UID)
 		default: // Pending, or new.
-			reason, msg := f.revocation(g)
-			lapses, serr := f.session(g)
-			switch {
-			case reason != "":
-				p.Events = append(p.Events, end(g, lockingv1alpha1.PhaseRevoked, reason, msg, now, true))
-			case g.Spec.Release:
-				p.Events = append(p.Events, end(g, lockingv1alpha1.PhaseReleased, ReasonCancelled, "Request withdrawn before it was granted", now, false))
-			case !waitDeadline(g).IsZero() && fencing.Expired(waitDeadline(g), f.Now):
-				p.Events = append(p.Events, end(g, lockingv1alpha1.PhaseTimedOut, ReasonTimedOut, "Wait limit passed before the resource was granted", now, true))
-			case serr != nil:
-				// Nobody follows the request any more: withdraw it,
-				// never grant it, and let the next live waiter in.
-				p.Events = append(p.Events, end(g, lockingv1alpha1.PhaseReleased, ReasonSessionExpired, "Withdrawn before it was granted: "+detail(serr), now, true))
-			default:
-				waiting = append(waiting, g)
-				deadlines = append(deadlines, waitDeadline(g), lapses)
-			}
+			p.settleRequest(g)
 		}
-		if msg, ok := g.Annotations[lockingv1alpha1.FenceRegressionAnnotation]; ok && !meta.IsStatusConditionTrue(st.Conditions, lockingv1alpha1.ConditionFenceRegression) {
-			setCond(g, lockingv1alpha1.ConditionFenceRegression, metav1.ConditionTrue, ReasonFenceRegression, msg, now)
-			p.Events = append(p.Events, Event{Grant: g, Warning: true, Reason: ReasonFenceRegression,
-				Note: "A protected resource refused this grant's fence as a regression: " + msg})
+		p.noteRegression(g)
+		if !equalStatus(old, &g.Status) {
+			p.plan.Statuses = append(p.plan.Statuses, g)
 		}
-		if !equalStatus(old, st) {
-			p.Statuses = append(p.Statuses, g)
-		}
-		noteRelease(slots, named[string(g.UID)], g)
+		noteRelease(p.slots, p.named[string(g.UID)], g)
 	}
+}
 
-	// Lock-delay, per slot: a holder that leaves its slot without a
-	// release keeps the slot from being granted for its delay, counted
-	// from when this pass saw it leave, so that its in-flight effects on
-	// resources that cannot check a fence can drain. Whatever frees the
-	// slot: its lease expired, its session lapsed, it was revoked or
-	// superseded, its grant was deleted, or the counter names it beside
-	// another slot it holds (two deciders raced to grant it two, and the
-	// pass that frees one cannot know whether the other decider's status
-	// write, naming this slot, landed after its read and was seen by the
-	// holder). The counter keeps the instant, so the delay survives the
-	// grant's deletion and a restart.
-	for _, sl := range slots {
+// retain decides whether a final grant is deleted: once its retention has
+// passed. Nothing else ever changes a final grant.
+func (p *pass) retain(g *lockingv1alpha1.LockGrant) {
+	st := &g.Status
+	if p.f.Retention > 0 && st.EndedAt != nil {
+		gone := st.EndedAt.Add(p.f.Retention)
+		if fencing.Expired(gone, p.f.Now) {
+			p.plan.Deletes = append(p.plan.Deletes, g)
+		} else {
+			p.deadlines = append(p.deadlines, gone)
+		}
+	}
+}
+
+// settleHolder decides the grant slot own's counter names: it is revoked
+// (its epoch or its policy), ends with its session, is released, expires,
+// or goes on holding, renewed or not. A renew is written into the counter
+// first (slot.next).
+func (p *pass) settleHolder(g *lockingv1alpha1.LockGrant, own int32) {
+	sl := p.slots[own]
+	st := &g.Status
+	answered := st.Phase == lockingv1alpha1.PhaseHeld
+	if !answered {
+		// The counter names it but its status was never written
+		// (a crash between the two writes): converge on the
+		// counter's fence, never issue another.
+		p.emit(hold(g, own, p.f.Resource, sl.holder.Fence, p.now))
+	}
+	// The counter carries the live lease: its end is judged there,
+	// and the status mirrors it (the lease end of a status written
+	// just now is the counter's, whatever hold computed).
+	mirrorLease(g, sl.holder, p.now, answered)
+	lapses, serr := p.f.session(g)
+	leaseBefore := st.ExpiresAt
+	if reason, msg := p.f.revocation(g); reason != "" {
+		p.emit(end(g, lockingv1alpha1.PhaseRevoked, reason, msg, p.now, true))
+	} else if serr != nil && !g.Spec.Release {
+		// Its client is gone: end the grant now rather than at
+		// the end of its lease. The fence stays consumed.
+		p.emit(end(g, lockingv1alpha1.PhaseExpired, lockingv1alpha1.LockGrantReasonSessionExpired, "Ended before its lease ran out: "+detail(serr), p.now, true))
+	} else if e, ended := settleLease(g, p.now); ended {
+		p.emit(e...)
+	} else {
+		p.emit(e...)
+		sl.live = true
+		p.holding = append(p.holding, g)
+		p.deadlines = append(p.deadlines, st.ExpiresAt.Time, lapses)
+	}
+	if !sl.live {
+		p.endedHolders = append(p.endedHolders, g.UID)
+	} else if leaseMoved(sl.holder, leaseBefore, st.ExpiresAt) {
+		// A renew (or a counter written before it carried the
+		// lease): the counter records the new end first, by
+		// compare-and-swap, so that a renew and the resource's
+		// handoff to the next waiter can never both happen.
+		next := sl.counter.Spec.DeepCopy()
+		next.Holder.ExpiresAt = lockingv1alpha1.FormatInstant(st.ExpiresAt.Time)
+		sl.next = next
+	}
+}
+
+// settleRequest decides a request not granted yet: it is revoked (its
+// policy), withdrawn by its owner, timed out, withdrawn with its session,
+// or goes on waiting.
+func (p *pass) settleRequest(g *lockingv1alpha1.LockGrant) {
+	reason, msg := p.f.revocation(g)
+	lapses, serr := p.f.session(g)
+	switch {
+	case reason != "":
+		p.emit(end(g, lockingv1alpha1.PhaseRevoked, reason, msg, p.now, true))
+	case g.Spec.Release:
+		p.emit(end(g, lockingv1alpha1.PhaseReleased, lockingv1alpha1.LockGrantReasonCancelled, "Request withdrawn before it was granted", p.now, false))
+	case !waitDeadline(g).IsZero() && fencing.Expired(waitDeadline(g), p.f.Now):
+		p.emit(end(g, lockingv1alpha1.PhaseTimedOut, lockingv1alpha1.LockGrantReasonTimedOut, "Wait limit passed before the resource was granted", p.now, true))
+	case serr != nil:
+		// Nobody follows the request any more: withdraw it,
+		// never grant it, and let the next live waiter in.
+		p.emit(end(g, lockingv1alpha1.PhaseReleased, lockingv1alpha1.LockGrantReasonSessionExpired, "Withdrawn before it was granted: "+detail(serr), p.now, true))
+	default:
+		p.waiting = append(p.waiting, g)
+		p.deadlines = append(p.deadlines, waitDeadline(g), lapses)
+	}
+}
+
+// noteRegression decides whether g's status says a protected resource
+// refused its fence as a regression (the annotation a verifier set), and
+// warns once when it first does.
+func (p *pass) noteRegression(g *lockingv1alpha1.LockGrant) {
+	msg, ok := g.Annotations[lockingv1alpha1.FenceRegressionAnnotation]
+	if !ok || meta.IsStatusConditionTrue(g.Status.Conditions, lockingv1alpha1.ConditionFenceRegression) {
+		return
+	}
+	setCond(g, lockingv1alpha1.ConditionFenceRegression, metav1.ConditionTrue, lockingv1alpha1.LockGrantReasonFenceRegression, msg, p.now)
+	p.emit(Event{Grant: g, Warning: true, Reason: lockingv1alpha1.LockGrantReasonFenceRegression,
+		Note: "A protected resource refused this grant's fence as a regression: " + msg})
+}
+
+// lockDelay decides, per slot, until when it is held back. A holder that
+// leaves its slot without a release keeps the slot from being granted for
+// its delay, counted from when this pass saw it leave, so that its
+// in-flight effects on resources that cannot check a fence can drain.
+// Whatever frees the slot: its lease expired, its session lapsed, it was
+// revoked or superseded, its grant was deleted, or the counter names it
+// beside another slot it holds (two deciders raced to grant it two, and the
+// pass that frees one cannot know whether the other decider's status
+// write, naming this slot, landed after its read and was seen by the
+// holder). The counter keeps the instant, so the delay survives the
+// grant's deletion and a restart.
+func (p *pass) lockDelay() {
+	for _, sl := range p.slots {
 		if sl.counter != nil && sl.counter.Spec.LockDelayUntil != "" {
 			t, err := time.Parse(time.RFC3339Nano, sl.counter.Spec.LockDelayUntil)
 			if err != nil {
 				// Unreadable (edited by hand): nobody is granted the slot
 				// until it is corrected.
-				t = f.Now.Add(lockingv1alpha1.MaxLockDelaySeconds * time.Second)
+				t = p.f.Now.Add(lockingv1alpha1.MaxLockDelaySeconds * time.Second)
 			}
 			sl.delayUntil = t
 		}
 		if h := sl.holder; !sl.live && h != nil && h.LockDelaySeconds > 0 && !sl.released {
-			if until := f.Now.Add(time.Duration(h.LockDelaySeconds) * time.Second); until.After(sl.delayUntil) {
+			if until := p.f.Now.Add(time.Duration(h.LockDelaySeconds) * time.Second); until.After(sl.delayUntil) {
 				sl.delayUntil = until
 			}
 		}
-		if sl.delayed(f.Now) {
-			deadlines = append(deadlines, sl.delayUntil)
+		if sl.delayed(p.f.Now) {
+			p.deadlines = append(p.deadlines, sl.delayUntil)
 		}
 	}
+}
 
-	// A slot whose counter the issuer's epoch cannot pass (its sequence
-	// of the epoch used up, a fence of a later epoch, the int64 end) is
-	// granted to nobody: never a fence that carries into the epoch bits,
-	// wraps around, or names an epoch other than the issuer's.
-	// Nor a fence at or below one a guarded object recorded (a counter
-	// behind it after a reinstall or a restore): the head waits, told
-	// which epoch to raise to.
-	for k, sl := range slots {
-		_, sl.noFence = f.nextFence(k, sl.fence)
+// fences decides which slots the issuer's epoch has a next fence for. A
+// slot whose counter the issuer's epoch cannot pass (its sequence of the
+// epoch used up, a fence of a later epoch, the int64 end) is granted to
+// nobody: never a fence that carries into the epoch bits, wraps around, or
+// names an epoch other than the issuer's. Nor a fence at or below one a
+// guarded object recorded (a counter behind it after a reinstall or a
+// restore): the head waits, told which epoch to raise to.
+func (p *pass) fences() {
+	for k, sl := range p.slots {
+		_, sl.noFence = p.f.nextFence(k, sl.fence)
 	}
+}
 
-	// Hand free slots to the waiters, head first: the head gets the
-	// lowest-numbered free slot below the limit and below its own permits,
-	// while fewer grants hold than the limit allows. A request is never
-	// granted a slot it did not ask for: an exclusive request only ever
-	// holds slot 0, the resource itself, whose fences it takes for the
-	// resource's, even after a newer request raised the limit. A slot is
-	// free when its holder ended or is gone, its lock-delay is over and the
-	// issuer's epoch has a fence for it.
-	// Nor does a grant ever get more company than it asked for: the head
-	// is granted only while fewer grants hold than every holder's own
-	// permits (and its own), so an exclusive holder is never joined by a
-	// newer request for permits, and a limit raised by newer requests
-	// takes effect once the holders that asked for fewer have left.
-	// When the head cannot be granted nobody behind it is.
-	limit := Limit(holding, waiting)
-	count := int32(len(holding))
-	room := limit
-	for _, g := range holding {
+// admit hands free slots to the waiters, head first: the head gets the
+// lowest-numbered free slot below the limit and below its own permits,
+// while fewer grants hold than the limit allows. A request is never
+// granted a slot it did not ask for: an exclusive request only ever holds
+// slot 0, the resource itself, whose fences it takes for the resource's,
+// even after a newer request raised the limit. A slot is free when its
+// holder ended or is gone, its lock-delay is over and the issuer's epoch
+// has a fence for it. Nor does a grant ever get more company than it asked
+// for: the head is granted only while fewer grants hold than every
+// holder's own permits (and its own), so an exclusive holder is never
+// joined by a newer request for permits, and a limit raised by newer
+// requests takes effect once the holders that asked for fewer have left.
+// When the head cannot be granted nobody behind it is.
+func (p *pass) admit() {
+	p.limit = Limit(p.holding, p.waiting)
+	count := int32(len(p.holding))
+	room := p.limit
+	for _, g := range p.holding {
 		room = min(room, g.Spec.EffectivePermits())
 	}
-	var headDelay time.Time
-	var headNoFence error
-	for len(waiting) > 0 && count < min(room, waiting[0].Spec.EffectivePermits()) {
-		k, delay, ok := freeSlot(slots, min(limit, waiting[0].Spec.EffectivePermits()), f.Now)
-		for ok && slots[k] == nil {
-			// A slot whose counter does not exist yet: its first fence
-			// must be above its floor too.
-			_, err := f.nextFence(k, 0)
-			if err == nil {
-				break
-			}
-			slots[k] = &slot{noFence: err}
-			k, delay, ok = freeSlot(slots, min(limit, waiting[0].Spec.EffectivePermits()), f.Now)
-		}
+	for len(p.waiting) > 0 && count < min(room, p.waiting[0].Spec.EffectivePermits()) {
+		next := p.waiting[0]
+		k, ok := p.slotFor(next)
 		if !ok {
-			headDelay = delay
-			headNoFence = noFence(slots, min(limit, waiting[0].Spec.EffectivePermits()))
 			break
 		}
-		next := waiting[0]
-		waiting = waiting[1:]
-		// The head's liveness is checked at its turn: a client that
-		// missed its session's renewal would keep everyone behind it
-		// waiting until its session lapsed (a grant to it lasts that
-		// long).
-		if _, err := f.renewing(next); err != nil {
-			p.Events = append(p.Events, end(next, lockingv1alpha1.PhaseReleased, ReasonSessionExpired, "Withdrawn at its turn: "+detail(err), now, true))
-			if !slices.Contains(p.Statuses, next) {
-				p.Statuses = append(p.Statuses, next)
-			}
+		p.waiting = p.waiting[1:]
+		if !p.grant(next, k) {
 			continue
 		}
-		sl := slots[k]
-		if sl == nil {
-			sl = &slot{}
-			slots[k] = sl
-		}
-		fence, _ := f.nextFence(k, sl.fence) // freeSlot took only a slot that has one
-		sl.fence, sl.live = fence, true
-		sl.next = &lockingv1alpha1.FenceCounterSpec{
-			Resource: lockingv1alpha1.SlotResource(f.Resource, k),
-			Fence:    fence,
-			Holder: &lockingv1alpha1.FenceHolder{
-				Name: next.Name, UID: string(next.UID), Owner: next.Spec.Owner, Fence: fence,
-				LockDelaySeconds: next.Spec.LockDelaySeconds,
-			},
-		}
-		p.Events = append(p.Events, hold(next, k, f.Resource, fence, now))
-		sl.next.Holder.ExpiresAt = lockingv1alpha1.FormatInstant(next.Status.ExpiresAt.Time)
-		next.Status.ObservedRenewals = next.Spec.Renewals
-		p.Granted = append(p.Granted, next)
 		count++
 		room = min(room, next.Spec.EffectivePermits())
-		deadlines = append(deadlines, next.Status.ExpiresAt.Time)
-		p.Statuses = slices.DeleteFunc(p.Statuses, func(g *lockingv1alpha1.LockGrant) bool { return g.UID == next.UID })
 	}
-	// Free every slot whose holder ended or is gone, or whose counter names
-	// a grant that holds another slot, and that was not granted again: with
-	// the end of its lock-delay.
-	for _, k := range slotNumbers(slots) {
-		sl := slots[k]
+}
+
+// slotFor decides the slot the head of the queue is granted: the lowest
+// free one below the limit and its own permits (freeSlot). When there is
+// none, it notes why the head waits: the lock-delay that ends first, or
+// the issuer's epoch having no fence.
+func (p *pass) slotFor(head *lockingv1alpha1.LockGrant) (int32, bool) {
+	below := min(p.limit, head.Spec.EffectivePermits())
+	k, delay, ok := freeSlot(p.slots, below, p.f.Now)
+	for ok && p.slots[k] == nil {
+		// A slot whose counter does not exist yet: its first fence
+		// must be above its floor too.
+		_, err := p.f.nextFence(k, 0)
+		if err == nil {
+			break
+		}
+		p.slots[k] = &slot{noFence: err}
+		k, delay, ok = freeSlot(p.slots, below, p.f.Now)
+	}
+	if !ok {
+		p.headDelay = delay
+		p.headNoFence = noFence(p.slots, below)
+	}
+	return k, ok
+}
+
+// grant makes next, the head of the queue, the holder of slot k with the
+// slot's next fence, written into its counter first. It reports false when
+// next's session is no longer renewed on its cadence: it is withdrawn at
+// its turn instead, since a client that missed its session's renewal
+// would keep everyone behind it waiting until its session lapsed (a grant
+// to it lasts that long).
+func (p *pass) grant(next *lockingv1alpha1.LockGrant, k int32) bool {
+	if _, err := p.f.renewing(next); err != nil {
+		p.emit(end(next, lockingv1alpha1.PhaseReleased, lockingv1alpha1.LockGrantReasonSessionExpired, "Withdrawn at its turn: "+detail(err), p.now, true))
+		p.write(next)
+		return false
+	}
+	sl := p.slots[k]
+	if sl == nil {
+		sl = &slot{}
+		p.slots[k] = sl
+	}
+	fence, _ := p.f.nextFence(k, sl.fence) // freeSlot took only a slot that has one
+	sl.fence, sl.live = fence, true
+	sl.next = &lockingv1alpha1.FenceCounterSpec{
+		Resource: lockingv1alpha1.SlotResource(p.f.Resource, k),
+		Fence:    fence,
+		Holder: &lockingv1alpha1.FenceHolder{
+			Name: next.Name, UID: string(next.UID), Owner: next.Spec.Owner, Fence: fence,
+			LockDelaySeconds: next.Spec.LockDelaySeconds,
+		},
+	}
+	p.emit(hold(next, k, p.f.Resource, fence, p.now))
+	sl.next.Holder.ExpiresAt = lockingv1alpha1.FormatInstant(next.Status.ExpiresAt.Time)
+	next.Status.ObservedRenewals = next.Spec.Renewals
+	p.plan.Granted = append(p.plan.Granted, next)
+	p.deadlines = append(p.deadlines, next.Status.ExpiresAt.Time)
+	p.plan.Statuses = slices.DeleteFunc(p.plan.Statuses, func(g *lockingv1alpha1.LockGrant) bool { return g.UID == next.UID })
+	return true
+}
+
+// freeSlots decides which counters are cleared: every slot whose holder
+// ended or is gone, or whose counter names a grant that holds another
+// slot, and that was not granted again, is freed with the end of its
+// lock-delay.
+func (p *pass) freeSlots() {
+	for _, k := range slotNumbers(p.slots) {
+		sl := p.slots[k]
 		if sl.next != nil || sl.live || sl.holder == nil {
 			continue
 		}
-		sl.next = &lockingv1alpha1.FenceCounterSpec{Resource: lockingv1alpha1.SlotResource(f.Resource, k), Fence: sl.fence}
-		if sl.delayed(f.Now) {
+		sl.next = &lockingv1alpha1.FenceCounterSpec{Resource: lockingv1alpha1.SlotResource(p.f.Resource, k), Fence: sl.fence}
+		if sl.delayed(p.f.Now) {
 			sl.next.LockDelayUntil = sl.delayUntil.UTC().Format(time.RFC3339Nano)
 		}
 	}
-	for k, sl := range slots {
+}
+
+// counters puts the counters that change into the plan: slot 0's as
+// Counter, the others' in SlotCounters.
+func (p *pass) counters() {
+	for k, sl := range p.slots {
 		switch {
 		case sl.next == nil:
 		case k == 0:
-			p.Counter = sl.next
+			p.plan.Counter = sl.next
 		default:
-			if p.SlotCounters == nil {
-				p.SlotCounters = map[int32]*lockingv1alpha1.FenceCounterSpec{}
+			if p.plan.SlotCounters == nil {
+				p.plan.SlotCounters = map[int32]*lockingv1alpha1.FenceCounterSpec{}
 			}
-			p.SlotCounters[k] = sl.next
+			p.plan.SlotCounters[k] = sl.next
 		}
 	}
+}
 
-	// Holders whose slot is at or above a lowered limit keep it; their
-	// WithinLimit condition says so.
-	for _, g := range holding {
+// limits decides the WithinLimit condition of the holders: those whose
+// slot is at or above a lowered limit keep it, and the condition says so.
+func (p *pass) limits() {
+	for _, g := range p.holding {
 		old := g.Status.DeepCopy()
-		withinLimit(g, limit, now)
-		if !equalStatus(old, &g.Status) && !slices.Contains(p.Statuses, g) {
-			p.Statuses = append(p.Statuses, g)
+		withinLimit(g, p.limit, p.now)
+		if !equalStatus(old, &g.Status) {
+			p.write(g)
 		}
 	}
+}
 
-	// Queue positions of those still waiting, written when a request joins
-	// the queue and when it becomes the next in line, never in between: a
-	// handoff then costs the same writes whatever the queue's length (a
-	// live position of every waiter is computed on read, from the queue).
-	for i, g := range waiting {
+// positions decides the queue positions of those still waiting, written
+// when a request joins the queue and when it becomes the next in line,
+// never in between: a handoff then costs the same writes whatever the
+// queue's length (a live position of every waiter is computed on read,
+// from the queue). The head is told why it waits.
+func (p *pass) positions() {
+	for i, g := range p.waiting {
 		pos := int32(i)
 		old := g.Status.DeepCopy()
 		joins := g.Status.Phase != lockingv1alpha1.PhasePending
@@ -589,43 +683,49 @@ func Decide(f Facts) Plan {
 			g.Status.QueuePosition = &pos
 		}
 		switch {
-		case !headDelay.IsZero() && i == 0:
-			setReady(g, metav1.ConditionFalse, ReasonLockDelay, "Next in line; the last holder's lease ended without a release, so the resource is granted again at "+headDelay.UTC().Format(time.RFC3339Nano)+" (lock-delay)", now)
-		case headNoFence != nil && i == 0:
-			p.Events = append(p.Events, heldBack(g, f.Resource, headNoFence, now)...)
+		case !p.headDelay.IsZero() && i == 0:
+			setReady(g, metav1.ConditionFalse, lockingv1alpha1.LockGrantReasonLockDelay, "Next in line; the last holder's lease ended without a release, so the resource is granted again at "+p.headDelay.UTC().Format(time.RFC3339Nano)+" (lock-delay)", p.now)
+		case p.headNoFence != nil && i == 0:
+			p.emit(heldBack(g, p.f.Resource, p.headNoFence, p.now)...)
 		default:
-			setReady(g, metav1.ConditionFalse, ReasonPending, "Waiting in the queue for the resource", now)
+			setReady(g, metav1.ConditionFalse, lockingv1alpha1.LockGrantReasonPending, "Waiting in the queue for the resource", p.now)
 		}
-		if !equalStatus(old, &g.Status) && !slices.Contains(p.Statuses, g) {
-			p.Statuses = append(p.Statuses, g)
+		if !equalStatus(old, &g.Status) {
+			p.write(g)
 		}
 	}
-	// Status order, all after the counters: the ended holders first, so
-	// that no two grants of one slot ever read Held at once, then the new
-	// holders, then the rest.
-	first := slices.DeleteFunc(slices.Clone(p.Statuses), func(g *lockingv1alpha1.LockGrant) bool { return !slices.Contains(endedHolders, g.UID) })
-	rest := slices.DeleteFunc(p.Statuses, func(g *lockingv1alpha1.LockGrant) bool { return slices.Contains(endedHolders, g.UID) })
-	p.Statuses = slices.Concat(first, p.Granted, rest)
+}
 
-	// A grant that ends in this pass is deleted once its retention has
-	// passed, and this pass asks for that pass: the status write that ends
-	// it starts no pass of its own (a replica ignores its own writes).
-	if f.Retention > 0 {
-		for _, g := range p.Statuses {
+// statusOrder decides the order of the status writes, all after the
+// counters: the ended holders first, so that no two grants of one slot
+// ever read Held at once, then the new holders, then the rest.
+func (p *pass) statusOrder() {
+	ended := func(g *lockingv1alpha1.LockGrant) bool { return slices.Contains(p.endedHolders, g.UID) }
+	first := slices.DeleteFunc(slices.Clone(p.plan.Statuses), func(g *lockingv1alpha1.LockGrant) bool { return !ended(g) })
+	rest := slices.DeleteFunc(p.plan.Statuses, ended)
+	p.plan.Statuses = slices.Concat(first, p.plan.Granted, rest)
+}
+
+// requeue decides when the next pass is due: at the earliest deadline
+// after now. A grant that ends in this pass is deleted once its retention
+// has passed, and this pass asks for that pass: the status write that ends
+// it starts no pass of its own (a replica ignores its own writes).
+func (p *pass) requeue() {
+	if p.f.Retention > 0 {
+		for _, g := range p.plan.Statuses {
 			if g.Status.Phase.Final() && g.Status.EndedAt != nil {
-				deadlines = append(deadlines, g.Status.EndedAt.Add(f.Retention))
+				p.deadlines = append(p.deadlines, g.Status.EndedAt.Add(p.f.Retention))
 			}
 		}
 	}
-	for _, d := range deadlines {
+	for _, d := range p.deadlines {
 		if d.IsZero() {
 			continue
 		}
-		if wait := d.Sub(f.Now); wait > 0 && (p.RequeueAfter == 0 || wait < p.RequeueAfter) {
-			p.RequeueAfter = wait
+		if wait := d.Sub(p.f.Now); wait > 0 && (p.plan.RequeueAfter == 0 || wait < p.plan.RequeueAfter) {
+			p.plan.RequeueAfter = wait
 		}
 	}
-	return p
 }
 
 // Limit is the number of permits in force for a resource: the permits of
@@ -745,12 +845,12 @@ func slotNumbers(slots map[int32]*slot) []int32 {
 func withinLimit(g *lockingv1alpha1.LockGrant, limit int32, now metav1.MicroTime) {
 	k := g.HeldSlot()
 	if k >= limit {
-		setCond(g, lockingv1alpha1.ConditionWithinLimit, metav1.ConditionFalse, ReasonOverLimit,
+		setCond(g, lockingv1alpha1.ConditionWithinLimit, metav1.ConditionFalse, lockingv1alpha1.LockGrantReasonOverLimit,
 			fmt.Sprintf("Holds permit %d while the resource's limit is %s; it keeps its permit and fence until it is released or expires, and nobody is granted while %d or more grants hold", k, permits(limit), limit), now)
 		return
 	}
 	if c := meta.FindStatusCondition(g.Status.Conditions, lockingv1alpha1.ConditionWithinLimit); c != nil && c.Status != metav1.ConditionTrue {
-		setCond(g, lockingv1alpha1.ConditionWithinLimit, metav1.ConditionTrue, ReasonWithinLimit,
+		setCond(g, lockingv1alpha1.ConditionWithinLimit, metav1.ConditionTrue, lockingv1alpha1.LockGrantReasonWithinLimit,
 			fmt.Sprintf("Holds permit %d within the resource's limit of %s", k, permits(limit)), now)
 	}
 }
@@ -791,8 +891,8 @@ func hold(g *lockingv1alpha1.LockGrant, k int32, resource string, fence int64, n
 	st.GrantedAt = &now
 	exp := leaseEnd(now, g)
 	st.ExpiresAt = &exp
-	setReady(g, metav1.ConditionTrue, ReasonGranted, "Held with fence "+fencing.FormatFence(fence), now)
-	return Event{Grant: g, Reason: ReasonGranted, Note: "Granted with fence " + fencing.FormatFence(fence)}
+	setReady(g, metav1.ConditionTrue, lockingv1alpha1.LockGrantReasonGranted, "Held with fence "+fencing.FormatFence(fence), now)
+	return Event{Grant: g, Reason: lockingv1alpha1.LockGrantReasonGranted, Note: "Granted with fence " + fencing.FormatFence(fence)}
 }
 
 // leaseEnd is the end of a lease of g granted or renewed at now, to the
@@ -842,9 +942,9 @@ func leaseMoved(h *lockingv1alpha1.FenceHolder, before, after *metav1.MicroTime)
 	return ok && (err != nil || !end.Equal(after.Time))
 }
 
-// settleHolder applies the holder's release, expiry or renew. It reports
+// settleLease applies the holder's release, expiry or renew. It reports
 // whether the grant ended.
-func settleHolder(g *lockingv1alpha1.LockGrant, now metav1.MicroTime) ([]Event, bool) {
+func settleLease(g *lockingv1alpha1.LockGrant, now metav1.MicroTime) ([]Event, bool) {
 	st := &g.Status
 	expired := fencing.Expired(st.ExpiresAt.Time, now.Time)
 	var evs []Event
@@ -852,25 +952,25 @@ func settleHolder(g *lockingv1alpha1.LockGrant, now metav1.MicroTime) ([]Event, 
 		st.ObservedRenewals = g.Spec.Renewals
 		switch {
 		case expired:
-			setCond(g, lockingv1alpha1.ConditionRenewed, metav1.ConditionFalse, ReasonExpired, "Renew arrived after the lease expired; acquire again for a new fence", now)
-			evs = append(evs, Event{Grant: g, Warning: true, Reason: ReasonExpired, Note: "Renew refused: the lease had expired"})
+			setCond(g, lockingv1alpha1.ConditionRenewed, metav1.ConditionFalse, lockingv1alpha1.LockGrantReasonExpired, "Renew arrived after the lease expired; acquire again for a new fence", now)
+			evs = append(evs, Event{Grant: g, Warning: true, Reason: lockingv1alpha1.LockGrantReasonExpired, Note: "Renew refused: the lease had expired"})
 		case g.Spec.Release:
 			// The renew lost the race to the release: the grant ends
 			// released, and the renew is answered with why.
-			setCond(g, lockingv1alpha1.ConditionRenewed, metav1.ConditionFalse, ReasonAlreadyEnded, "Renew arrived together with the release; the grant is released", now)
+			setCond(g, lockingv1alpha1.ConditionRenewed, metav1.ConditionFalse, lockingv1alpha1.LockGrantReasonAlreadyEnded, "Renew arrived together with the release; the grant is released", now)
 		default:
 			exp := leaseEnd(now, g)
 			st.ExpiresAt = &exp
 			st.LastRenewTime = &now
-			setCond(g, lockingv1alpha1.ConditionRenewed, metav1.ConditionTrue, ReasonRenewed, "Lease extended to "+exp.UTC().Format(time.RFC3339Nano), now)
-			setReady(g, metav1.ConditionTrue, ReasonGranted, "Held with fence "+fencing.FormatFence(st.FenceToken), now)
+			setCond(g, lockingv1alpha1.ConditionRenewed, metav1.ConditionTrue, lockingv1alpha1.LockGrantReasonRenewed, "Lease extended to "+exp.UTC().Format(time.RFC3339Nano), now)
+			setReady(g, metav1.ConditionTrue, lockingv1alpha1.LockGrantReasonGranted, "Held with fence "+fencing.FormatFence(st.FenceToken), now)
 		}
 	}
 	switch {
 	case g.Spec.Release && !expired:
-		return append(evs, end(g, lockingv1alpha1.PhaseReleased, ReasonReleased, "Released by its owner", now, false)), true
+		return append(evs, end(g, lockingv1alpha1.PhaseReleased, lockingv1alpha1.LockGrantReasonReleased, "Released by its owner", now, false)), true
 	case expired:
-		return append(evs, end(g, lockingv1alpha1.PhaseExpired, ReasonExpired, "Lease expired at "+st.ExpiresAt.UTC().Format(time.RFC3339Nano), now, true)), true
+		return append(evs, end(g, lockingv1alpha1.PhaseExpired, lockingv1alpha1.LockGrantReasonExpired, "Lease expired at "+st.ExpiresAt.UTC().Format(time.RFC3339Nano), now, true)), true
 	}
 	return evs, false
 }
@@ -881,13 +981,13 @@ func settleHolder(g *lockingv1alpha1.LockGrant, now metav1.MicroTime) ([]Event, 
 func endHeldNotHolder(g *lockingv1alpha1.LockGrant, serr error, now metav1.MicroTime) Event {
 	switch {
 	case g.Spec.Release:
-		return end(g, lockingv1alpha1.PhaseReleased, ReasonReleased, "Released by its owner", now, false)
+		return end(g, lockingv1alpha1.PhaseReleased, lockingv1alpha1.LockGrantReasonReleased, "Released by its owner", now, false)
 	case g.Status.ExpiresAt != nil && fencing.Expired(g.Status.ExpiresAt.Time, now.Time):
-		return end(g, lockingv1alpha1.PhaseExpired, ReasonExpired, "Lease expired at "+g.Status.ExpiresAt.UTC().Format(time.RFC3339Nano), now, true)
+		return end(g, lockingv1alpha1.PhaseExpired, lockingv1alpha1.LockGrantReasonExpired, "Lease expired at "+g.Status.ExpiresAt.UTC().Format(time.RFC3339Nano), now, true)
 	case serr != nil:
-		return end(g, lockingv1alpha1.PhaseExpired, ReasonSessionExpired, "Ended before its lease ran out: "+detail(serr), now, true)
+		return end(g, lockingv1alpha1.PhaseExpired, lockingv1alpha1.LockGrantReasonSessionExpired, "Ended before its lease ran out: "+detail(serr), now, true)
 	}
-	return end(g, lockingv1alpha1.PhaseExpired, ReasonSuperseded, "The resource's fence record names another holder", now, true)
+	return end(g, lockingv1alpha1.PhaseExpired, lockingv1alpha1.LockGrantReasonSuperseded, "The resource's fence record names another holder", now, true)
 }
 
 func end(g *lockingv1alpha1.LockGrant, phase lockingv1alpha1.LockGrantPhase, reason, msg string, now metav1.MicroTime, warning bool) Event {

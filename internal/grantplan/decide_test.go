@@ -116,7 +116,7 @@ func TestDecideRenew(t *testing.T) {
 	if s == nil || s.Phase != lockingv1alpha1.PhaseExpired || s.ObservedRenewals != 1 {
 		t.Fatalf("late renew = %+v, want Expired with the renew answered", s)
 	}
-	if c := findCond(s, lockingv1alpha1.ConditionRenewed); c == nil || c.Status != metav1.ConditionFalse || c.Reason != ReasonExpired {
+	if c := findCond(s, lockingv1alpha1.ConditionRenewed); c == nil || c.Status != metav1.ConditionFalse || c.Reason != lockingv1alpha1.LockGrantReasonExpired {
 		t.Fatalf("Renewed condition = %+v, want False/EXPIRED", c)
 	}
 	if p.Counter == nil || p.Counter.Holder != nil || p.Counter.Fence != 1 {
@@ -133,7 +133,7 @@ func TestDecideRenewMeetsRelease(t *testing.T) {
 	if s == nil || s.Phase != lockingv1alpha1.PhaseReleased || s.ObservedRenewals != 1 {
 		t.Fatalf("renew with release = %+v, want Released with the renew answered", s)
 	}
-	if c := findCond(s, lockingv1alpha1.ConditionRenewed); c == nil || c.Status != metav1.ConditionFalse || c.Reason != ReasonAlreadyEnded {
+	if c := findCond(s, lockingv1alpha1.ConditionRenewed); c == nil || c.Status != metav1.ConditionFalse || c.Reason != lockingv1alpha1.LockGrantReasonAlreadyEnded {
 		t.Fatalf("Renewed condition = %+v, want False/ALREADY_ENDED", c)
 	}
 }
@@ -285,7 +285,7 @@ func TestEqualStatusSeesEveryField(t *testing.T) {
 func queued(name string, requested float64, pos int32) lockingv1alpha1.LockGrant {
 	g := grant(name, requested, 5)
 	g.Status.Phase, g.Status.QueuePosition = lockingv1alpha1.PhasePending, &pos
-	setReady(&g, metav1.ConditionFalse, ReasonPending, "Waiting in the queue for the resource", metav1.NewMicroTime(sec(requested)))
+	setReady(&g, metav1.ConditionFalse, lockingv1alpha1.LockGrantReasonPending, "Waiting in the queue for the resource", metav1.NewMicroTime(sec(requested)))
 	return g
 }
 

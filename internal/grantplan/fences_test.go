@@ -58,7 +58,7 @@ func TestDecideNeverCarriesIntoTheEpochBits(t *testing.T) {
 	exhausted := fenceIn(3, fencing.MaxSequence)
 	f := Facts{Now: sec(1), Resource: res, Counter: counter(exhausted, nil), Grants: []lockingv1alpha1.LockGrant{grant("b", 0, 5)}, Epoch: 3}
 	p := Decide(f)
-	b := heldBackAs(t, p, "b", ReasonSequenceExhausted, "spec.epoch to 4 or more")
+	b := heldBackAs(t, p, "b", lockingv1alpha1.LockGrantReasonSequenceExhausted, "spec.epoch to 4 or more")
 
 	// The next pass, with the status as written: nothing to write, no
 	// second Event.
@@ -73,11 +73,14 @@ func TestDecideNeverCarriesIntoTheEpochBits(t *testing.T) {
 		t.Fatalf("after the epoch was raised: granted %v, counter %+v; want fence %d", grantedNames(p), p.Counter, fenceIn(4, 1))
 	}
 	key := issuer.Params{Epoch: 4, KeyID: "k", Key: testKey()}
-	Sign(p, key, "7")
-	if r := p.Granted[0].Status.Record; r == nil || r.IssuerEpoch != 4 || r.FenceToken != fenceIn(4, 1) {
+	signed := Sign(p, key, "7")
+	if len(signed) != 1 || signed[0].Grant != p.Granted[0] {
+		t.Fatalf("signed %d records; want the new holder's", len(signed))
+	}
+	if r := signed[0].Record; r == nil || r.IssuerEpoch != 4 || r.FenceToken != fenceIn(4, 1) {
 		t.Fatalf("record %+v; want fence %d signed as issuer epoch 4", r, fenceIn(4, 1))
 	}
-	if c := meta.FindStatusCondition(p.Granted[0].Status.Conditions, lockingv1alpha1.ConditionReady); c == nil || c.Reason != ReasonGranted {
+	if c := meta.FindStatusCondition(p.Granted[0].Status.Conditions, lockingv1alpha1.ConditionReady); c == nil || c.Reason != lockingv1alpha1.LockGrantReasonGranted {
 		t.Fatalf("Ready %+v after the grant", c)
 	}
 }
@@ -87,7 +90,7 @@ func TestDecideNeverCarriesIntoTheEpochBits(t *testing.T) {
 // issued. The head waits until the issuer reaches that epoch.
 func TestDecideWaitsForTheEpochOfARaisedCounter(t *testing.T) {
 	f := Facts{Now: sec(1), Resource: res, Counter: counter(fenceIn(5, 7), nil), Grants: []lockingv1alpha1.LockGrant{grant("b", 0, 5)}, Epoch: 3}
-	heldBackAs(t, Decide(f), "b", ReasonEpochBehind, "spec.epoch to 5 or more")
+	heldBackAs(t, Decide(f), "b", lockingv1alpha1.LockGrantReasonEpochBehind, "spec.epoch to 5 or more")
 	f.Epoch = 5
 	if p := Decide(f); p.Counter == nil || p.Counter.Fence != fenceIn(5, 8) {
 		t.Fatalf("at epoch 5: counter %+v, want fence %d", p.Counter, fenceIn(5, 8))
@@ -99,9 +102,9 @@ func TestDecideWaitsForTheEpochOfARaisedCounter(t *testing.T) {
 func TestDecideAtTheInt64End(t *testing.T) {
 	for _, epoch := range []int64{3, fencing.MaxEpoch} {
 		p := Decide(Facts{Now: sec(1), Resource: res, Counter: counter(math.MaxInt64, nil), Grants: []lockingv1alpha1.LockGrant{grant("b", 0, 5)}, Epoch: epoch})
-		reason := ReasonEpochBehind
+		reason := lockingv1alpha1.LockGrantReasonEpochBehind
 		if epoch == fencing.MaxEpoch {
-			reason = ReasonSequenceExhausted
+			reason = lockingv1alpha1.LockGrantReasonSequenceExhausted
 		}
 		heldBackAs(t, p, "b", reason, "use another resource ID")
 	}
@@ -121,7 +124,7 @@ func TestPermitsSkipASlotWithoutAFence(t *testing.T) {
 		t.Fatalf("granted %v, slot 0 %+v, slot 1 %+v; want slot 1 with fence %d", grantedNames(p), p.Counter, p.SlotCounters[1], fenceIn(3, 10))
 	}
 	f.SlotCounters[1] = slotCounter(1, fenceIn(4, 1), nil)
-	heldBackAs(t, Decide(f), "a", ReasonSequenceExhausted, "spec.epoch to 4 or more")
+	heldBackAs(t, Decide(f), "a", lockingv1alpha1.LockGrantReasonSequenceExhausted, "spec.epoch to 4 or more")
 }
 
 func testKey() ed25519.PrivateKey { return ed25519.NewKeyFromSeed(make([]byte, ed25519.SeedSize)) }

@@ -34,8 +34,8 @@ func TestLockDelayAfterExpiry(t *testing.T) {
 	if p.Counter == nil || p.Counter.Holder != nil || p.Counter.Fence != 1 || !delayUntil(p.Counter).Equal(sec(8)) {
 		t.Fatalf("counter = %+v, want free at fence 1 with the delay until t=8", p.Counter)
 	}
-	if s := statusOf(p, "b"); s == nil || findCond(s, lockingv1alpha1.ConditionReady).Reason != ReasonLockDelay {
-		t.Fatalf("b = %+v, want Pending with reason %s", s, ReasonLockDelay)
+	if s := statusOf(p, "b"); s == nil || findCond(s, lockingv1alpha1.ConditionReady).Reason != lockingv1alpha1.LockGrantReasonLockDelay {
+		t.Fatalf("b = %+v, want Pending with reason %s", s, lockingv1alpha1.LockGrantReasonLockDelay)
 	}
 	if p.RequeueAfter != 3*time.Second {
 		t.Fatalf("requeueAfter = %v, want the 3 s to the delay's end", p.RequeueAfter)
@@ -275,7 +275,7 @@ func TestLockDelayOnEveryWayASlotIsFreed(t *testing.T) {
 			if got := grantedNames(p); len(got) != 0 {
 				t.Fatalf("granted %v during slot %d's lock-delay", got, s.slot)
 			}
-			if st := statusOf(p, "w"); st == nil || readyReason(st) != ReasonLockDelay {
+			if st := statusOf(p, "w"); st == nil || readyReason(st) != lockingv1alpha1.LockGrantReasonLockDelay {
 				t.Fatalf("w = %+v, want the head waiting out the lock-delay", st)
 			}
 			f := next(s.f, p, sec(11.9))

@@ -137,7 +137,7 @@ func TestPermitsShrinkKeepsHoldersAndGrantsNobody(t *testing.T) {
 			continue
 		}
 		cond := meta.FindStatusCondition(s.Conditions, lockingv1alpha1.ConditionWithinLimit)
-		if s.Phase != lockingv1alpha1.PhaseHeld || cond == nil || cond.Status != metav1.ConditionFalse || cond.Reason != ReasonOverLimit {
+		if s.Phase != lockingv1alpha1.PhaseHeld || cond == nil || cond.Status != metav1.ConditionFalse || cond.Reason != lockingv1alpha1.LockGrantReasonOverLimit {
 			t.Fatalf("%s: phase %s, WithinLimit %+v; want Held and OverLimit", name, s.Phase, cond)
 		}
 	}
@@ -206,7 +206,7 @@ func TestPermitsNoBargingPastTheHead(t *testing.T) {
 	if len(p.Granted) != 0 {
 		t.Fatalf("granted %v during slot 1's lock-delay", grantedNames(p))
 	}
-	if s := statusOf(p, "b"); s == nil || meta.FindStatusCondition(s.Conditions, lockingv1alpha1.ConditionReady).Reason != ReasonLockDelay {
+	if s := statusOf(p, "b"); s == nil || meta.FindStatusCondition(s.Conditions, lockingv1alpha1.ConditionReady).Reason != lockingv1alpha1.LockGrantReasonLockDelay {
 		t.Fatalf("b: %+v, want the head waiting out the lock-delay", s)
 	}
 	if c := p.SlotCounters[1]; c == nil || c.Holder != nil || c.LockDelayUntil == "" {

@@ -36,8 +36,8 @@ func TestDecideDeadWaiterIsWithdrawnAndTheNextLiveOneGranted(t *testing.T) {
 	if d == nil || d.Phase != lockingv1alpha1.PhaseReleased || d.FenceToken != 0 {
 		t.Fatalf("dead = %+v, want Released without a fence", d)
 	}
-	if r := readyReason(d); r != ReasonSessionExpired {
-		t.Fatalf("dead's Ready reason = %q, want %s", r, ReasonSessionExpired)
+	if r := readyReason(d); r != lockingv1alpha1.LockGrantReasonSessionExpired {
+		t.Fatalf("dead's Ready reason = %q, want %s", r, lockingv1alpha1.LockGrantReasonSessionExpired)
 	}
 	if want := sec(13).Sub(sec(8)); p.RequeueAfter != want {
 		t.Fatalf("requeueAfter = %v, want %v to the live holder's session deadline", p.RequeueAfter, want)
@@ -60,7 +60,7 @@ func TestDecideHeadThatMissedARenewalIsWithdrawnAtItsTurn(t *testing.T) {
 	if len(p.Granted) == 0 || p.Granted[0].Name != "live" || p.Counter.Fence != 2 {
 		t.Fatalf("granted %v with counter %+v, want live with fence 2", p.Granted, p.Counter)
 	}
-	if s := statusOf(p, "late"); s == nil || s.Phase != lockingv1alpha1.PhaseReleased || s.FenceToken != 0 || readyReason(s) != ReasonSessionExpired {
+	if s := statusOf(p, "late"); s == nil || s.Phase != lockingv1alpha1.PhaseReleased || s.FenceToken != 0 || readyReason(s) != lockingv1alpha1.LockGrantReasonSessionExpired {
 		t.Fatalf("late = %+v, want Released (SESSION_EXPIRED) without a fence", s)
 	}
 }
@@ -85,7 +85,7 @@ func TestDecideHolderWhoseSessionLapsedEndsAndKeepsItsFence(t *testing.T) {
 	b := grant("b", 1, 30)
 	p := Decide(Facts{Now: sec(12), Resource: res, Counter: counter(4, &a), Grants: []lockingv1alpha1.LockGrant{a, b},
 		Sessions: map[string]*fencing.Session{"s": session("s", "owner-a", 6)}})
-	if s := statusOf(p, "a"); s == nil || s.Phase != lockingv1alpha1.PhaseExpired || s.FenceToken != 4 || readyReason(s) != ReasonSessionExpired {
+	if s := statusOf(p, "a"); s == nil || s.Phase != lockingv1alpha1.PhaseExpired || s.FenceToken != 4 || readyReason(s) != lockingv1alpha1.LockGrantReasonSessionExpired {
 		t.Fatalf("a = %+v, want Expired (SESSION_EXPIRED) with fence 4", s)
 	}
 	if len(p.Granted) == 0 || p.Granted[0].Name != "b" || p.Counter.Fence != 5 {
@@ -136,7 +136,7 @@ func TestDecideHeldGrantNoLongerTheHolderKeepsItsSessionReason(t *testing.T) {
 	b := held(grant("b", 1, 30), 5, 40)
 	p := Decide(Facts{Now: sec(12), Resource: res, Counter: counter(5, &b), Grants: []lockingv1alpha1.LockGrant{a, b},
 		Sessions: map[string]*fencing.Session{"s": session("s", "owner-a", 6)}})
-	if s := statusOf(p, "a"); s == nil || s.Phase != lockingv1alpha1.PhaseExpired || readyReason(s) != ReasonSessionExpired {
+	if s := statusOf(p, "a"); s == nil || s.Phase != lockingv1alpha1.PhaseExpired || readyReason(s) != lockingv1alpha1.LockGrantReasonSessionExpired {
 		t.Fatalf("a = %+v, want Expired with reason SESSION_EXPIRED", s)
 	}
 }

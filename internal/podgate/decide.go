@@ -95,38 +95,6 @@ type Event struct {
 	Grant              *lockingv1alpha1.LockGrant
 }
 
-// Event and DisruptionTarget reasons.
-const (
-	// ReasonWaiting: the Pod's grant was requested and waits in the queue.
-	ReasonWaiting = "Waiting"
-	// ReasonGranted: the grant is Held; the Pod may start.
-	ReasonGranted = "Granted"
-	// ReasonLockLost: the grant ended while the Pod ran (it expired after
-	// its node was lost or the manager could not renew it, was revoked or
-	// force-released): the Pod is deleted.
-	ReasonLockLost = "LockLost"
-	// ReasonRequestEnded: the grant ended before it was Held (withdrawn by
-	// its owner, revoked, deleted): the Pod, still gated, is deleted.
-	ReasonRequestEnded = "LockRequestEnded"
-	// ReasonGateRemoved: the scheduling gate was removed by someone else
-	// before the grant was Held: the Pod may run without its lock, and is
-	// deleted.
-	ReasonGateRemoved = "GateRemovedWithoutLock"
-	// ReasonInvalidRequest: the Pod's lock annotations do not parse (they
-	// changed after admission); no grant is requested.
-	ReasonInvalidRequest = "InvalidLockRequest"
-	// ReasonRequestRefused: admission refused the grant's request (the
-	// ServiceAccount may no longer acquire); retried with backoff.
-	ReasonRequestRefused = "LockRequestRefused"
-	// ReasonNodeLost: the node's heartbeat lapsed; the grant is no longer
-	// renewed and ends at its lease's end.
-	ReasonNodeLost = "NodeHeartbeatLost"
-	// ReasonNotReady: a started container of the Pod is not ready (its
-	// readiness probe fails: it is stuck, frozen or overloaded); the grant
-	// is not renewed while it stays so, and ends at its lease's end.
-	ReasonNotReady = "ContainerNotReady"
-)
-
 // Decide plans what the manager does next for one Pod name. It does no
 // I/O.
 func Decide(f Facts) Plan {
@@ -147,7 +115,7 @@ func Decide(f Facts) Plan {
 	if pod == nil {
 		return p
 	}
-	finished := pod.Status.Phase == corev1.PodSucceeded || pod.Status.Phase == corev1.PodFailed
+	finished := Finished(pod)
 	deleting := pod.DeletionTimestamp != nil
 	gated := Gated(pod)
 	switch {
@@ -155,13 +123,13 @@ func Decide(f Facts) Plan {
 		switch {
 		case finished || deleting:
 		case !gated && pod.Annotations[lockingv1alpha1.GrantUIDAnnotation] != "":
-			p.End = &End{Reason: ReasonLockLost, Message: fmt.Sprintf("grant %s of lock %s no longer exists (it was deleted)",
+			p.End = &End{Reason: lockingv1alpha1.GatedPodReasonLockLost, Message: fmt.Sprintf("grant %s of lock %s no longer exists (it was deleted)",
 				pod.Annotations[lockingv1alpha1.GrantAnnotation], pod.Annotations[lockingv1alpha1.LockAnnotation])}
 		case !gated:
-			p.End = &End{Reason: ReasonGateRemoved, Message: fmt.Sprintf("the scheduling gate %s was removed before lock %s was granted",
+			p.End = &End{Reason: lockingv1alpha1.GatedPodReasonGateRemoved, Message: fmt.Sprintf("the scheduling gate %s was removed before lock %s was granted",
 				lockingv1alpha1.PodSchedulingGate, pod.Annotations[lockingv1alpha1.LockAnnotation])}
 		case f.RequestErr != nil:
-			p.Events = append(p.Events, Event{Type: corev1.EventTypeWarning, Reason: ReasonInvalidRequest,
+			p.Events = append(p.Events, Event{Type: corev1.EventTypeWarning, Reason: lockingv1alpha1.GatedPodReasonInvalidRequest,
 				Note: fmt.Sprintf("the Pod waits and requests no lock: %v", f.RequestErr)})
 		default:
 			for _, a := range f.Ahead {
@@ -176,11 +144,11 @@ func Decide(f Facts) Plan {
 			break
 		}
 		if gated {
-			p.End = &End{Reason: ReasonRequestEnded, Message: fmt.Sprintf("grant %s of lock %s ended as %s before it was granted%s",
+			p.End = &End{Reason: lockingv1alpha1.GatedPodReasonRequestEnded, Message: fmt.Sprintf("grant %s of lock %s ended as %s before it was granted%s",
 				mine.Name, mine.Spec.Resource, mine.Status.Phase, readyReason(mine))}
 			break
 		}
-		p.End = &End{Reason: ReasonLockLost, Message: fmt.Sprintf("grant %s of lock %s (fence %d) ended as %s%s: writes under its fence are refused",
+		p.End = &End{Reason: lockingv1alpha1.GatedPodReasonLockLost, Message: fmt.Sprintf("grant %s of lock %s (fence %d) ended as %s%s: writes under its fence are refused",
 			mine.Name, mine.Spec.Resource, mine.Status.FenceToken, mine.Status.Phase, readyReason(mine))}
 	case mine.Spec.Release:
 		// Released by its steward or owner: it ends next.
@@ -190,27 +158,64 @@ func Decide(f Facts) Plan {
 			p.Release = append(p.Release, mine)
 		case !gated:
 			p.Release = append(p.Release, mine)
-			p.End = &End{Reason: ReasonGateRemoved, Message: fmt.Sprintf("the scheduling gate %s was removed before lock %s was granted",
+			p.End = &End{Reason: lockingv1alpha1.GatedPodReasonGateRemoved, Message: fmt.Sprintf("the scheduling gate %s was removed before lock %s was granted",
 				lockingv1alpha1.PodSchedulingGate, mine.Spec.Resource)}
 		}
 	case finished || (deleting && gated):
 		p.Release = append(p.Release, mine)
 	case gated:
 		p.Start = StartAnnotations(mine)
-		p.Events = append(p.Events, Event{Type: corev1.EventTypeNormal, Reason: ReasonGranted, Grant: mine,
+		p.Events = append(p.Events, Event{Type: corev1.EventTypeNormal, Reason: lockingv1alpha1.GatedPodReasonGranted, Grant: mine,
 			Note: fmt.Sprintf("lock %s granted with fence %d (grant %s): the Pod may start", mine.HeldFencedResource(), mine.Status.FenceToken, mine.Name)})
 	case pod.Annotations[lockingv1alpha1.GrantUIDAnnotation] != string(mine.UID):
 		// The gate is gone, but not by the write that put this grant's
 		// fence on the Pod.
 		p.Release = append(p.Release, mine)
 		if !deleting {
-			p.End = &End{Reason: ReasonGateRemoved, Message: fmt.Sprintf("the scheduling gate %s was removed before lock %s was granted",
+			p.End = &End{Reason: lockingv1alpha1.GatedPodReasonGateRemoved, Message: fmt.Sprintf("the scheduling gate %s was removed before lock %s was granted",
 				lockingv1alpha1.PodSchedulingGate, mine.Spec.Resource)}
 		}
 	default:
 		renew(&p, f, mine)
 	}
 	return p
+}
+
+// Finished reports whether no container of pod runs or will run again:
+// its phase is Succeeded or Failed, or it restarts no container (its
+// restartPolicy is Never and no container overrides it) and the kubelet
+// reports every regular container terminated and no container (init,
+// sidecar or ephemeral) running or waiting to start. The kubelet reports
+// the containers terminated a while before the phase: it writes the phase
+// only once it has torn the Pod's sandbox down, which on a busy node takes
+// a second or more of every handoff.
+func Finished(pod *corev1.Pod) bool {
+	if pod.Status.Phase == corev1.PodSucceeded || pod.Status.Phase == corev1.PodFailed {
+		return true
+	}
+	if pod.Spec.RestartPolicy != corev1.RestartPolicyNever || pod.Status.Phase != corev1.PodRunning ||
+		len(pod.Spec.Containers) == 0 || len(pod.Status.ContainerStatuses) != len(pod.Spec.Containers) ||
+		len(pod.Status.EphemeralContainerStatuses) != len(pod.Spec.EphemeralContainers) {
+		return false
+	}
+	for _, c := range pod.Spec.Containers {
+		if c.RestartPolicy != nil || len(c.RestartPolicyRules) > 0 {
+			return false
+		}
+	}
+	for _, cs := range pod.Status.ContainerStatuses {
+		if cs.State.Terminated == nil {
+			return false
+		}
+	}
+	for _, list := range [][]corev1.ContainerStatus{pod.Status.InitContainerStatuses, pod.Status.EphemeralContainerStatuses} {
+		for _, cs := range list {
+			if cs.State.Running != nil || cs.State.Waiting != nil {
+				return false
+			}
+		}
+	}
+	return true
 }
 
 // waitsForRequest reports whether a Pod still waits for its grant to be
@@ -247,14 +252,14 @@ func renew(p *Plan, f Facts, g *lockingv1alpha1.LockGrant) {
 		return
 	}
 	if f.Pod.Spec.NodeName != "" && f.Node != HeartbeatLive {
-		p.Events = append(p.Events, Event{Type: corev1.EventTypeWarning, Reason: ReasonNodeLost, Grant: g,
+		p.Events = append(p.Events, Event{Type: corev1.EventTypeWarning, Reason: lockingv1alpha1.GatedPodReasonNodeLost, Grant: g,
 			Note: fmt.Sprintf("node %s's heartbeat lapsed: grant %s is not renewed and ends at %s; the Pod is then deleted",
 				f.Pod.Spec.NodeName, g.Name, end.UTC().Format(time.RFC3339))})
 		p.RequeueAfter = end.Sub(f.Now)
 		return
 	}
 	if c := NotReady(f.Pod); c != "" {
-		p.Events = append(p.Events, Event{Type: corev1.EventTypeWarning, Reason: ReasonNotReady, Grant: g,
+		p.Events = append(p.Events, Event{Type: corev1.EventTypeWarning, Reason: lockingv1alpha1.GatedPodReasonNotReady, Grant: g,
 			Note: fmt.Sprintf("container %s is not ready: grant %s is not renewed while it stays so, and ends at %s; the Pod is then deleted",
 				c, g.Name, end.UTC().Format(time.RFC3339))})
 		p.RequeueAfter = end.Sub(f.Now)

@@ -104,10 +104,10 @@ func TestDecide(t *testing.T) {
 	}{
 		{"a new gated Pod requests its grant", Facts{Now: at(0), Pod: p}, want{request: true}},
 		{"a Pod whose annotations no longer parse requests nothing, and says so", Facts{Now: at(0), Pod: p, RequestErr: errors.New("bad ttl")},
-			want{events: []string{ReasonInvalidRequest}}},
+			want{events: []string{lockingv1alpha1.GatedPodReasonInvalidRequest}}},
 		{"a waiting Pod waits", Facts{Now: at(0), Pod: p, Grants: []*lockingv1alpha1.LockGrant{pending}}, want{}},
 		{"a Held grant starts its Pod", Facts{Now: at(1), Pod: p, Grants: []*lockingv1alpha1.LockGrant{held}},
-			want{start: true, events: []string{ReasonGranted}}},
+			want{start: true, events: []string{lockingv1alpha1.GatedPodReasonGranted}}},
 		{"a Pod deleted while waiting withdraws", Facts{Now: at(0), Pod: withPod(p, deleting), Grants: []*lockingv1alpha1.LockGrant{pending}},
 			want{release: []string{pending.Name}}},
 		{"a Pod deleted as its grant came is not started", Facts{Now: at(1), Pod: withPod(p, deleting), Grants: []*lockingv1alpha1.LockGrant{held}},
@@ -123,11 +123,11 @@ func TestDecide(t *testing.T) {
 		{"a Pod not yet on a node renews without a heartbeat", Facts{Now: at(10), Pod: startedPod(p, held), Grants: []*lockingv1alpha1.LockGrant{held}},
 			want{renew: true, requeue: 20 * time.Second}},
 		{"a Pod on a lost node is not renewed", Facts{Now: at(10), Pod: running, Grants: []*lockingv1alpha1.LockGrant{held}, Node: HeartbeatLapsed},
-			want{events: []string{ReasonNodeLost}, requeue: 20 * time.Second}},
+			want{events: []string{lockingv1alpha1.GatedPodReasonNodeLost}, requeue: 20 * time.Second}},
 		{"a Pod whose started container is not ready is not renewed", Facts{Now: at(10), Pod: withPod(running, func(q *corev1.Pod) {
 			q.Status.ContainerStatuses = []corev1.ContainerStatus{{Name: "settle", Started: ptr.To(true), State: corev1.ContainerState{Running: &corev1.ContainerStateRunning{}}}}
 		}), Grants: []*lockingv1alpha1.LockGrant{held}, Node: HeartbeatLive},
-			want{events: []string{ReasonNotReady}, requeue: 20 * time.Second}},
+			want{events: []string{lockingv1alpha1.GatedPodReasonNotReady}, requeue: 20 * time.Second}},
 		{"a Pod whose container is still starting is renewed", Facts{Now: at(10), Pod: withPod(running, func(q *corev1.Pod) {
 			q.Status.ContainerStatuses = []corev1.ContainerStatus{{Name: "settle", Started: ptr.To(false), State: corev1.ContainerState{Running: &corev1.ContainerStateRunning{}}}}
 		}), Grants: []*lockingv1alpha1.LockGrant{held}, Node: HeartbeatLive},
@@ -137,25 +137,25 @@ func TestDecide(t *testing.T) {
 		{"a lease over by the clock is left to the grant controller", Facts{Now: at(30), Pod: running, Grants: []*lockingv1alpha1.LockGrant{held}, Node: HeartbeatLive},
 			want{}},
 		{"a running Pod whose grant expired is ended", Facts{Now: at(31), Pod: running, Grants: []*lockingv1alpha1.LockGrant{ended(lockingv1alpha1.PhaseExpired)}},
-			want{end: ReasonLockLost}},
+			want{end: lockingv1alpha1.GatedPodReasonLockLost}},
 		{"a running Pod whose grant was revoked is ended", Facts{Now: at(5), Pod: running, Grants: []*lockingv1alpha1.LockGrant{ended(lockingv1alpha1.PhaseRevoked)}},
-			want{end: ReasonLockLost}},
-		{"a running Pod whose grant was deleted is ended", Facts{Now: at(5), Pod: running}, want{end: ReasonLockLost}},
+			want{end: lockingv1alpha1.GatedPodReasonLockLost}},
+		{"a running Pod whose grant was deleted is ended", Facts{Now: at(5), Pod: running}, want{end: lockingv1alpha1.GatedPodReasonLockLost}},
 		{"a terminating running Pod keeps renewing", Facts{Now: at(10), Pod: withPod(running, deleting), Grants: []*lockingv1alpha1.LockGrant{held}, Node: HeartbeatLive},
 			want{renew: true, requeue: 20 * time.Second}},
 		{"a terminating Pod whose grant ended is not ended again", Facts{Now: at(31), Pod: withPod(running, deleting), Grants: []*lockingv1alpha1.LockGrant{ended(lockingv1alpha1.PhaseExpired)}},
 			want{}},
 		{"a waiting Pod whose request ended is ended", Facts{Now: at(5), Pod: p, Grants: []*lockingv1alpha1.LockGrant{withGrant(pending, func(g *lockingv1alpha1.LockGrant) {
 			g.Status.Phase = lockingv1alpha1.PhaseReleased
-		})}}, want{end: ReasonRequestEnded}},
+		})}}, want{end: lockingv1alpha1.GatedPodReasonRequestEnded}},
 		{"a release asked for is left to end", Facts{Now: at(5), Pod: running, Grants: []*lockingv1alpha1.LockGrant{withGrant(held, func(g *lockingv1alpha1.LockGrant) { g.Spec.Release = true })}},
 			want{}},
 		{"a gate removed by hand while waiting ends the Pod", Facts{Now: at(5), Pod: withPod(p, func(q *corev1.Pod) { q.Spec.SchedulingGates = nil }), Grants: []*lockingv1alpha1.LockGrant{pending}},
-			want{release: []string{pending.Name}, end: ReasonGateRemoved}},
+			want{release: []string{pending.Name}, end: lockingv1alpha1.GatedPodReasonGateRemoved}},
 		{"a gate removed by hand before the request ends the Pod", Facts{Now: at(5), Pod: withPod(p, func(q *corev1.Pod) { q.Spec.SchedulingGates = nil })},
-			want{end: ReasonGateRemoved}},
+			want{end: lockingv1alpha1.GatedPodReasonGateRemoved}},
 		{"a gate removed by hand as the grant came ends the Pod", Facts{Now: at(5), Pod: withPod(p, func(q *corev1.Pod) { q.Spec.SchedulingGates = nil }), Grants: []*lockingv1alpha1.LockGrant{held}},
-			want{release: []string{held.Name}, end: ReasonGateRemoved}},
+			want{release: []string{held.Name}, end: lockingv1alpha1.GatedPodReasonGateRemoved}},
 		{"the grant of a Pod that is gone is released", Facts{Now: at(5), Grants: []*lockingv1alpha1.LockGrant{held}},
 			want{release: []string{held.Name}}},
 		{"the ended grant of a Pod that is gone needs nothing", Facts{Now: at(5), Grants: []*lockingv1alpha1.LockGrant{ended(lockingv1alpha1.PhaseReleased)}},
@@ -259,3 +259,42 @@ func TestDecideRequestsThePodsAheadFirst(t *testing.T) {
 }
 
 func podOfName(g *lockingv1alpha1.LockGrant) string { return PodOf(g).Name }
+
+func TestFinished(t *testing.T) {
+	terminated := corev1.ContainerState{Terminated: &corev1.ContainerStateTerminated{}}
+	running := corev1.ContainerState{Running: &corev1.ContainerStateRunning{}}
+	ended := func(q *corev1.Pod) {
+		q.Spec.RestartPolicy = corev1.RestartPolicyNever
+		q.Spec.Containers = []corev1.Container{{Name: "a"}, {Name: "b"}}
+		q.Status.Phase = corev1.PodRunning
+		q.Status.ContainerStatuses = []corev1.ContainerStatus{{Name: "a", State: terminated}, {Name: "b", State: terminated}}
+	}
+	p := withPod(gatedPod("1"), ended)
+	for _, c := range []struct {
+		name string
+		pod  *corev1.Pod
+		want bool
+	}{
+		{"Succeeded", withPod(gatedPod("1"), func(q *corev1.Pod) { q.Status.Phase = corev1.PodSucceeded }), true},
+		{"Failed", withPod(gatedPod("1"), func(q *corev1.Pod) { q.Status.Phase = corev1.PodFailed }), true},
+		{"Running, every container of a Pod that restarts none terminated", p, true},
+		{"one container still runs", withPod(p, func(q *corev1.Pod) { q.Status.ContainerStatuses[1].State = running }), false},
+		{"one container not reported yet", withPod(p, func(q *corev1.Pod) { q.Status.ContainerStatuses = q.Status.ContainerStatuses[:1] }), false},
+		{"restartPolicy OnFailure", withPod(p, func(q *corev1.Pod) { q.Spec.RestartPolicy = corev1.RestartPolicyOnFailure }), false},
+		{"a container that restarts itself", withPod(p, func(q *corev1.Pod) {
+			q.Spec.Containers[0].RestartPolicy = ptr.To(corev1.ContainerRestartPolicyAlways)
+		}), false},
+		{"a sidecar still runs", withPod(p, func(q *corev1.Pod) {
+			q.Status.InitContainerStatuses = []corev1.ContainerStatus{{Name: "proxy", State: running}}
+		}), false},
+		{"an ephemeral container waits to start", withPod(p, func(q *corev1.Pod) {
+			q.Spec.EphemeralContainers = []corev1.EphemeralContainer{{EphemeralContainerCommon: corev1.EphemeralContainerCommon{Name: "debug"}}}
+			q.Status.EphemeralContainerStatuses = []corev1.ContainerStatus{{Name: "debug", State: corev1.ContainerState{Waiting: &corev1.ContainerStateWaiting{}}}}
+		}), false},
+		{"Pending", withPod(p, func(q *corev1.Pod) { q.Status.Phase = corev1.PodPending }), false},
+	} {
+		if got := Finished(c.pod); got != c.want {
+			t.Errorf("%s: Finished = %v, want %v", c.name, got, c.want)
+		}
+	}
+}

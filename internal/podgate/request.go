@@ -12,7 +12,7 @@ import (
 	"k8s.io/utils/ptr"
 
 	lockingv1alpha1 "github.com/lockwarden/lockwarden/api/v1alpha1"
-	"github.com/lockwarden/lockwarden/internal/denial"
+	"github.com/lockwarden/lockwarden/internal/deny"
 	"github.com/lockwarden/lockwarden/pkg/fencing"
 )
 
@@ -46,27 +46,27 @@ func ParseRequest(annotations map[string]string) (Request, field.ErrorList) {
 	var errs field.ErrorList
 	r := Request{Resource: annotations[lockingv1alpha1.LockAnnotation], LeaseSeconds: lockingv1alpha1.DefaultPodLeaseSeconds}
 	if !lockingv1alpha1.ValidResourceID(r.Resource) {
-		errs = append(errs, denial.FieldInvalid(path.Key(lockingv1alpha1.LockAnnotation), r.Resource, fencing.ReasonInvalidSpec,
+		errs = append(errs, deny.FieldInvalid(path.Key(lockingv1alpha1.LockAnnotation), r.Resource, fencing.ReasonInvalidSpec,
 			fmt.Sprintf("must be a resource ID: one or more segments of lowercase letters, digits, '.', '_' and '-', separated by '/', at most %d bytes", lockingv1alpha1.MaxResourceLength)))
 	}
 	if s, ok := annotations[lockingv1alpha1.TTLAnnotation]; ok {
 		n, err := seconds(s, lockingv1alpha1.MinLeaseDurationSeconds, lockingv1alpha1.MaxLeaseDurationSeconds)
 		if err != nil {
-			errs = append(errs, denial.FieldInvalid(path.Key(lockingv1alpha1.TTLAnnotation), s, fencing.ReasonInvalidSpec, err.Error()))
+			errs = append(errs, deny.FieldInvalid(path.Key(lockingv1alpha1.TTLAnnotation), s, fencing.ReasonInvalidSpec, err.Error()))
 		}
 		r.LeaseSeconds = n
 	}
 	if s, ok := annotations[lockingv1alpha1.LockDelayAnnotation]; ok {
 		n, err := seconds(s, 0, lockingv1alpha1.MaxLockDelaySeconds)
 		if err != nil {
-			errs = append(errs, denial.FieldInvalid(path.Key(lockingv1alpha1.LockDelayAnnotation), s, fencing.ReasonInvalidSpec, err.Error()))
+			errs = append(errs, deny.FieldInvalid(path.Key(lockingv1alpha1.LockDelayAnnotation), s, fencing.ReasonInvalidSpec, err.Error()))
 		}
 		r.LockDelaySeconds = n
 	}
 	if s, ok := annotations[lockingv1alpha1.PermitsAnnotation]; ok {
 		n, err := strconv.ParseInt(s, 10, 32)
 		if err != nil || n < 1 || n > lockingv1alpha1.MaxPermits {
-			errs = append(errs, denial.FieldInvalid(path.Key(lockingv1alpha1.PermitsAnnotation), s, fencing.ReasonInvalidSpec,
+			errs = append(errs, deny.FieldInvalid(path.Key(lockingv1alpha1.PermitsAnnotation), s, fencing.ReasonInvalidSpec,
 				fmt.Sprintf("must be a whole number from 1 to %d", lockingv1alpha1.MaxPermits)))
 		}
 		r.Permits = int32(n)

@@ -246,7 +246,7 @@ func (e *Env) startManager(ctx context.Context, clk clock.PassiveClock, o Option
 	}); err != nil {
 		return err
 	}
-	if err := lwwebhook.Setup(mgr, clk, keyring.TrustBundle); err != nil {
+	if err := lwwebhook.Setup(mgr, clk, keyring.TrustBundle, o.RequestIDWindow); err != nil {
 		return err
 	}
 	go func() {

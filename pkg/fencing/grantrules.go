@@ -1,6 +1,9 @@
 package fencing
 
-import "strings"
+import (
+	"strings"
+	"time"
+)
 
 // AdministerVerb is the RBAC verb on lockgrants that lets an identity change
 // the labels, annotations, finalizers or owner references of a grant it does
@@ -157,6 +160,19 @@ type GrantDelete struct {
 	// retry could reuse); "" when it has none, or one its client generated
 	// or the manager derived from a Pod's UID.
 	RequestID string
+	// EndedAt is when an ended grant ended (status.endedAt); zero when it
+	// has not ended or does not say.
+	EndedAt time.Time
+	// Now is the registry's clock at the delete, and Window its
+	// request-ID window (0: request IDs are recorded nowhere, spent only
+	// while their grant is kept): an ended grant's request ID is recorded
+	// until EndedAt plus twice Window (SpentRecordKept).
+	Now    time.Time
+	Window time.Duration
+	// Recorded reports whether the namespace's record of spent request
+	// IDs holds RequestID for this grant's end; its error is returned as
+	// is.
+	Recorded func() (bool, error)
 	// NamespaceTerminating reports whether the grant's namespace is being
 	// deleted.
 	NamespaceTerminating func() bool
@@ -177,7 +193,10 @@ type GrantDelete struct {
 // ends (spec.release) is recorded as spent before the controller deletes it
 // (docs/request-ids.md). A forced release is not refused for it.
 func CheckGrantDelete(d GrantDelete) (forced bool, err error) {
-	if d.Ended || d.Caller == d.Owner && d.RequestID == "" || d.NamespaceTerminating() {
+	if d.Ended {
+		return false, d.checkEnded()
+	}
+	if d.Caller == d.Owner && d.RequestID == "" || d.NamespaceTerminating() {
 		return false, nil
 	}
 	if d.Caller == d.Owner {
@@ -193,4 +212,35 @@ func CheckGrantDelete(d GrantDelete) (forced bool, err error) {
 			d.Caller, d.Phase, ForceReleaseVerb)
 	}
 	return true, nil
+}
+
+// checkEnded is CheckGrantDelete for an ended grant: anyone with delete
+// rights may delete it, unless it was made with a request ID of its user's
+// choosing that is still to be recorded as spent (ReasonRequestIDLive): the
+// grant is then the ID's only record, and deleted before the registry
+// records the ID, it would take the ID with it and a retry would run the
+// attempt again. The registry records the ID before it deletes the grant
+// itself; a namespace being deleted takes its grants and their record
+// together.
+func (d GrantDelete) checkEnded() error {
+	if d.RequestID == "" || d.Window <= 0 || d.EndedAt.IsZero() || !d.Now.Before(SpentRecordKept(d.EndedAt, d.Window)) {
+		return nil
+	}
+	if d.NamespaceTerminating() {
+		return nil
+	}
+	recorded, err := d.Recorded()
+	if err != nil || recorded {
+		return err
+	}
+	return refuse(ReasonRequestIDLive, "this %s grant was made with request ID %q, which stays spent until %s and is not recorded as spent yet: deleting the grant now would forget the ID, and a retry with it would run again; the controller records the ID before it deletes the grant when its retention ends",
+		d.Phase, d.RequestID, d.EndedAt.Add(d.Window).UTC().Format(time.RFC3339))
+}
+
+// SpentRecordKept is until when the record of a request ID whose grant
+// ended at ended is kept with request-ID window window: the window, in
+// which a retry is refused, then as long again, in which a retry is
+// admitted with a warning.
+func SpentRecordKept(ended time.Time, window time.Duration) time.Time {
+	return ended.Add(2 * window)
 }

@@ -3,6 +3,7 @@ package fencing_test
 import (
 	"errors"
 	"testing"
+	"time"
 
 	"github.com/lockwarden/lockwarden/pkg/fencing"
 )
@@ -136,6 +137,75 @@ func TestCheckGrantDelete(t *testing.T) {
 			if forced != c.forced || reads != c.nsReads || c.answer.n != c.asks {
 				t.Fatalf("forced %v after %d namespace reads and %d authorizations, want %v, %d, %d",
 					forced, reads, c.answer.n, c.forced, c.nsReads, c.asks)
+			}
+		})
+	}
+}
+
+// An ended grant of a request ID its user chose is its ID's only record
+// until the registry records the ID as spent: deleted before, a retry with
+// the ID would run the attempt again.
+func TestCheckGrantDeleteOfAnEndedGrantOfARequestID(t *testing.T) {
+	ended := time.Date(2026, 12, 3, 2, 0, 41, 500_000_000, time.UTC)
+	const window = 7 * 24 * time.Hour
+	unreadable := errors.New("ledger unreadable")
+	record := func(spentUntil time.Time) *fencing.SpentRequest {
+		return &fencing.SpentRequest{RequestID: "nightly-2026-12-03", State: fencing.StateReleased, EndedAt: ended.Truncate(time.Second), SpentUntil: spentUntil}
+	}
+	cases := []struct {
+		name        string
+		requestID   string
+		now         time.Time
+		window      time.Duration
+		terminating bool
+		spent       *fencing.SpentRequest
+		readErr     error
+		want        fencing.Reason
+		err         error
+		reads       int
+	}{
+		{"not recorded yet", "nightly-2026-12-03", ended.Add(time.Minute), window, false, nil, nil, fencing.ReasonRequestIDLive, nil, 1},
+		// The record keeps seconds: the ledger's copy of the window's end
+		// is truncated.
+		{"recorded", "nightly-2026-12-03", ended.Add(time.Hour), window, false, record(ended.Add(window).Truncate(time.Second)), nil, "", nil, 1},
+		{"recorded for an earlier attempt only", "nightly-2026-12-03", ended.Add(time.Hour), window, false, record(ended.Add(window - time.Hour).Truncate(time.Second)), nil, fencing.ReasonRequestIDLive, nil, 1},
+		{"the ledger cannot be read", "nightly-2026-12-03", ended.Add(time.Hour), window, false, nil, unreadable, "", unreadable, 1},
+		{"its namespace deleted", "nightly-2026-12-03", ended.Add(time.Minute), window, true, nil, nil, "", nil, 0},
+		{"no window: nothing is recorded", "nightly-2026-12-03", ended.Add(time.Minute), 0, false, nil, nil, "", nil, 0},
+		{"its record would be forgotten by now", "nightly-2026-12-03", ended.Add(2 * window), window, false, nil, nil, "", nil, 0},
+		{"within the warning period", "nightly-2026-12-03", ended.Add(window + time.Hour), window, false, nil, nil, fencing.ReasonRequestIDLive, nil, 1},
+		{"no chosen request ID", "", ended.Add(time.Minute), window, false, nil, nil, "", nil, 0},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			reads := 0
+			for _, caller := range []string{"alice", "bob"} { // the owner, or anyone with delete rights
+				forced, err := fencing.CheckGrantDelete(fencing.GrantDelete{
+					Caller: caller, Owner: "alice", Phase: "Released", Ended: true, RequestID: c.requestID,
+					EndedAt: ended, Now: c.now, Window: c.window,
+					NamespaceTerminating: func() bool { return c.terminating },
+					Recorded: func() (bool, error) {
+						reads++
+						return c.spent.Records(ended, c.window), c.readErr
+					},
+					ForceRelease: func() (bool, error) {
+						t.Fatal("an ended grant's delete asked for the force-release verb")
+						return false, nil
+					},
+				})
+				if forced {
+					t.Fatalf("%s: an ended grant's delete counted as a forced release", caller)
+				}
+				if c.err != nil {
+					if !errors.Is(err, c.err) || fencing.ReasonOf(err) != "" {
+						t.Fatalf("%s: got %v, want the read error as is", caller, err)
+					}
+				} else {
+					checkRefusal(t, err, c.want, "")
+				}
+			}
+			if reads != 2*c.reads {
+				t.Fatalf("read the ledger %d times for two deletes, want %d", reads, 2*c.reads)
 			}
 		})
 	}

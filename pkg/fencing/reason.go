@@ -32,7 +32,10 @@ const (
 	ReasonExpired Reason = "EXPIRED"
 	// ReasonNotHeld means the grant is still waiting in the queue.
 	ReasonNotHeld Reason = "NOT_HELD"
-	// ReasonAlreadyEnded means the grant was already released or its wait timed out.
+	// ReasonAlreadyEnded means the grant was already released or its wait
+	// timed out. The holder library says which when it knows
+	// (ReasonReleased, ReasonTimedOut); their errors match ErrAlreadyEnded
+	// too.
 	ReasonAlreadyEnded Reason = "ALREADY_ENDED"
 	// ReasonFenceRegression means the registry issued a fence the resource had
 	// already seen from another grant or operation (a restore from an old
@@ -128,12 +131,14 @@ const (
 	// gives no reason, or the object is not wedged (its recorded fence can
 	// still be passed by raising the issuer epoch or by the next grant).
 	ReasonOverrideRefused Reason = "OVERRIDE_REFUSED"
-	// ReasonRequestIDLive means the owner asked to delete its live grant
-	// (waiting or Held) that was made with a request ID of the user's
-	// choosing: deleted, the grant would take the ID's record with it, and
-	// a retry with the same ID would run the attempt again. The grant is
-	// released with spec.release instead; the controller records the ID
-	// as spent before it deletes the ended grant. Nothing changed.
+	// ReasonRequestIDLive means a delete would forget a request ID of the
+	// user's choosing that nothing but its grant records yet: the owner's
+	// delete of its live grant (waiting or Held), or anyone's delete of an
+	// ended grant before the controller recorded its ID as spent. Deleted,
+	// the grant would take the ID's record with it, and a retry with the
+	// same ID would run the attempt again. A live grant is released with
+	// spec.release instead; the controller records the ID as spent before
+	// it deletes the ended grant. Nothing changed.
 	ReasonRequestIDLive Reason = "REQUEST_ID_LIVE"
 	// ReasonInternal means lockwarden could not decide (an API read failed, the
 	// request could not be decoded); nothing changed and the request may be
@@ -166,7 +171,7 @@ var (
 	ErrSessionExpired    = errors.New("fencing: session expired")
 
 	ErrTimedOut         = errors.New("fencing: wait limit passed before the grant")
-	ErrReleased         = errors.New("fencing: released")
+	ErrGrantReleased    = errors.New("fencing: grant released")
 	ErrDriverMismatch   = errors.New("fencing: grant driven by another session")
 	ErrInvalidSpec      = errors.New("fencing: invalid spec")
 	ErrInvalidPolicy    = errors.New("fencing: invalid policy")
@@ -200,7 +205,7 @@ var sentinels = map[Reason]error{
 	ReasonSessionExpired:    ErrSessionExpired,
 
 	ReasonTimedOut:         ErrTimedOut,
-	ReasonReleased:         ErrReleased,
+	ReasonReleased:         ErrGrantReleased,
 	ReasonDriverMismatch:   ErrDriverMismatch,
 	ReasonInvalidSpec:      ErrInvalidSpec,
 	ReasonInvalidPolicy:    ErrInvalidPolicy,
@@ -222,6 +227,13 @@ func (e *Error) Error() string { return string(e.Reason) + ": " + e.Detail }
 
 // Unwrap returns the sentinel error of e.Reason.
 func (e *Error) Unwrap() error { return sentinels[e.Reason] }
+
+// Is reports whether e is a refusal target stands for beyond its own
+// sentinel: RELEASED and TIMED_OUT are the two ways a grant is already
+// ended, so they match ErrAlreadyEnded too.
+func (e *Error) Is(target error) bool {
+	return target == ErrAlreadyEnded && (e.Reason == ReasonReleased || e.Reason == ReasonTimedOut)
+}
 
 func refuse(r Reason, format string, args ...any) *Error {
 	return &Error{Reason: r, Detail: fmt.Sprintf(format, args...)}

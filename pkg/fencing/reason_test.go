@@ -97,3 +97,22 @@ func TestConditionReason(t *testing.T) {
 		}
 	}
 }
+
+// RELEASED and TIMED_OUT say how a grant already ended: their refusals
+// match ErrAlreadyEnded too, and no other code's does.
+func TestEndedGrantsMatchAlreadyEnded(t *testing.T) {
+	for r := range map[fencing.Reason]bool{fencing.ReasonReleased: true, fencing.ReasonTimedOut: true} {
+		err := &fencing.Error{Reason: r, Detail: "x"}
+		if !errors.Is(err, fencing.ErrAlreadyEnded) || !errors.Is(err, r.Sentinel()) || fencing.ReasonOf(err) != r {
+			t.Errorf("a %s refusal: errors.Is ErrAlreadyEnded %v, its own sentinel %v", r, errors.Is(err, fencing.ErrAlreadyEnded), errors.Is(err, r.Sentinel()))
+		}
+	}
+	for _, r := range []fencing.Reason{fencing.ReasonExpired, fencing.ReasonRevoked, fencing.ReasonNotHeld} {
+		if errors.Is(&fencing.Error{Reason: r}, fencing.ErrAlreadyEnded) {
+			t.Errorf("a %s refusal matches ErrAlreadyEnded", r)
+		}
+	}
+	if errors.Is(&fencing.Error{Reason: fencing.ReasonAlreadyEnded}, fencing.ErrGrantReleased) {
+		t.Error("an ALREADY_ENDED refusal matches ErrGrantReleased: it may have timed out")
+	}
+}

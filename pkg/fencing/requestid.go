@@ -22,6 +22,15 @@ type SpentRequest struct {
 	SpentUntil time.Time
 }
 
+// Records reports whether s, the registry's record of a request ID, is the
+// record of a grant with that ID that ended at ended with request-ID window
+// window: it keeps the ID spent at least until the end of that grant's
+// window. A record keeps times to the second, so the window's end is
+// compared truncated to the second. False for nil.
+func (s *SpentRequest) Records(ended time.Time, window time.Duration) bool {
+	return s != nil && !s.SpentUntil.Before(ended.Add(window).Truncate(time.Second))
+}
+
 // CheckRequestID reports whether a new request may use a request ID the
 // registry remembers as spent (spent nil: it remembers none), at now by the
 // registry's clock. Within the ID's window (before SpentUntil) it refuses

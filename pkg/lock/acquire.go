@@ -68,31 +68,11 @@ func (c *Client) TryAcquire(ctx context.Context, resource string, opts ...Option
 	return c.acquire(ctx, resource, true, opts)
 }
 
-func (c *Client) acquire(ctx context.Context, resource string, try bool, opts []Option) (*Handle, error) {
-	s := c.settings(opts)
-	if s.err != nil {
-		return nil, s.err
-	}
-	if s.releaseByDelete && s.lockDelay > 0 {
-		return nil, fmt.Errorf("%w: release by delete with a lock-delay: a deleted grant counts as left without a release, so every release would wait out the delay", ErrInvalidOption)
-	}
-	if s.releaseByDelete && s.requestID != "" {
-		return nil, fmt.Errorf("%w: release by delete with a request ID: a request ID is recorded as spent only when the registry ends and deletes the grant", ErrInvalidOption)
-	}
-	if !lockingv1alpha1.ValidResourceID(resource) {
-		return nil, fmt.Errorf("%w: resource ID %q does not match %s", ErrInvalidOption, resource, lockingv1alpha1.ResourcePattern)
-	}
-	generated := s.requestID == ""
-	if generated {
-		s.requestID = newRequestID()
-	}
-	if s.driver == "" && !s.detached {
-		s.driver = newDriverToken()
-	}
-	if s.operationRoot == "" {
-		sum := sha256.Sum256([]byte(s.requestID))
-		s.operationRoot = "sha256:" + hex.EncodeToString(sum[:])
-	}
+// newRequest is the LockGrant that asks for resource with settings s: named
+// after its request ID, with its options in its spec and annotations. try
+// bounds its wait to tryWaitSeconds; generated says the request ID is a
+// random one, which the registry need not remember.
+func newRequest(s *settings, resource string, try, generated bool) *lockingv1alpha1.LockGrant {
 	g := &lockingv1alpha1.LockGrant{
 		ObjectMeta: metav1.ObjectMeta{
 			Namespace: s.namespace,
@@ -125,19 +105,6 @@ func (c *Client) acquire(ctx context.Context, resource string, try bool, opts []
 		}
 		g.Annotations[lockingv1alpha1.DriverAnnotation] = s.driver
 	}
-	if s.stopGrace > 0 {
-		if _, err := holder.New(holder.Config{TTL: s.ttl, Margin: s.leaseMargin(s.ttl), RenewInterval: s.renewInterval}); err != nil {
-			return nil, fmt.Errorf("%w: stop grace %s does not fit a %s lease: %w", ErrInvalidOption, s.stopGrace, s.ttl, err)
-		}
-		if sessionTTLFor(s.stopGrace) == 0 && !s.session.none {
-			return nil, fmt.Errorf("%w: stop grace %s does not fit a session of at most 1h", ErrInvalidOption, s.stopGrace)
-		}
-	}
-	// Session hook (session.go): the request lives as long as its client.
-	sess, err := c.sessionFor(ctx, s)
-	if err != nil {
-		return nil, err
-	}
 	if s.permits > 1 {
 		// 1 is the default: an exclusive request stays the same object.
 		g.Spec.Permits = s.permits
@@ -151,7 +118,58 @@ func (c *Client) acquire(ctx context.Context, resource string, try bool, opts []
 	case s.wait > 0:
 		g.Spec.WaitTimeoutSeconds = int32((s.wait + time.Second - 1) / time.Second)
 	}
+	return g
+}
 
+// checkRequest says why options s cannot ask for resource: options that
+// contradict each other, a resource ID that is not one, a stop grace that
+// fits no lease or session. nil when they can.
+func checkRequest(s *settings, resource string) error {
+	if s.releaseByDelete && s.lockDelay > 0 {
+		return fmt.Errorf("%w: release by delete with a lock-delay: a deleted grant counts as left without a release, so every release would wait out the delay", ErrInvalidOption)
+	}
+	if s.releaseByDelete && s.requestID != "" {
+		return fmt.Errorf("%w: release by delete with a request ID: a request ID is recorded as spent only when the registry ends and deletes the grant", ErrInvalidOption)
+	}
+	if !lockingv1alpha1.ValidResourceID(resource) {
+		return fmt.Errorf("%w: resource ID %q does not match %s", ErrInvalidOption, resource, lockingv1alpha1.ResourcePattern)
+	}
+	if s.stopGrace > 0 {
+		if _, err := holder.New(holder.Config{TTL: s.ttl, Margin: s.leaseMargin(s.ttl), RenewInterval: s.renewInterval}); err != nil {
+			return fmt.Errorf("%w: stop grace %s does not fit a %s lease: %w", ErrInvalidOption, s.stopGrace, s.ttl, err)
+		}
+		if sessionTTLFor(s.stopGrace) == 0 && !s.session.none {
+			return fmt.Errorf("%w: stop grace %s does not fit a session of at most 1h", ErrInvalidOption, s.stopGrace)
+		}
+	}
+	return nil
+}
+
+func (c *Client) acquire(ctx context.Context, resource string, try bool, opts []Option) (*Handle, error) {
+	s := c.settings(opts)
+	if s.err != nil {
+		return nil, s.err
+	}
+	if err := checkRequest(s, resource); err != nil {
+		return nil, err
+	}
+	generated := s.requestID == ""
+	if generated {
+		s.requestID = newRequestID()
+	}
+	if s.driver == "" && !s.detached {
+		s.driver = newDriverToken()
+	}
+	if s.operationRoot == "" {
+		sum := sha256.Sum256([]byte(s.requestID))
+		s.operationRoot = "sha256:" + hex.EncodeToString(sum[:])
+	}
+	g := newRequest(s, resource, try, generated)
+	// Session hook (session.go): the request lives as long as its client.
+	sess, err := c.sessionFor(ctx, s)
+	if err != nil {
+		return nil, err
+	}
 	h := &Handle{
 		c:         c,
 		clk:       s.clk,
@@ -283,7 +301,7 @@ func (h *Handle) create(ctx context.Context, g *lockingv1alpha1.LockGrant, s *se
 			case cur.Status.Phase.Final():
 				// The request ID is spent: its acquisition is over.
 				return fmt.Errorf("lock: acquiring %s: grant %s of request ID %q has ended (%s); the request ID is spent, acquire with a new one: %w",
-					g.Spec.Resource, h.key, g.Spec.RequestID, cur.Status.Phase, refusalOf(phaseReason(cur.Status.Phase)))
+					g.Spec.Resource, h.key, g.Spec.RequestID, cur.Status.Phase, spentRefusal(cur.Status.Phase))
 			case cur.Annotations[lockingv1alpha1.DriverAnnotation] != s.driver:
 				return fmt.Errorf("lock: acquiring %s: %w", g.Spec.Resource, driverMismatch(cur))
 			default:
@@ -447,6 +465,17 @@ func (h *Handle) acquireError(try bool) error {
 	}
 	// The caller never held the lock: not "ownership lost".
 	return fmt.Errorf("lock: acquiring %s: grant %s ended before this call could confirm it held it: %w", h.resource, h.key, refusalOf(reason))
+}
+
+// spentRefusal is the refusal of a retry that finds its request ID's grant
+// ended in phase p: the code the registry gives once the grant is deleted
+// (fencing.CheckRequestID), ALREADY_ENDED for Released and TimedOut.
+func spentRefusal(p lockingv1alpha1.LockGrantPhase) *fencing.Error {
+	e := refusalOf(phaseReason(p))
+	if e.Reason == fencing.ReasonReleased || e.Reason == fencing.ReasonTimedOut {
+		e.Reason = fencing.ReasonAlreadyEnded
+	}
+	return e
 }
 
 // phaseReason is the catalog code of a final phase.

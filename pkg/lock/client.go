@@ -8,7 +8,6 @@ import (
 	"errors"
 	"fmt"
 	"math"
-	"regexp"
 	"strings"
 	"time"
 
@@ -22,12 +21,6 @@ import (
 	lockingv1alpha1 "github.com/lockwarden/lockwarden/api/v1alpha1"
 	"github.com/lockwarden/lockwarden/pkg/fencing"
 	"github.com/lockwarden/lockwarden/pkg/fencing/denial"
-)
-
-var (
-	requestIDRE      = regexp.MustCompile(`^[A-Za-z0-9]([A-Za-z0-9._-]{0,61}[A-Za-z0-9])?$`)
-	operationRootRE  = regexp.MustCompile(`^sha256:[0-9a-f]{64}$`)
-	operationClassRE = regexp.MustCompile(`^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$`)
 )
 
 // Client acquires locks (LockGrants) for one identity: the user the

@@ -54,13 +54,14 @@ var (
 func Refusal(err error) *fencing.Error { return denial.Refusal(err) }
 
 // refusalOf is the refusal behind a holder machine's final reason (a code
-// of the fencing catalog).
+// of the fencing catalog), that code itself: RELEASED and TIMED_OUT too,
+// which match fencing.ErrAlreadyEnded as well as their own sentinels.
 func refusalOf(reason fencing.Reason) *fencing.Error {
 	switch reason {
 	case fencing.ReasonReleased:
-		return &fencing.Error{Reason: fencing.ReasonAlreadyEnded, Detail: "the grant was released"}
+		return &fencing.Error{Reason: fencing.ReasonReleased, Detail: "the grant was released"}
 	case fencing.ReasonTimedOut:
-		return &fencing.Error{Reason: fencing.ReasonAlreadyEnded, Detail: "the request's wait limit passed before it was granted"}
+		return &fencing.Error{Reason: fencing.ReasonTimedOut, Detail: "the request's wait limit passed before it was granted"}
 	case fencing.ReasonUnknownGrant:
 		return &fencing.Error{Reason: fencing.ReasonUnknownGrant, Detail: "the grant was deleted (a forced release), or its name now belongs to another acquisition"}
 	case fencing.ReasonRevoked:

@@ -245,8 +245,10 @@ func (h *Handle) Proof() string {
 // wrapping ErrSessionExpired too), ErrReleased (Release was called), or an
 // error wrapping ErrLost and the *fencing.Error that says why the registry
 // ended the acquisition (errors.Is with fencing.ErrExpired,
-// fencing.ErrRevoked, fencing.ErrAlreadyEnded, fencing.ErrUnknownGrant,
-// fencing.ErrDriverMismatch, ...; fencing.ReasonOf gives the code). The
+// fencing.ErrRevoked, fencing.ErrGrantReleased (released by someone else;
+// it matches fencing.ErrAlreadyEnded too), fencing.ErrAlreadyEnded,
+// fencing.ErrUnknownGrant, fencing.ErrDriverMismatch, ...; fencing.ReasonOf
+// gives the code). The
 // cause is nil while the context runs, and never changes once set.
 //
 // It is cancelled no later than the local deadline (see Check), on the

@@ -20,7 +20,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	lockingv1alpha1 "github.com/lockwarden/lockwarden/api/v1alpha1"
-	"github.com/lockwarden/lockwarden/internal/denial"
+	"github.com/lockwarden/lockwarden/internal/deny"
 	"github.com/lockwarden/lockwarden/internal/testenv"
 	"github.com/lockwarden/lockwarden/pkg/fencing"
 	"github.com/lockwarden/lockwarden/pkg/lock"
@@ -32,7 +32,7 @@ var lockGrants = schema.GroupResource{Group: lockingv1alpha1.GroupVersion.Group,
 // admissionRefusal is what the API server returns when lockwarden's
 // admission refuses a request with reason r.
 func admissionRefusal(r fencing.Reason, name string) error {
-	return denial.Error(&fencing.Error{Reason: r, Detail: "refused by the test"}, lockGrants, name)
+	return deny.Error(&fencing.Error{Reason: r, Detail: "refused by the test"}, lockGrants, name)
 }
 
 // One live holder per grant: a second process that uses the same request

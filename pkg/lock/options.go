@@ -173,7 +173,7 @@ func WithPermits(n int32) Option {
 // warns.
 func WithRequestID(id string) Option {
 	return func(s *settings) {
-		if !requestIDRE.MatchString(id) {
+		if !lockingv1alpha1.ValidRequestID(id) {
 			s.fail("request ID %q is not 1-63 letters, digits, '.', '_' or '-' starting and ending with a letter or digit", id)
 		}
 		s.requestID = id
@@ -188,7 +188,7 @@ func WithRequestID(id string) Option {
 // of another root. Default: "sha256:" + the hex SHA-256 of the request ID.
 func WithOperationRoot(root string) Option {
 	return func(s *settings) {
-		if !operationRootRE.MatchString(root) {
+		if !lockingv1alpha1.ValidOperationRoot(root) {
 			s.fail("operation root %q is not \"sha256:\" and 64 lowercase hex digits", root)
 		}
 		s.operationRoot = root
@@ -200,7 +200,7 @@ func WithOperationRoot(root string) Option {
 // the grant record. Default: none.
 func WithOperationClass(class string) Option {
 	return func(s *settings) {
-		if !operationClassRE.MatchString(class) {
+		if !lockingv1alpha1.ValidOperationClass(class) {
 			s.fail("operation class %q is not up to 63 lowercase letters, digits and '-'", class)
 		}
 		s.operationClass = class

@@ -28,7 +28,7 @@ import (
 	lockingv1alpha1 "github.com/lockwarden/lockwarden/api/v1alpha1"
 	"github.com/lockwarden/lockwarden/pkg/fencing"
 	"github.com/lockwarden/lockwarden/pkg/fencing/denial"
-	facts "github.com/lockwarden/lockwarden/pkg/fencing/k8s"
+	"github.com/lockwarden/lockwarden/pkg/fencing/facts"
 )
 
 // The suite's control plane: a real kube-apiserver and etcd with

@@ -18,9 +18,18 @@
 //     through its container's cgroup freezer past its lease, worker B
 //     granted the next fence, and A's late write refused STALE_OWNER;
 //   - a lock-gated Job of parallelism 3 whose Pods write one guarded
-//     ConfigMap under the fence the manager gave each: they run one at a
-//     time, every write accepted names the grant of the Pod running then,
-//     and the fences strictly increase;
+//     ConfigMap under the fence the manager gave each, the kubelet and
+//     containerd restarted while one holds and two wait: they run one at
+//     a time, every grant ends Released, every write accepted names the
+//     grant of the Pod running then, and the fences strictly increase;
+//   - a gated Job's holding Pod frozen past its lease: not ready, its
+//     grant expires, the next Pod is granted and writes, the frozen Pod is
+//     marked LockLost and deleted, and its late write is refused
+//     STALE_OWNER; gated Pods deleted while waiting (the request is
+//     withdrawn without a fence) and while holding (released, the next
+//     starts);
+//   - with LOCKWARDEN_CLUSTER_FIGURES=1, the gate's latency: created ->
+//     running with and without it, and handoffs traced step by step;
 //   - restarts: the kubelet and containerd killed and started again, a
 //     manager container killed, while holders and waiters run: grants keep
 //     flowing, never two holders, no fence reset;

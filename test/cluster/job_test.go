@@ -3,13 +3,13 @@ package cluster
 import (
 	"context"
 	"fmt"
+	"path/filepath"
 	"sort"
 	"testing"
 	"time"
 
 	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
-	rbacv1 "k8s.io/api/rbac/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/utils/ptr"
@@ -27,34 +27,18 @@ type acceptedWrite struct {
 }
 
 // testGatedJob runs a lock-gated Job of parallelism 3 whose containers
-// each write one guarded ConfigMap twice, a second apart, under the fence
-// their Pod was given: the Job completes, its Pods run one at a time, every
+// each write one guarded ConfigMap twice, 3 s apart, under the fence
+// their Pod was given, and kills the kubelet and containerd and starts
+// them again while the first Pod holds and the two others wait: the Job
+// completes, its Pods run one at a time, every grant ends Released (the
+// holder's 10 s lease is renewed through the restart, none expires), every
 // write the guard accepted names the grant of the Pod that was running
 // then, and the fences strictly increase from Pod to Pod.
 func testGatedJob(t *testing.T) {
 	ensureRelease(t)
 	loadWorkerImage(t)
-	ns := namespace(t, "gated-job")
-	objs := []client.Object{
-		&corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "worker"}},
-		&rbacv1.Role{
-			ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "acquire"},
-			Rules: []rbacv1.PolicyRule{
-				{APIGroups: []string{lockingv1alpha1.GroupVersion.Group}, Resources: []string{"lockgrants"}, Verbs: []string{"create", "get", "list", "watch", "update", "patch"}},
-				{APIGroups: []string{""}, Resources: []string{"configmaps"}, Verbs: []string{"get", "list", "watch", "create", "update", "patch"}},
-			},
-		},
-		&rbacv1.RoleBinding{
-			ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "worker-acquires"},
-			RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "Role", Name: "acquire"},
-			Subjects:   []rbacv1.Subject{{Kind: rbacv1.ServiceAccountKind, Namespace: ns, Name: "worker"}},
-		},
-	}
-	for _, o := range objs {
-		if err := env.c.Create(t.Context(), o); err != nil {
-			t.Fatal(err)
-		}
-	}
+	ns := gatedNamespace(t, "gated-job")
+	o := observe(t, ns)
 
 	// Every version of the ConfigMap, from before the Job exists.
 	const configMap = "settlement"
@@ -87,9 +71,6 @@ func testGatedJob(t *testing.T) {
 		}
 	}
 
-	fieldRef := func(annotation string) *corev1.EnvVarSource {
-		return &corev1.EnvVarSource{FieldRef: &corev1.ObjectFieldSelector{FieldPath: "metadata.annotations['" + annotation + "']"}}
-	}
 	job := &batchv1.Job{
 		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "settle"},
 		Spec: batchv1.JobSpec{
@@ -100,22 +81,14 @@ func testGatedJob(t *testing.T) {
 			Template: corev1.PodTemplateSpec{
 				ObjectMeta: metav1.ObjectMeta{Annotations: map[string]string{
 					lockingv1alpha1.LockAnnotation: "invoice-batch/2026-07-19",
-					lockingv1alpha1.TTLAnnotation:  "30s",
+					lockingv1alpha1.TTLAnnotation:  "10s",
 				}},
 				Spec: corev1.PodSpec{
 					ServiceAccountName:            "worker",
 					RestartPolicy:                 corev1.RestartPolicyNever,
 					TerminationGracePeriodSeconds: ptr.To[int64](1),
-					Containers: []corev1.Container{{
-						Name: "worker", Image: workerImage, ImagePullPolicy: corev1.PullNever,
-						Args: []string{"worker", "--gated", "--actor", "$(JOB_COMPLETION_INDEX)", "--kubeconfig", "", "--namespace", ns,
-							"--configmap", configMap, "--result", "first half", "--result", "total", "--work", "1s"},
-						Env: []corev1.EnvVar{
-							{Name: "LOCKWARDEN_GRANT", ValueFrom: fieldRef(lockingv1alpha1.GrantAnnotation)},
-							{Name: "LOCKWARDEN_FENCE", ValueFrom: fieldRef(lockingv1alpha1.FenceAnnotation)},
-							{Name: "LOCKWARDEN_FENCED_RESOURCE", ValueFrom: fieldRef(lockingv1alpha1.FencedResourceAnnotation)},
-						},
-					}},
+					Containers: []corev1.Container{gatedWorker("--actor", "$(JOB_COMPLETION_INDEX)", "--namespace", ns,
+						"--configmap", configMap, "--result", "first half", "--result", "total", "--work", "3s")},
 				},
 			},
 		},
@@ -124,6 +97,22 @@ func testGatedJob(t *testing.T) {
 	if err := env.c.Create(t.Context(), job); err != nil {
 		t.Fatal(err)
 	}
+	eventually(t, "a Pod of the Job holds and runs", time.Minute, func(context.Context) (bool, error) {
+		collect()
+		var pods corev1.PodList
+		if err := env.c.List(t.Context(), &pods, client.InNamespace(ns)); err != nil {
+			return false, err
+		}
+		for _, p := range pods.Items {
+			if _, ok := o.at("pod", p.Name, factRunning); ok {
+				return len(pods.Items) == 3, fmt.Errorf("%d Pods", len(pods.Items))
+			}
+		}
+		return false, nil
+	})
+	restart := time.Now()
+	must(t)(run(t.Context(), filepath.Join(env.root, "hack", "cluster", "cluster.sh"), "restart-node"))
+	t.Logf("kubelet and containerd killed while a gated Pod held and two waited -> node Ready: %.1fs", time.Since(restart).Seconds())
 	eventually(t, "the lock-gated Job completes", 3*time.Minute, func(ctx context.Context) (bool, error) {
 		collect()
 		if err := env.c.Get(ctx, client.ObjectKeyFromObject(job), job); err != nil {
@@ -137,6 +126,19 @@ func testGatedJob(t *testing.T) {
 		return job.Status.Succeeded == 3, fmt.Errorf("%d of 3 Pods succeeded, %d active", job.Status.Succeeded, job.Status.Active)
 	})
 	record(t, "lock-gated Job of 3 Pods created -> complete", time.Since(start), 0)
+	eventually(t, "the Job's three grants are released", 30*time.Second, func(context.Context) (bool, error) {
+		o.mu.Lock()
+		defer o.mu.Unlock()
+		for name, g := range o.grants {
+			if g.Status.Phase.Final() && (g.Status.Phase != lockingv1alpha1.PhaseReleased || g.Status.FenceToken == 0) {
+				t.Fatalf("grant %s of the Job ended %s with fence %d, want Released with one: no lease may end through the restart", name, g.Status.Phase, g.Status.FenceToken)
+			}
+			if g.Status.Phase != lockingv1alpha1.PhaseReleased {
+				return false, fmt.Errorf("grant %s is %s", name, g.Status.Phase)
+			}
+		}
+		return len(o.grants) == 3, fmt.Errorf("%d grants", len(o.grants))
+	})
 	eventually(t, "the ConfigMap's six accepted writes are seen", 30*time.Second, func(context.Context) (bool, error) {
 		collect()
 		return len(writes) >= 6, fmt.Errorf("%d versions seen", len(writes))

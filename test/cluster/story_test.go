@@ -36,11 +36,19 @@ import (
 // a JSON line on its stdout.
 const workerImage = "lockwarden.test/worker:latest"
 
+// workerLoaded: loadWorkerImage imported the worker's image in this run.
+var workerLoaded bool
+
 // loadWorkerImage builds the demo statically, writes its image (one layer,
 // /lockwarden-demo and a writable /tmp, non-root) with go-containerregistry and imports it into
 // the cluster's containerd.
 func loadWorkerImage(t *testing.T) {
 	t.Helper()
+	// Once per run: every step after the first finds it in containerd.
+	if workerLoaded {
+		return
+	}
+	defer func() { workerLoaded = !t.Failed() }()
 	dir := t.TempDir()
 	bin := filepath.Join(dir, "lockwarden-demo")
 	build := exec.CommandContext(t.Context(), "go", "build", "-trimpath", "-o", bin, "./cmd/lockwarden-demo")

@@ -11,7 +11,6 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	lockingv1alpha1 "github.com/lockwarden/lockwarden/api/v1alpha1"
-	"github.com/lockwarden/lockwarden/internal/podgate"
 )
 
 // write makes a guarded write of ConfigMap "result" as the Pod's
@@ -73,7 +72,7 @@ func TestNodeLossEndsTheLeaseAndTheFenceRefusesLateWrites(t *testing.T) {
 	// t=55: due again, and the heartbeat has lapsed: no renewal.
 	at(55)
 	touch(t, lost)
-	waitEvent(t, lost, podgate.ReasonNodeLost)
+	waitEvent(t, lost, lockingv1alpha1.GatedPodReasonNodeLost)
 	if got := waitGrant(t, lost, "Held", phase(lockingv1alpha1.PhaseHeld)); got.Spec.Renewals != 2 {
 		t.Fatalf("the grant of a Pod on a lost node was renewed: renewals %d", got.Spec.Renewals)
 	}
@@ -82,10 +81,10 @@ func TestNodeLossEndsTheLeaseAndTheFenceRefusesLateWrites(t *testing.T) {
 	wakeGrant(t, g)
 	waitGrant(t, lost, "Expired", phase(lockingv1alpha1.PhaseExpired))
 	gone := waitPod(t, lost, "deleted", func(p *corev1.Pod) bool { return p == nil || p.DeletionTimestamp != nil })
-	if gone != nil && !disrupted(gone, podgate.ReasonLockLost) {
+	if gone != nil && !disrupted(gone, lockingv1alpha1.GatedPodReasonLockLost) {
 		t.Errorf("the deleted Pod is not marked disrupted by the lost lock: %v", gone.Status.Conditions)
 	}
-	waitEvent(t, lost, podgate.ReasonLockLost)
+	waitEvent(t, lost, lockingv1alpha1.GatedPodReasonLockLost)
 	n := waitStarted(t, next)
 	if fenceOf(t, n) <= fenceOf(t, s) {
 		t.Fatalf("the next Pod's fence %d is not above the lost Pod's %d", fenceOf(t, n), fenceOf(t, s))
@@ -119,7 +118,7 @@ func TestForcedReleaseEndsTheRunningPod(t *testing.T) {
 	g := waitGrant(t, p, "Held", phase(lockingv1alpha1.PhaseHeld))
 	must(t, admin.Delete(t.Context(), g))
 	waitPod(t, p, "deleted", func(p *corev1.Pod) bool { return p == nil || p.DeletionTimestamp != nil })
-	waitEvent(t, p, podgate.ReasonLockLost)
+	waitEvent(t, p, lockingv1alpha1.GatedPodReasonLockLost)
 }
 
 // A gate removed by someone else before the grant was Held ends the Pod
@@ -158,7 +157,7 @@ func TestStuckContainerLosesItsLease(t *testing.T) {
 	at(11)
 	heartbeat(t, "node-stuck") // the node is alive
 	touch(t, stuck)
-	waitEvent(t, stuck, podgate.ReasonNotReady)
+	waitEvent(t, stuck, lockingv1alpha1.GatedPodReasonNotReady)
 	g := waitGrant(t, stuck, "Held", phase(lockingv1alpha1.PhaseHeld))
 	if g.Spec.Renewals != 0 {
 		t.Fatalf("the grant of a Pod whose container is not ready was renewed: renewals %d", g.Spec.Renewals)

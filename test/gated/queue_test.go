@@ -74,7 +74,7 @@ func TestJobPodsRunOneAtATimeInOrder(t *testing.T) {
 			}
 		}
 		if i > 0 {
-			if e := waitEvent(t, p, podgate.ReasonWaiting); !strings.Contains(e.Note, "waiting for lock "+lock) {
+			if e := waitEvent(t, p, lockingv1alpha1.GatedPodReasonWaiting); !strings.Contains(e.Note, "waiting for lock "+lock) {
 				t.Errorf("Pod %d's Event does not say what it waits for: %q", i, e.Note)
 			}
 		}
@@ -93,7 +93,7 @@ func TestDeletedWaitingPodWithdrawsItsRequest(t *testing.T) {
 	gone := createPod(t, podSpec(ns, "gone", nil))
 	next := createPod(t, podSpec(ns, "next", nil))
 	waitGrant(t, gone, "Pending", phase(lockingv1alpha1.PhasePending))
-	if e := waitEvent(t, gone, podgate.ReasonWaiting); !strings.Contains(e.Note, fmt.Sprintf("held by Pod holder (fence %d)", f)) {
+	if e := waitEvent(t, gone, lockingv1alpha1.GatedPodReasonWaiting); !strings.Contains(e.Note, fmt.Sprintf("held by Pod holder (fence %d)", f)) {
 		t.Errorf("the waiting Pod's Event does not say who holds the lock: %q", e.Note)
 	}
 
@@ -117,6 +117,27 @@ func TestDeletedRunningPodReleases(t *testing.T) {
 	must(t, admin.Delete(t.Context(), pod(t, holder), client.GracePeriodSeconds(0)))
 	waitGrant(t, holder, "Released", phase(lockingv1alpha1.PhaseReleased))
 	waitStarted(t, next)
+}
+
+// A Pod that restarts no container gives its lock back as soon as the
+// kubelet reports every container terminated, before it writes the
+// Pod's phase (which it does only once the sandbox is torn down).
+func TestEndedContainersReleaseBeforeThePhase(t *testing.T) {
+	ns := space(t)
+	heartbeat(t, "node-a")
+	holder := createPod(t, podSpec(ns, "holder", nil))
+	next := createPod(t, podSpec(ns, "next", nil))
+	waitStarted(t, holder)
+	run(t, holder, "node-a")
+	cur := pod(t, holder)
+	cur.Status.ContainerStatuses = []corev1.ContainerStatus{{Name: "settle", Image: "registry.example/settle:1", ImageID: "registry.example/settle@sha256:1",
+		State: corev1.ContainerState{Terminated: &corev1.ContainerStateTerminated{ExitCode: 0, Reason: "Completed"}}}}
+	must(t, admin.Status().Update(t.Context(), cur))
+	waitGrant(t, holder, "Released", phase(lockingv1alpha1.PhaseReleased))
+	waitStarted(t, next)
+	if p := pod(t, holder); p.Status.Phase != corev1.PodRunning {
+		t.Fatalf("the holder's phase is %s, want still Running", p.Status.Phase)
+	}
 }
 
 // With permits: 2, two Pods run at once, each on its own slot with its own

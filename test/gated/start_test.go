@@ -67,8 +67,8 @@ func TestGatedPodStartsWithItsFence(t *testing.T) {
 			t.Fatalf("version %s of the Pod is ungated without its fence: %v", v.ResourceVersion, v.Annotations)
 		}
 	}
-	waitEvent(t, p, podgate.ReasonWaiting)
-	waitEvent(t, p, podgate.ReasonGranted)
+	waitEvent(t, p, lockingv1alpha1.GatedPodReasonWaiting)
+	waitEvent(t, p, lockingv1alpha1.GatedPodReasonGranted)
 }
 
 // waitFor polls ok until it holds or a deadline passes.

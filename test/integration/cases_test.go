@@ -194,10 +194,10 @@ func TestRenewAfterExpiry(t *testing.T) {
 			if g.Status.Phase != lockingv1alpha1.PhaseExpired || !g.Status.ExpiresAt.Time.Equal(tl.t(2)) {
 				t.Fatalf("after the late renew: phase %s until %v, want Expired at t=2", g.Status.Phase, g.Status.ExpiresAt)
 			}
-			if c := metaCond(g, lockingv1alpha1.ConditionRenewed); g.Status.ObservedRenewals == 1 && (c == nil || c.Status != metav1.ConditionFalse || c.Reason != "Expired") {
+			if c := metaCond(g, lockingv1alpha1.ConditionRenewed); g.Status.ObservedRenewals == 1 && (c == nil || c.Status != metav1.ConditionFalse || c.Reason != lockingv1alpha1.LockGrantReasonExpired) {
 				t.Fatalf("Renewed condition = %+v, want False, Expired", c)
 			}
-			if c := metaCond(g, lockingv1alpha1.ConditionReady); c == nil || c.Reason != "Expired" {
+			if c := metaCond(g, lockingv1alpha1.ConditionReady); c == nil || c.Reason != lockingv1alpha1.LockGrantReasonExpired {
 				t.Fatalf("Ready condition = %+v, want the lapse (Expired) visible", c)
 			}
 			if c := counterOf(t, ns); c.Spec.Holder != nil {
@@ -233,7 +233,7 @@ func TestLateReleaseAnsweredInStatus(t *testing.T) {
 	if g.Status.Phase != lockingv1alpha1.PhaseExpired || g.Spec.Release != (err == nil) {
 		t.Fatalf("after the late release (%v): phase %s, release %v; want Expired", err, g.Status.Phase, g.Spec.Release)
 	}
-	if c := metaCond(g, lockingv1alpha1.ConditionReady); c == nil || c.Reason != "Expired" {
+	if c := metaCond(g, lockingv1alpha1.ConditionReady); c == nil || c.Reason != lockingv1alpha1.LockGrantReasonExpired {
 		t.Fatalf("Ready condition = %+v, want Expired", c)
 	}
 	wantReason(t, "releasing again", release(t, a, g), "EXPIRED")

@@ -116,7 +116,7 @@ func TestDryRunsLeaveNoTrace(t *testing.T) {
 		}
 		seen := false
 		for _, e := range evs.Items {
-			if e.Reason != "ShadowDenied" {
+			if e.Reason != lockingv1alpha1.GuardPolicyReasonShadowDenied {
 				continue
 			}
 			if strings.HasPrefix(e.Regarding.Name, "dry-") {

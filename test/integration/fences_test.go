@@ -114,9 +114,9 @@ func TestGrantHeldBackWhenTheEpochHasNoFence(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			waitHeldBack(t, b, "EpochBehind", tc.says)
-			waitEvent(t, ns, "LockGrant", b.Name, "EpochBehind", tc.says)
-			waitEvent(t, metav1.NamespaceDefault, "FenceIssuer", lockingv1alpha1.DefaultFenceIssuerName, "EpochBehind", b.Name)
+			waitHeldBack(t, b, lockingv1alpha1.LockGrantReasonEpochBehind, tc.says)
+			waitEvent(t, ns, "LockGrant", b.Name, lockingv1alpha1.LockGrantReasonEpochBehind, tc.says)
+			waitEvent(t, metav1.NamespaceDefault, "FenceIssuer", lockingv1alpha1.DefaultFenceIssuerName, lockingv1alpha1.LockGrantReasonEpochBehind, b.Name)
 			if c := counterIn(t, ns, tc.res); c.Spec.Fence != tc.counter || c.Spec.Holder != nil {
 				t.Fatalf("counter %+v after the held-back request; want it untouched at %d", c.Spec, tc.counter)
 			}

@@ -73,7 +73,7 @@ func TestForgedRecordOnAnUnguardedObjectHoldsNothingBack(t *testing.T) {
 			t.Fatal(err)
 		}
 		g = waitFor(t, g, "Held, or held back", func(g *lockingv1alpha1.LockGrant) bool {
-			return g.Status.Phase == lockingv1alpha1.PhaseHeld || len(g.Status.Conditions) > 0 && g.Status.Conditions[0].Reason == "FenceRegression"
+			return g.Status.Phase == lockingv1alpha1.PhaseHeld || len(g.Status.Conditions) > 0 && g.Status.Conditions[0].Reason == lockingv1alpha1.LockGrantReasonFenceRegression
 		})
 		if g.Status.Phase != lockingv1alpha1.PhaseHeld {
 			t.Errorf("the victim's grant of %s: phase %q, conditions %+v; want Held (mallory's forged record wedged it)", res, g.Status.Phase, g.Status.Conditions)

@@ -18,8 +18,8 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	lockingv1alpha1 "github.com/lockwarden/lockwarden/api/v1alpha1"
-	"github.com/lockwarden/lockwarden/internal/denial"
 	"github.com/lockwarden/lockwarden/pkg/fencing"
+	"github.com/lockwarden/lockwarden/pkg/fencing/denial"
 )
 
 const resource = "invoice-batch/2026-07-19"

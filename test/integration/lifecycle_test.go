@@ -48,7 +48,7 @@ func TestLeaseLifecycleSequence(t *testing.T) {
 		t.Fatalf("A's renew at t=9: %v, want it answered in the status", err)
 	}
 	ga = waitPhase(t, ga, lockingv1alpha1.PhaseExpired)
-	if c := metaCond(ga, lockingv1alpha1.ConditionRenewed); c == nil || c.Status != metav1.ConditionFalse || c.Reason != "Expired" {
+	if c := metaCond(ga, lockingv1alpha1.ConditionRenewed); c == nil || c.Status != metav1.ConditionFalse || c.Reason != lockingv1alpha1.LockGrantReasonExpired {
 		t.Fatalf("A's Renewed condition after the renew at t=9 = %+v, want False, Expired", c)
 	}
 

@@ -32,7 +32,7 @@ func TestLockDelayAfterExpiry(t *testing.T) {
 	wake(t, a)
 	waitPhase(t, a, lockingv1alpha1.PhaseExpired)
 	waitFor(t, b, "waiting out the lock-delay", func(g *lockingv1alpha1.LockGrant) bool {
-		return g.Status.Phase == lockingv1alpha1.PhasePending && readyReasonOf(g) == "LockDelay"
+		return g.Status.Phase == lockingv1alpha1.PhasePending && readyReasonOf(g) == lockingv1alpha1.LockGrantReasonLockDelay
 	})
 	c := counterOf(t, ns)
 	if c.Spec.Holder != nil || c.Spec.LockDelayUntil == "" || mustTime(t, c.Spec.LockDelayUntil).Before(tl.t(30)) {

@@ -294,7 +294,7 @@ func TestPermitsLockDelayPerSlot(t *testing.T) {
 	wake(t, b)
 	waitPhase(t, b, lockingv1alpha1.PhaseExpired)
 	waitFor(t, c, "waiting out slot 1's lock-delay", func(g *lockingv1alpha1.LockGrant) bool {
-		return g.Status.Phase == lockingv1alpha1.PhasePending && readyReasonOf(g) == "LockDelay"
+		return g.Status.Phase == lockingv1alpha1.PhasePending && readyReasonOf(g) == lockingv1alpha1.LockGrantReasonLockDelay
 	})
 	if g := get(t, d); g.Status.Phase != lockingv1alpha1.PhasePending {
 		t.Fatalf("d: %s behind a head that waits out a lock-delay", g.Status.Phase)
@@ -434,13 +434,13 @@ func TestPermitsShrinkThenGrowRestoresTheLimit(t *testing.T) {
 			return g.Status.Phase == lockingv1alpha1.PhaseHeld && c != nil && c.Status == status && c.Reason == reason
 		}
 	}
-	waitFor(t, b, "Held over the lowered limit", cond(metav1.ConditionFalse, "OverLimit"))
+	waitFor(t, b, "Held over the lowered limit", cond(metav1.ConditionFalse, lockingv1alpha1.LockGrantReasonOverLimit))
 	tl.at(0.3)
 	w2, err := acquire(t, as(t, "sg-w2"), ns, 600, withPermits(2))
 	if err != nil {
 		t.Fatal(err)
 	}
-	b = waitFor(t, b, "Held within the limit again", cond(metav1.ConditionTrue, "WithinLimit"))
+	b = waitFor(t, b, "Held within the limit again", cond(metav1.ConditionTrue, lockingv1alpha1.LockGrantReasonWithinLimit))
 	if b.HeldSlot() != 1 || b.Status.FenceToken != 1 {
 		t.Fatalf("b: slot %d fence %d, want its slot 1 and fence 1 kept", b.HeldSlot(), b.Status.FenceToken)
 	}

@@ -123,7 +123,7 @@ func TestPermitsShrinkRevokesNobody(t *testing.T) {
 	for _, k := range []int{1, 2} {
 		g := waitFor(t, held[k], "OverLimit", func(g *lockingv1alpha1.LockGrant) bool {
 			c := withinLimit(g)
-			return c != nil && c.Status == metav1.ConditionFalse && c.Reason == "OverLimit"
+			return c != nil && c.Status == metav1.ConditionFalse && c.Reason == lockingv1alpha1.LockGrantReasonOverLimit
 		})
 		if g.Status.Phase != lockingv1alpha1.PhaseHeld {
 			t.Fatalf("%s: %s, want still Held", g.Name, g.Status.Phase)

@@ -111,7 +111,7 @@ func TestGuardPolicyShadowThenEnforce(t *testing.T) {
 			return false, err
 		}
 		for _, e := range evs.Items {
-			if e.Reason == "ShadowDenied" && e.Regarding.Name == "batch-1" {
+			if e.Reason == lockingv1alpha1.GuardPolicyReasonShadowDenied && e.Regarding.Name == "batch-1" {
 				return true, nil
 			}
 		}
@@ -183,7 +183,7 @@ func TestGuardPolicyTightenedWhileHeld(t *testing.T) {
 		t.Fatal(err)
 	}
 	g = waitPhase(t, g, lockingv1alpha1.PhaseRevoked)
-	if c := metaCond(g, lockingv1alpha1.ConditionReady); c == nil || c.Reason != "PolicyDenied" {
+	if c := metaCond(g, lockingv1alpha1.ConditionReady); c == nil || c.Reason != lockingv1alpha1.LockGrantReasonPolicyDenied {
 		t.Fatalf("Ready = %+v, want reason PolicyDenied", c)
 	}
 	wantReason(t, "a write with the revoked grant", writeCM(t, a, ns, "payout-1", "late", proven, nil), "REVOKED")

@@ -177,8 +177,8 @@ func TestWedgedObjectOverride(t *testing.T) {
 		ann[lockingv1alpha1.AcceptedIntentAnnotation] != fencing.IntentOverride || ann[lockingv1alpha1.OverrideAnnotation] != "" {
 		t.Fatalf("annotations after the override: %v; want the fence kept, intent %q, the override consumed", ann, fencing.IntentOverride)
 	}
-	waitEvent(t, ns, "ConfigMap", name, "GuardOverridden", "ticket 4711")
-	waitEvent(t, metav1.NamespaceDefault, "FenceIssuer", lockingv1alpha1.DefaultFenceIssuerName, "GuardOverridden", "ConfigMap "+ns+"/"+name)
+	waitEvent(t, ns, "ConfigMap", name, lockingv1alpha1.EventReasonGuardOverridden, "ticket 4711")
+	waitEvent(t, metav1.NamespaceDefault, "FenceIssuer", lockingv1alpha1.DefaultFenceIssuerName, lockingv1alpha1.EventReasonGuardOverridden, "ConfigMap "+ns+"/"+name)
 	if out, stderr, code := nextEpoch(t); code != 0 || !strings.Contains(stderr, "an administrator overrode its guard") {
 		t.Fatalf("next-epoch.sh after the override = %q, exit %d, stderr %q; want an epoch, the retired object not counted", out, code, stderr)
 	}

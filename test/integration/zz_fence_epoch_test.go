@@ -32,9 +32,9 @@ func TestZZExhaustedSequenceNeverCarriesIntoTheEpoch(t *testing.T) {
 		t.Fatal(err)
 	}
 	next := fencing.FormatFence(epoch + 1)
-	waitHeldBack(t, b, "SequenceExhausted", "spec.epoch to "+next+" or more")
-	waitEvent(t, ns, "LockGrant", b.Name, "SequenceExhausted", "sequence of issuer epoch")
-	waitEvent(t, "default", "FenceIssuer", lockingv1alpha1.DefaultFenceIssuerName, "SequenceExhausted", b.Name)
+	waitHeldBack(t, b, lockingv1alpha1.LockGrantReasonSequenceExhausted, "spec.epoch to "+next+" or more")
+	waitEvent(t, ns, "LockGrant", b.Name, lockingv1alpha1.LockGrantReasonSequenceExhausted, "sequence of issuer epoch")
+	waitEvent(t, "default", "FenceIssuer", lockingv1alpha1.DefaultFenceIssuerName, lockingv1alpha1.LockGrantReasonSequenceExhausted, b.Name)
 
 	updateIssuer(t, func(iss *lockingv1alpha1.FenceIssuer) {
 		iss.Spec.Epoch = epoch + 1

@@ -122,7 +122,7 @@ func TestZZFloorOfADeletedObjectHoldsNothingBack(t *testing.T) {
 	}
 	g = waitFor(t, g, "Held, or held back", func(g *lockingv1alpha1.LockGrant) bool {
 		c := meta.FindStatusCondition(g.Status.Conditions, lockingv1alpha1.ConditionReady)
-		return g.Status.Phase == lockingv1alpha1.PhaseHeld || c != nil && c.Reason == "FenceRegression"
+		return g.Status.Phase == lockingv1alpha1.PhaseHeld || c != nil && c.Reason == lockingv1alpha1.LockGrantReasonFenceRegression
 	})
 	if g.Status.Phase != lockingv1alpha1.PhaseHeld || g.Status.FenceToken != epoch<<fencing.EpochBits|1 {
 		t.Fatalf("grant %s: phase %s, fence %d, conditions %+v; want Held with fence %d", g.Name, g.Status.Phase, g.Status.FenceToken, g.Status.Conditions, epoch<<fencing.EpochBits|1)

@@ -26,7 +26,7 @@ import (
 	lockingv1alpha1 "github.com/lockwarden/lockwarden/api/v1alpha1"
 	"github.com/lockwarden/lockwarden/internal/pgtest"
 	"github.com/lockwarden/lockwarden/pkg/fencing"
-	facts "github.com/lockwarden/lockwarden/pkg/fencing/k8s"
+	"github.com/lockwarden/lockwarden/pkg/fencing/facts"
 	"github.com/lockwarden/lockwarden/pkg/store/postgres"
 )
 
@@ -206,7 +206,7 @@ func TestRestoreFromOldSnapshot(t *testing.T) {
 			return meta.IsStatusConditionTrue(g.Status.Conditions, lockingv1alpha1.ConditionFenceRegression)
 		})
 		c := meta.FindStatusCondition(cur.Status.Conditions, lockingv1alpha1.ConditionFenceRegression)
-		if c.Reason != "FenceRegression" || !strings.Contains(c.Message, "FENCE_REGRESSION") || !strings.Contains(c.Message, batchID) {
+		if c.Reason != lockingv1alpha1.LockGrantReasonFenceRegression || !strings.Contains(c.Message, "FENCE_REGRESSION") || !strings.Contains(c.Message, batchID) {
 			t.Fatalf("grant %s condition %+v; want reason FENCE_REGRESSION and the store's message", g.Name, c)
 		}
 		t.Logf("grant %s (fence %d, %s): condition %s=%s reason=%s message=%q", g.Name, cur.Status.FenceToken, cur.Status.Phase, c.Type, c.Status, c.Reason, c.Message)
@@ -250,7 +250,7 @@ func TestRestoreFromOldSnapshot(t *testing.T) {
 	// The grant held across the restore ends Revoked; it can never renew
 	// or write again.
 	revoked := waitPhase(t, heldGrant, lockingv1alpha1.PhaseRevoked)
-	if c := meta.FindStatusCondition(revoked.Status.Conditions, lockingv1alpha1.ConditionReady); c == nil || c.Reason != "RevokedEpoch" {
+	if c := meta.FindStatusCondition(revoked.Status.Conditions, lockingv1alpha1.ConditionReady); c == nil || c.Reason != lockingv1alpha1.LockGrantReasonRevokedEpoch {
 		t.Fatalf("Ready condition of the revoked grant = %+v; want reason RevokedEpoch", c)
 	}
 	wantReason(t, "renew of the grant held across the restore", renew(ctx, w, heldGrant), "REVOKED")

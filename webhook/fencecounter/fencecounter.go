@@ -13,9 +13,9 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
 
 	lockingv1alpha1 "github.com/lockwarden/lockwarden/api/v1alpha1"
-	"github.com/lockwarden/lockwarden/internal/denial"
+	"github.com/lockwarden/lockwarden/internal/deny"
 	"github.com/lockwarden/lockwarden/pkg/fencing"
-	facts "github.com/lockwarden/lockwarden/pkg/fencing/k8s"
+	"github.com/lockwarden/lockwarden/pkg/fencing/facts"
 )
 
 // Validator guards FenceCounters.
@@ -34,8 +34,8 @@ func NewValidator(s *runtime.Scheme, r client.Reader) *admission.Webhook {
 // ValidateCreate checks that the counter is named after its resource.
 func (v *Validator) ValidateCreate(_ context.Context, c *lockingv1alpha1.FenceCounter) (admission.Warnings, error) {
 	if err := fencing.CheckCounterName(c.Name, c.Spec.Resource, lockingv1alpha1.FenceCounterName(c.Spec.Resource)); err != nil {
-		return nil, denial.Invalid(lockingv1alpha1.GroupVersion.WithKind("FenceCounter").GroupKind(), c.Name, field.ErrorList{
-			denial.Field(field.NewPath("metadata", "name"), c.Name, err)})
+		return nil, deny.Invalid(lockingv1alpha1.GroupVersion.WithKind("FenceCounter").GroupKind(), c.Name, field.ErrorList{
+			deny.Field(field.NewPath("metadata", "name"), c.Name, err)})
 	}
 	return nil, nil
 }
@@ -70,5 +70,5 @@ func (v *Validator) ValidateDelete(ctx context.Context, c *lockingv1alpha1.Fence
 }
 
 func forbid(name string, err error) error {
-	return denial.Error(err, lockingv1alpha1.GroupVersion.WithResource("fencecounters").GroupResource(), name)
+	return deny.Error(err, lockingv1alpha1.GroupVersion.WithResource("fencecounters").GroupResource(), name)
 }

@@ -11,7 +11,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
 
 	lockingv1alpha1 "github.com/lockwarden/lockwarden/api/v1alpha1"
-	"github.com/lockwarden/lockwarden/internal/denial"
+	"github.com/lockwarden/lockwarden/internal/deny"
 	"github.com/lockwarden/lockwarden/pkg/fencing"
 )
 
@@ -37,5 +37,5 @@ func (Validator) ValidateUpdate(context.Context, *lockingv1alpha1.FenceIssuer, *
 
 // ValidateDelete refuses with COUNTER_PROTECTED.
 func (Validator) ValidateDelete(_ context.Context, iss *lockingv1alpha1.FenceIssuer) (admission.Warnings, error) {
-	return nil, denial.Error(fencing.CheckIssuerDelete(), lockingv1alpha1.GroupVersion.WithResource("fenceissuers").GroupResource(), iss.Name)
+	return nil, deny.Error(fencing.CheckIssuerDelete(), lockingv1alpha1.GroupVersion.WithResource("fenceissuers").GroupResource(), iss.Name)
 }

@@ -14,10 +14,10 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
 
 	lockingv1alpha1 "github.com/lockwarden/lockwarden/api/v1alpha1"
-	"github.com/lockwarden/lockwarden/internal/denial"
+	"github.com/lockwarden/lockwarden/internal/deny"
 	"github.com/lockwarden/lockwarden/internal/podgate"
 	"github.com/lockwarden/lockwarden/pkg/fencing"
-	facts "github.com/lockwarden/lockwarden/pkg/fencing/k8s"
+	"github.com/lockwarden/lockwarden/pkg/fencing/facts"
 )
 
 // Handler is the mutating webhook of Pods that name a lock, on CREATE.
@@ -56,7 +56,7 @@ func (h *Handler) Handle(ctx context.Context, req admission.Request) admission.R
 	}
 	r, errs := podgate.ParseRequest(pod.Annotations)
 	if len(errs) > 0 {
-		return denial.InvalidResponse(corev1.SchemeGroupVersion.WithKind("Pod").GroupKind(), name, errs)
+		return deny.InvalidResponse(corev1.SchemeGroupVersion.WithKind("Pod").GroupKind(), name, errs)
 	}
 	owner := podgate.Owner(req.Namespace, podgate.ServiceAccount(pod))
 	err := fencing.CheckGatedPod(fencing.GatedPod{
@@ -65,10 +65,10 @@ func (h *Handler) Handle(ctx context.Context, req admission.Request) admission.R
 	})
 	switch {
 	case fencing.ReasonOf(err) == fencing.ReasonInvalidSpec:
-		return denial.InvalidResponse(corev1.SchemeGroupVersion.WithKind("Pod").GroupKind(), name,
-			field.ErrorList{denial.Field(field.NewPath("spec", "nodeName"), pod.Spec.NodeName, err)})
+		return deny.InvalidResponse(corev1.SchemeGroupVersion.WithKind("Pod").GroupKind(), name,
+			field.ErrorList{deny.Field(field.NewPath("spec", "nodeName"), pod.Spec.NodeName, err)})
 	case fencing.ReasonOf(err) != "":
-		return denial.Response(err, corev1.SchemeGroupVersion.WithResource("pods").GroupResource(), name)
+		return deny.Response(err, corev1.SchemeGroupVersion.WithResource("pods").GroupResource(), name)
 	case err != nil:
 		return admission.Errored(http.StatusInternalServerError, fmt.Errorf("%s: %w", fencing.ReasonInternal, err))
 	}

@@ -11,7 +11,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
 
 	lockingv1alpha1 "github.com/lockwarden/lockwarden/api/v1alpha1"
-	"github.com/lockwarden/lockwarden/internal/denial"
+	"github.com/lockwarden/lockwarden/internal/deny"
 	"github.com/lockwarden/lockwarden/internal/policy"
 	"github.com/lockwarden/lockwarden/pkg/fencing"
 )
@@ -124,5 +124,5 @@ func respond(req admission.Request, decision error) admission.Response {
 		return admission.Errored(http.StatusInternalServerError, decision)
 	}
 	gr := schema.GroupResource{Group: req.Resource.Group, Resource: req.Resource.Resource}
-	return denial.Response(decision, gr, req.Name)
+	return deny.Response(decision, gr, req.Name)
 }

@@ -16,15 +16,7 @@ import (
 
 	lockingv1alpha1 "github.com/lockwarden/lockwarden/api/v1alpha1"
 	"github.com/lockwarden/lockwarden/pkg/fencing"
-	facts "github.com/lockwarden/lockwarden/pkg/fencing/k8s"
-)
-
-// Event reasons of the guarded-write webhooks about the issuer and
-// overrides.
-const (
-	// ReasonGuardOverridden: an administrator overrode the guard of a
-	// wedged object (fencing.Override).
-	ReasonGuardOverridden = "GuardOverridden"
+	"github.com/lockwarden/lockwarden/pkg/fencing/facts"
 )
 
 // overrideAsserted is the override a create or update asserts: the value
@@ -120,8 +112,8 @@ func (c *Checker) announce(ctx context.Context, req admission.Request, r fencing
 			note += ": " + r.Override.Reason
 		}
 		logf.FromContext(ctx).Info("Guard overridden", "object", obj, "by", req.UserInfo.Username, "operation", string(req.Operation), "fence", r.Record.Fence)
-		c.event(ctx, regarding(req), ReasonGuardOverridden, note)
-		c.event(ctx, c.issuer(ctx), ReasonGuardOverridden, note)
+		c.event(ctx, regarding(req), lockingv1alpha1.EventReasonGuardOverridden, note)
+		c.event(ctx, c.issuer(ctx), lockingv1alpha1.EventReasonGuardOverridden, note)
 	case fencing.ReasonOf(decision) == fencing.ReasonFenceRegression:
 		var e *fencing.Error
 		if !errors.As(decision, &e) {

@@ -153,7 +153,7 @@ func (h *PolicyHandler) shadow(req admission.Request, w write, pol *lockingv1alp
 		if req.Kind.Group == "" {
 			regarding.APIVersion = req.Kind.Version
 		}
-		h.Recorder.Eventf(regarding, nil, corev1.EventTypeWarning, "ShadowDenied", string(req.Operation),
+		h.Recorder.Eventf(regarding, nil, corev1.EventTypeWarning, lockingv1alpha1.GuardPolicyReasonShadowDenied, string(req.Operation),
 			"GuardPolicy %s (Shadow) would deny this %s: %s", pol.Name, strings.ToLower(string(req.Operation)), decision.Error())
 	}
 	if w.new == nil || req.SubResource != "" {

@@ -10,7 +10,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
 
 	lockingv1alpha1 "github.com/lockwarden/lockwarden/api/v1alpha1"
-	"github.com/lockwarden/lockwarden/internal/denial"
+	"github.com/lockwarden/lockwarden/internal/deny"
 	"github.com/lockwarden/lockwarden/internal/policy"
 )
 
@@ -42,5 +42,5 @@ func (Validator) ValidateDelete(context.Context, *lockingv1alpha1.GuardPolicy) (
 // check refuses an unusable policy with a 422 Invalid error whose every
 // field detail starts with INVALID_POLICY (policy.Refusals).
 func check(p *lockingv1alpha1.GuardPolicy) error {
-	return denial.Invalid(lockingv1alpha1.GroupVersion.WithKind("GuardPolicy").GroupKind(), p.Name, policy.Refusals(p))
+	return deny.Invalid(lockingv1alpha1.GroupVersion.WithKind("GuardPolicy").GroupKind(), p.Name, policy.Refusals(p))
 }

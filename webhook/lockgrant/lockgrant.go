@@ -27,10 +27,10 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
 
 	lockingv1alpha1 "github.com/lockwarden/lockwarden/api/v1alpha1"
-	"github.com/lockwarden/lockwarden/internal/denial"
+	"github.com/lockwarden/lockwarden/internal/deny"
 	"github.com/lockwarden/lockwarden/internal/policy"
 	"github.com/lockwarden/lockwarden/pkg/fencing"
-	facts "github.com/lockwarden/lockwarden/pkg/fencing/k8s"
+	"github.com/lockwarden/lockwarden/pkg/fencing/facts"
 )
 
 // Defaulter fills in what the API server knows and the client must not
@@ -110,7 +110,7 @@ func (d *Defaulter) checkRequestID(ctx context.Context, ns string, g *lockingv1a
 	}
 	notice, err := fencing.CheckRequestID(spent, d.Clock.Now())
 	if err != nil {
-		return deny(g.Name, err)
+		return forbidden(g.Name, err)
 	}
 	if notice != "" {
 		g.Annotations[lockingv1alpha1.ReusedRequestIDAnnotation] = spent.State.String() + " " + spent.EndedAt.UTC().Format(time.RFC3339)
@@ -133,6 +133,20 @@ type Validator struct {
 	// PodGrants, when set, accepts the grants the manager requests for
 	// lock-gated Pods (podgrant.go).
 	PodGrants *PodGrants
+	// RequestIDWindow is the manager's request-ID window, and Ledgers
+	// reads the namespaces' RequestIDLedgers directly from the API server:
+	// an ended grant of a user-chosen request ID is deleted only once its
+	// ID is recorded as spent. A zero window records nothing.
+	RequestIDWindow time.Duration
+	Ledgers         client.Reader
+}
+
+// WithRequestIDWindow makes the validator keep an ended grant of a
+// user-chosen request ID until the ledger of its namespace, read with
+// ledgers, records the ID as spent (window: the manager's request-ID
+// window).
+func WithRequestIDWindow(window time.Duration, ledgers client.Reader) func(*Validator) {
+	return func(v *Validator) { v.RequestIDWindow, v.Ledgers = window, ledgers }
 }
 
 // ForceReleaseVerb is the RBAC verb on lockgrants that lets an identity
@@ -170,11 +184,11 @@ func (v *Validator) ValidateCreate(ctx context.Context, g *lockingv1alpha1.LockG
 	var errs field.ErrorList
 	spec := field.NewPath("spec")
 	if g.Spec.Renewals != 0 {
-		errs = append(errs, denial.FieldInvalid(spec.Child("renewals"), g.Spec.Renewals, fencing.ReasonInvalidSpec, "a new LockGrant must have renewals 0"))
+		errs = append(errs, deny.FieldInvalid(spec.Child("renewals"), g.Spec.Renewals, fencing.ReasonInvalidSpec, "a new LockGrant must have renewals 0"))
 	}
 	if g.Spec.RequestID != "" {
 		if want := lockingv1alpha1.GrantNameForRequest(g.Spec.RequestID); g.Name != want {
-			errs = append(errs, denial.FieldInvalid(field.NewPath("metadata", "name"), g.Name, fencing.ReasonInvalidSpec,
+			errs = append(errs, deny.FieldInvalid(field.NewPath("metadata", "name"), g.Name, fencing.ReasonInvalidSpec,
 				fmt.Sprintf("a LockGrant with requestID %q must be named %q (or use generateName)", g.Spec.RequestID, want)))
 		}
 	}
@@ -226,7 +240,7 @@ func (v *Validator) checkPolicy(ctx context.Context, g *lockingv1alpha1.LockGran
 	pol := &lockingv1alpha1.GuardPolicy{}
 	if err := v.Reader.Get(ctx, types.NamespacedName{Name: g.Spec.Policy}, pol); err != nil {
 		if apierrors.IsNotFound(err) {
-			return invalid(g.Name, denial.FieldInvalid(field.NewPath("spec", "policy"), g.Spec.Policy, fencing.ReasonInvalidSpec, "no such GuardPolicy"))
+			return invalid(g.Name, deny.FieldInvalid(field.NewPath("spec", "policy"), g.Spec.Policy, fencing.ReasonInvalidSpec, "no such GuardPolicy"))
 		}
 		return err
 	}
@@ -260,7 +274,7 @@ func (v *Validator) ValidateUpdate(ctx context.Context, oldG, newG *lockingv1alp
 		errs := make(field.ErrorList, 0, len(u.Immutable))
 		for _, f := range u.Immutable {
 			path, value := immutableField(newG, f)
-			errs = append(errs, denial.FieldInvalid(path, value, fencing.ReasonInvalidSpec, "immutable"))
+			errs = append(errs, deny.FieldInvalid(path, value, fencing.ReasonInvalidSpec, "immutable"))
 		}
 		return nil, invalid(newG.Name, errs...)
 	}
@@ -281,22 +295,41 @@ func immutableField(g *lockingv1alpha1.LockGrant, f string) (*field.Path, string
 // ValidateDelete lets the owner delete its grant, anyone with delete
 // rights delete a finished one, and otherwise requires the force-release
 // verb: deleting a live grant someone else holds is a forced release, a
-// separate and audited action (the next grant gets a higher fence). Grants
-// in a namespace being deleted can always go.
+// separate and audited action (the next grant gets a higher fence). A grant
+// of a request ID its user chose goes only once nothing forgets the ID: not
+// live by its owner, and once ended only after the namespace's ledger
+// records the ID as spent. Grants in a namespace being deleted can always
+// go.
 func (v *Validator) ValidateDelete(ctx context.Context, g *lockingv1alpha1.LockGrant) (admission.Warnings, error) {
 	req, err := admission.RequestFromContext(ctx)
 	if err != nil {
 		return nil, err
 	}
-	forced, err := fencing.CheckGrantDelete(fencing.GrantDelete{
+	var ended, now time.Time
+	if g.Status.EndedAt != nil {
+		ended = g.Status.EndedAt.Time
+	}
+	if v.RequestIDWindow > 0 {
+		now = v.Clock.Now()
+	}
+	d := fencing.GrantDelete{
 		Caller: req.UserInfo.Username, Owner: g.Spec.Owner, Phase: phaseWord(g), Ended: g.Status.Phase.Final(),
 		RequestID: chosenRequestID(g),
+		EndedAt:   ended, Now: now, Window: v.RequestIDWindow,
+		Recorded: func() (bool, error) {
+			if v.Ledgers == nil {
+				return false, nil
+			}
+			spent, err := facts.ReadSpentRequest(ctx, v.Ledgers, g.Namespace, g.Spec.RequestID)
+			return spent.Records(ended, v.RequestIDWindow), err
+		},
 		NamespaceTerminating: func() bool {
 			terminating, err := facts.NamespaceTerminating(ctx, v.Reader, g.Namespace)
 			return err == nil && terminating
 		},
 		ForceRelease: func() (bool, error) { return v.authorized(ctx, g, ForceReleaseVerb) },
-	})
+	}
+	forced, err := fencing.CheckGrantDelete(d)
 	if err != nil {
 		return nil, answer(g.Name, err)
 	}
@@ -367,10 +400,10 @@ func requester(ctx context.Context) (string, error) {
 	return req.UserInfo.Username, nil
 }
 
-// deny turns a fencing refusal into a Forbidden admission error whose
+// forbidden turns a fencing refusal into a Forbidden admission error whose
 // message starts with the reason code.
-func deny(name string, err error) error {
-	return denial.Error(err, lockingv1alpha1.GroupVersion.WithResource("lockgrants").GroupResource(), name)
+func forbidden(name string, err error) error {
+	return deny.Error(err, lockingv1alpha1.GroupVersion.WithResource("lockgrants").GroupResource(), name)
 }
 
 // refusal is err as the admission error of grant name: a refusal with
@@ -379,7 +412,7 @@ func deny(name string, err error) error {
 // returned as is. nil for nil.
 func refusal(name string, path *field.Path, value any, err error) error {
 	if fencing.ReasonOf(err) == fencing.ReasonInvalidSpec {
-		return invalid(name, denial.Field(path, value, err))
+		return invalid(name, deny.Field(path, value, err))
 	}
 	return answer(name, err)
 }
@@ -391,12 +424,12 @@ func answer(name string, err error) error {
 	if fencing.ReasonOf(err) == "" {
 		return err
 	}
-	return deny(name, err)
+	return forbidden(name, err)
 }
 
 // invalid is the 422 Invalid error of grant name for errs (nil for none).
 func invalid(name string, errs ...*field.Error) error {
-	return denial.Invalid(lockingv1alpha1.GroupVersion.WithKind("LockGrant").GroupKind(), name, errs)
+	return deny.Invalid(lockingv1alpha1.GroupVersion.WithKind("LockGrant").GroupKind(), name, errs)
 }
 
 // typedFields refuses a request whose LockGrant does not decode because a
@@ -407,7 +440,7 @@ type typedFields struct{ next admission.Handler }
 // Handle implements admission.Handler.
 func (h typedFields) Handle(ctx context.Context, req admission.Request) admission.Response {
 	if errs := fieldTypeErrors(req.Object.Raw); len(errs) > 0 {
-		return denial.InvalidResponse(lockingv1alpha1.GroupVersion.WithKind("LockGrant").GroupKind(), req.Name, errs)
+		return deny.InvalidResponse(lockingv1alpha1.GroupVersion.WithKind("LockGrant").GroupKind(), req.Name, errs)
 	}
 	return h.next.Handle(ctx, req)
 }
@@ -423,7 +456,7 @@ func fieldTypeErrors(raw []byte) field.ErrorList {
 		return nil // decodes, or fails in a way the decoder itself reports
 	}
 	parts := strings.Split(te.Field, ".")
-	return field.ErrorList{denial.FieldInvalid(field.NewPath(parts[0], parts[1:]...), valueAt(raw, parts, te.Value), fencing.ReasonInvalidSpec,
+	return field.ErrorList{deny.FieldInvalid(field.NewPath(parts[0], parts[1:]...), valueAt(raw, parts, te.Value), fencing.ReasonInvalidSpec,
 		"must be "+jsonType(te.Type))}
 }
 

@@ -7,20 +7,21 @@ import (
 	"k8s.io/apimachinery/pkg/util/validation/field"
 
 	lockingv1alpha1 "github.com/lockwarden/lockwarden/api/v1alpha1"
-	"github.com/lockwarden/lockwarden/internal/denial"
+	"github.com/lockwarden/lockwarden/internal/deny"
 	"github.com/lockwarden/lockwarden/pkg/fencing"
 )
 
-// The syntax of the spec's string fields, as the CRD schema states it
-// (TestSyntaxMatchesSchema keeps the two in agreement). The schema stays
+// The syntax of the spec's string fields, the API's patterns, which the
+// CRD schema states too (TestSyntaxMatchesSchema keeps the two in
+// agreement). The schema stays
 // the last word; admission checks the same first, because the mutating
 // webhook runs before schema validation and can answer with the
 // INVALID_SPEC code and the field a user set, where the schema's own
 // message carries no code.
 var (
-	requestIDRE      = regexp.MustCompile(`^[A-Za-z0-9]([A-Za-z0-9._-]*[A-Za-z0-9])?$`)
-	operationRootRE  = regexp.MustCompile(`^sha256:[0-9a-f]{64}$`)
-	operationClassRE = regexp.MustCompile(`^[a-z0-9]([a-z0-9-]*[a-z0-9])?$`)
+	requestIDRE      = regexp.MustCompile(lockingv1alpha1.RequestIDPattern)
+	operationRootRE  = regexp.MustCompile(lockingv1alpha1.OperationRootPattern)
+	operationClassRE = regexp.MustCompile(lockingv1alpha1.OperationClassPattern)
 	resourceRE       = regexp.MustCompile(lockingv1alpha1.ResourcePattern)
 )
 
@@ -40,11 +41,11 @@ func (r stringRule) check(v string, set bool) *field.Error {
 	}
 	switch {
 	case len(v) < r.min:
-		return denial.FieldInvalid(r.path, v, fencing.ReasonInvalidSpec, "must not be empty")
+		return deny.FieldInvalid(r.path, v, fencing.ReasonInvalidSpec, "must not be empty")
 	case r.max > 0 && len(v) > r.max:
-		return denial.FieldInvalid(r.path, v, fencing.ReasonInvalidSpec, fmt.Sprintf("must be at most %d bytes, not %d", r.max, len(v)))
+		return deny.FieldInvalid(r.path, v, fencing.ReasonInvalidSpec, fmt.Sprintf("must be at most %d bytes, not %d", r.max, len(v)))
 	case r.re != nil && v != "" && !r.re.MatchString(v):
-		return denial.FieldInvalid(r.path, v, fencing.ReasonInvalidSpec, "must be "+r.syntax)
+		return deny.FieldInvalid(r.path, v, fencing.ReasonInvalidSpec, "must be "+r.syntax)
 	}
 	return nil
 }
@@ -62,12 +63,12 @@ var (
 			func(s *lockingv1alpha1.LockGrantSpec) (string, bool) { return s.Resource, true }},
 		{stringRule{spec.Child("owner"), 0, 253, nil, ""},
 			func(s *lockingv1alpha1.LockGrantSpec) (string, bool) { return s.Owner, s.Owner != "" }},
-		{stringRule{spec.Child("requestID"), 0, 63, requestIDRE,
+		{stringRule{spec.Child("requestID"), 0, lockingv1alpha1.MaxRequestIDLength, requestIDRE,
 			`letters, digits, ".", "_" and "-", starting and ending with a letter or digit`},
 			func(s *lockingv1alpha1.LockGrantSpec) (string, bool) { return s.RequestID, s.RequestID != "" }},
 		{stringRule{spec.Child("operationRoot"), 0, 0, operationRootRE, `"sha256:" and 64 lowercase hex digits`},
 			func(s *lockingv1alpha1.LockGrantSpec) (string, bool) { return s.OperationRoot, s.OperationRoot != "" }},
-		{stringRule{spec.Child("operationClass"), 0, 63, operationClassRE,
+		{stringRule{spec.Child("operationClass"), 0, lockingv1alpha1.MaxOperationClassLength, operationClassRE,
 			`lowercase letters, digits and "-", starting and ending with a letter or digit`},
 			func(s *lockingv1alpha1.LockGrantSpec) (string, bool) { return s.OperationClass, s.OperationClass != "" }},
 		{stringRule{spec.Child("policy"), 0, 253, nil, ""},
@@ -100,7 +101,7 @@ func syntaxErrors(s *lockingv1alpha1.LockGrantSpec) field.ErrorList {
 		}
 	}
 	if s.Renewals < 0 {
-		errs = append(errs, denial.FieldInvalid(spec.Child("renewals"), s.Renewals, fencing.ReasonInvalidSpec, "must not be negative"))
+		errs = append(errs, deny.FieldInvalid(spec.Child("renewals"), s.Renewals, fencing.ReasonInvalidSpec, "must not be negative"))
 	}
 	return errs
 }

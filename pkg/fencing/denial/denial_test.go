@@ -9,7 +9,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 
-	encoder "github.com/lockwarden/lockwarden/internal/denial"
+	"github.com/lockwarden/lockwarden/internal/deny"
 	"github.com/lockwarden/lockwarden/pkg/fencing"
 	"github.com/lockwarden/lockwarden/pkg/fencing/denial"
 )
@@ -33,8 +33,8 @@ var allReasons = []fencing.Reason{
 func TestRoundTrip(t *testing.T) {
 	for _, r := range allReasons {
 		ref := &fencing.Error{Reason: r, Detail: "fence 1 is older than fence 2: see the grant"}
-		typed := encoder.Error(ref, grants, "g1")
-		resp := encoder.Response(ref, grants, "g1")
+		typed := deny.Error(ref, grants, "g1")
+		resp := deny.Response(ref, grants, "g1")
 		viaServer := &apierrors.StatusError{ErrStatus: *resp.Result}
 		viaServer.ErrStatus.Message = fmt.Sprintf("admission webhook %q denied the request: %s", "guard.locking.lockwarden.io", resp.Result.Message)
 		noCauses := &apierrors.StatusError{ErrStatus: *viaServer.ErrStatus.DeepCopy()}

@@ -64,7 +64,7 @@ type createdGrant struct {
 // measures the manager's memory and the request-to-Held lag of grants on
 // free resources at that size, then releases everything and counts what the
 // manager, run with --finished-grant-retention=o.retention, leaves behind.
-func (b *bench) scale(ctx context.Context) error {
+func (b *bench) scale(ctx context.Context) error { //nolint:funlen // one measured phase top to bottom: fill, measure, release, count
 	// The restarted manager's cache should hold this phase's grants only.
 	fmt.Println("    deleting the grants of the earlier phases")
 	earlier := []string{nsHandoff, nsTraced, nsExpiry, nsThroughput, nsAdmission}

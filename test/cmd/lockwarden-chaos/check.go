@@ -7,6 +7,8 @@ import (
 	"path/filepath"
 	"slices"
 	"time"
+
+	lockingv1alpha1 "github.com/lockwarden/lockwarden/api/v1alpha1"
 )
 
 // checkCommand re-checks a recorded history.
@@ -74,13 +76,7 @@ type grantInfo struct {
 
 func (g *grantInfo) held() bool { return g.grantedAt != nil && g.fence > 0 }
 
-func (g *grantInfo) ended() bool {
-	switch g.phase {
-	case "Expired", "Released", "TimedOut", "Revoked":
-		return true
-	}
-	return false
-}
+func (g *grantInfo) ended() bool { return lockingv1alpha1.LockGrantPhase(g.phase).Final() }
 
 // world is the history, indexed.
 type world struct {

@@ -27,7 +27,7 @@ const managerReplicas = 2
 // stops everything it started, and checks the history. The error is about
 // the run itself (set-up, clean-up); the report says whether the history
 // passed.
-func run(ctx context.Context, o options) (*Report, error) {
+func run(ctx context.Context, o options) (*Report, error) { //nolint:funlen // one run top to bottom: set-up, workload, stop, check; its defers stop what it started
 	dir, err := runDir(o.dir)
 	if err != nil {
 		return nil, err

@@ -43,6 +43,9 @@ const (
 	EventReleased = "released"
 	// EventFailed: the worker gave up; Detail is the error.
 	EventFailed = "failed"
+	// EventTerminating: the worker (with --finish-on-term) got SIGTERM
+	// and finishes its writes.
+	EventTerminating = "terminating"
 )
 
 // admissionDenial returns the reason code and the message, from the code

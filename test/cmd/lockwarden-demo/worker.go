@@ -6,10 +6,13 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"net"
+	"net/http"
 	"os"
 	"os/signal"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -49,9 +52,19 @@ type worker struct {
 	// requested: it reads the grant, its fence and fenced resource from the
 	// environment (the downward API) instead of acquiring.
 	gated bool
+	// readyAddr, when set, is where the worker answers readiness probes
+	// (GET /readyz) from its own process: a frozen worker answers none.
+	readyAddr string
+	// finishOnTerm: SIGTERM does not stop the worker; it reports it and
+	// finishes its writes, as a worker that completes its unit of work in
+	// its grace period does.
+	finishOnTerm bool
+	// refused: a write was refused.
+	refused bool
 
 	c   client.WithWatch
 	out *json.Encoder
+	mu  sync.Mutex
 	// fence is the token held, once held.
 	fence int64
 }
@@ -73,18 +86,46 @@ func runWorker(args []string) int {
 	fs.BoolVar(&w.release, "release", false, "Release the grant after the last write.")
 	fs.DurationVar(&w.timeout, "timeout", 2*time.Minute, "Give up after this long.")
 	fs.BoolVar(&w.gated, "gated", false, "Run in a lock-gated Pod: write under the grant named by $LOCKWARDEN_GRANT, $LOCKWARDEN_FENCE and $LOCKWARDEN_FENCED_RESOURCE instead of acquiring.")
+	fs.StringVar(&w.readyAddr, "ready-addr", "", "Answer readiness probes (GET /readyz) on this address, from the worker's own process.")
+	fs.BoolVar(&w.finishOnTerm, "finish-on-term", false, "On SIGTERM, report it and finish the writes instead of stopping.")
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
 	logf.SetLogger(zap.New(zap.WriteTo(os.Stderr)))
 
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	stopSignals := []os.Signal{os.Interrupt, syscall.SIGTERM}
+	if w.finishOnTerm {
+		stopSignals = stopSignals[:1]
+		term := make(chan os.Signal, 1)
+		signal.Notify(term, syscall.SIGTERM)
+		go func() {
+			for range term {
+				w.emit(Event{Event: EventTerminating})
+			}
+		}()
+	}
+	if w.readyAddr != "" {
+		ln, err := net.Listen("tcp", w.readyAddr)
+		if err != nil {
+			w.emit(Event{Event: EventFailed, Detail: err.Error()})
+			return 1
+		}
+		mux := http.NewServeMux()
+		mux.HandleFunc("/readyz", func(rw http.ResponseWriter, _ *http.Request) { rw.WriteHeader(http.StatusOK) })
+		go func() { _ = (&http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}).Serve(ln) }()
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), stopSignals...)
 	defer stop()
 	ctx, cancel := context.WithTimeout(ctx, w.timeout)
 	defer cancel()
 	if err := w.run(ctx); err != nil {
 		w.emit(Event{Event: EventFailed, Detail: err.Error()})
 		return 1
+	}
+	if w.gated && w.refused {
+		// Its work did not land: the Pod fails, so that its Job runs
+		// the work again under a new grant.
+		return 3
 	}
 	return 0
 }
@@ -117,6 +158,7 @@ func (w *worker) run(ctx context.Context) error {
 			return err
 		}
 		if !accepted {
+			w.refused = true
 			// Refused: this worker no longer owns the resource, so it
 			// produces no further effect.
 			return nil
@@ -293,6 +335,8 @@ func (w *worker) emit(e Event) {
 	if e.Time.IsZero() {
 		e.Time = time.Now()
 	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
 	e.Actor, e.Fence = w.actor, w.fence
 	_ = w.out.Encode(e)
 }

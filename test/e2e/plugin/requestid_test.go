@@ -2,6 +2,9 @@ package plugin
 
 import (
 	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -124,5 +127,44 @@ func TestReleaseByNameNeverReachesALaterGrant(t *testing.T) {
 	}
 	if code, out, errOut = kubectlLockOK(t, "alice", "-n", ns, "release", name, "--uid", later); code != 0 || !strings.Contains(out, "released") {
 		t.Fatalf("release --uid of the later grant exited %d: %s %s", code, out, errOut)
+	}
+}
+
+// A user who deletes an ended grant of a request ID they chose, before the
+// manager recorded the ID as spent, is refused REQUEST_ID_LIVE and the grant
+// stays: deleted, it would take the ID with it, and a retried run would run
+// its command again. The manager records the ID and deletes the grant when
+// its retention ends; the retry is refused before and after.
+func TestEndedGrantOfARequestIDIsDeletedOnlyOnceRecorded(t *testing.T) {
+	t.Parallel()
+	ns := namespace(t)
+	const res, id = "inv/5r", "nightly-2026-12-04"
+	run := func(what string) (int, string, string) {
+		return kubectlLockOK(t, "alice", "-n", ns, "run", res, "--request-id", id, "--ttl", "10s", "--", "sh", "-c", "echo "+what)
+	}
+	if code, out, errOut := run("first"); code != 0 || out != "first\n" {
+		t.Fatalf("the first run exited %d and printed %q: %s", code, out, errOut)
+	}
+	name := lockingv1alpha1.GrantNameForRequest(id)
+	for _, user := range []string{"alice", "bob"} {
+		del := exec.Command(filepath.Join(binDir, "kubectl"), "delete", "lockgrant", name, "-n", ns)
+		del.Env = append(os.Environ(), "KUBECONFIG="+kubeconfigs[user])
+		out, err := del.CombinedOutput()
+		if err == nil || !strings.Contains(string(out), "REQUEST_ID_LIVE") || !strings.Contains(string(out), id) {
+			t.Fatalf("%s's delete of the ended grant before its ID was recorded: %v: %s; want it refused REQUEST_ID_LIVE naming the ID", user, err, out)
+		}
+	}
+	var g lockingv1alpha1.LockGrant
+	if err := admin.Get(t.Context(), types.NamespacedName{Namespace: ns, Name: name}, &g); err != nil || g.Status.Phase != lockingv1alpha1.PhaseReleased {
+		t.Fatalf("the ended grant after the refused deletes: %v, phase %q", err, g.Status.Phase)
+	}
+	if code, out, errOut := run("AGAIN"); code != 3 || out != "" || !strings.Contains(errOut, "ALREADY_ENDED") {
+		t.Fatalf("a retry while the grant is kept exited %d and printed %q, want 3 ALREADY_ENDED: %s", code, out, errOut)
+	}
+	// The manager records the ID, then deletes the grant (spentUntil
+	// fails if it was deleted unrecorded); the retry is still refused.
+	spentUntil(t, ns, id)
+	if code, out, errOut := run("LATE"); code != 3 || out != "" || !strings.Contains(errOut, "is spent") {
+		t.Fatalf("a retry after the grant was deleted exited %d and printed %q, want 3 ALREADY_ENDED (spent): %s", code, out, errOut)
 	}
 }

@@ -15,7 +15,7 @@ import (
 	"github.com/lockwarden/lockwarden/internal/grantplan"
 	"github.com/lockwarden/lockwarden/internal/issuer"
 	"github.com/lockwarden/lockwarden/pkg/fencing"
-	facts "github.com/lockwarden/lockwarden/pkg/fencing/k8s"
+	"github.com/lockwarden/lockwarden/pkg/fencing/facts"
 )
 
 // epochBase is the virtual clock's origin on the registry's wall clock.
@@ -177,7 +177,7 @@ func (r *registry) reconcile(resource string, now time.Duration) time.Duration {
 	params := issuer.Params{Epoch: r.epoch, Revoked: slices.Clone(r.revoked), KeyID: r.keyID, Key: r.key}
 	p := grantplan.Decide(grantplan.Facts{
 		Now: r.wall(now), Resource: resource, Counter: counter, Grants: grants,
-		Epoch: r.epoch, Revoked: params.Revoked, Params: params, Sessions: r.sessionFacts(now),
+		Epoch: r.epoch, Revoked: params.Revoked, Sessions: r.sessionFacts(now),
 	})
 	revision := ""
 	if c := r.counters[resource]; c != nil {
@@ -192,7 +192,9 @@ func (r *registry) reconcile(resource string, now time.Duration) time.Duration {
 		r.crashNext = false
 		return time.Millisecond // the restarted controller comes back at once
 	}
-	grantplan.Sign(p, params, revision)
+	for _, sg := range grantplan.Sign(p, params, revision) {
+		sg.Grant.Status.Record, sg.Grant.Status.Proof = sg.Record, sg.Proof
+	}
 	for _, g := range p.Statuses {
 		cur := r.grants[g.UID]
 		if cur == nil {

@@ -372,7 +372,7 @@ func (w *world) passFacts(rp *replica, resource string, now, skew time.Duration,
 	revoked := slices.Clone(r.revoked)
 	f := grantplan.Facts{
 		Now: r.wall(now + skew), Resource: resource, Counter: counter, Grants: grants,
-		Epoch: r.epoch, Revoked: revoked, Params: issuer.Params{Epoch: r.epoch, Revoked: revoked, KeyID: r.keyID, Key: r.key},
+		Epoch: r.epoch, Revoked: revoked,
 		Sessions: sessions,
 	}
 	if h := counter; h != nil && h.Spec.Holder != nil && grantplan.HolderReadNeeded(f.Grants, h.Spec.Holder, f.Now) {
@@ -444,7 +444,9 @@ func (w *world) applyPass(rp *replica, ps pass) (requeue time.Duration, conflict
 		rp.cache.relist(r)
 		return time.Millisecond, false, false
 	}
-	grantplan.Sign(p, ps.params, revision)
+	for _, sg := range grantplan.Sign(p, ps.params, revision) {
+		sg.Grant.Status.Record, sg.Grant.Status.Proof = sg.Record, sg.Proof
+	}
 	for _, g := range p.Statuses {
 		g.Status.CounterGeneration = generation
 	}
@@ -501,7 +503,7 @@ func (w *world) replicaStep(rp *replica, resource string) {
 		w.scheduleReplica(rp, resource, wait)
 		return
 	case !preferred:
-		if ps := w.gather(rp, resource, cacheOnly); ps.plan.Counter == nil && len(ps.plan.Statuses) == 0 {
+		if ps := w.gather(rp, resource, cacheOnly); ps.plan.Empty() {
 			if ps.plan.RequeueAfter > 0 {
 				w.s.after(ps.plan.RequeueAfter, func() { w.kick(resource) })
 			}

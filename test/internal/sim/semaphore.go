@@ -16,7 +16,7 @@ import (
 	"github.com/lockwarden/lockwarden/internal/grantplan"
 	"github.com/lockwarden/lockwarden/internal/issuer"
 	"github.com/lockwarden/lockwarden/pkg/fencing"
-	facts "github.com/lockwarden/lockwarden/pkg/fencing/k8s"
+	"github.com/lockwarden/lockwarden/pkg/fencing/facts"
 )
 
 // FaultSemaphore plays a resource with permits (LockGrantSpec.Permits)
@@ -372,8 +372,7 @@ func (w *semWorld) decide(listed []*lockingv1alpha1.LockGrant, lag int) semPass 
 // cache may mislead, as the controller's refreshHolder does, from direct.
 // It returns them with each slot counter's resourceVersion as read.
 func (w *semWorld) passFacts(listed []*lockingv1alpha1.LockGrant, fresher map[types.UID]*lockingv1alpha1.LockGrant, lag int, direct map[types.UID]*lockingv1alpha1.LockGrant) (grantplan.Facts, map[int32]string) {
-	f := grantplan.Facts{Now: w.wall(w.s.now), Resource: w.resource, Epoch: 0,
-		Params: issuer.Params{KeyID: "sim", Key: w.key}}
+	f := grantplan.Facts{Now: w.wall(w.s.now), Resource: w.resource, Epoch: 0}
 	if len(listed) > 0 {
 		f.Grants = make([]lockingv1alpha1.LockGrant, 0, len(listed)+1)
 	}
@@ -516,7 +515,9 @@ func (w *semWorld) apply(ps semPass) {
 		w.rep.Faults[string(FaultControllerCrash)]++
 		return // the restarted controller converges on the counters
 	}
-	grantplan.SignSlots(p, ps.f.Params, func(k int32) string { return revs[k] })
+	for _, sg := range grantplan.SignSlots(p, issuer.Params{KeyID: "sim", Key: w.key}, func(k int32) string { return revs[k] }) {
+		sg.Grant.Status.Record, sg.Grant.Status.Proof = sg.Record, sg.Proof
+	}
 	for _, g := range statuses {
 		if !w.writeStatus(g) {
 			return

@@ -7,7 +7,6 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 
 	lockingv1alpha1 "github.com/lockwarden/lockwarden/api/v1alpha1"
-	"github.com/lockwarden/lockwarden/internal/grantplan"
 	"github.com/lockwarden/lockwarden/pkg/fencing"
 )
 
@@ -92,11 +91,11 @@ func (w *world) scheduleWaiters() {
 	w.reg.onEnd = func(g *lockingv1alpha1.LockGrant) {
 		onEnd(g)
 		p := w.waiters[g.UID]
-		if p == nil || p.killed || p.exited || readyReason(g) != grantplan.ReasonSessionExpired {
+		if p == nil || p.killed || p.exited || readyReason(g) != lockingv1alpha1.LockGrantReasonSessionExpired {
 			return
 		}
 		w.rep.LiveWaiterDropped++
-		w.rep.violate("seed %d: %s of a live client ended %s at %s", w.seed, g.UID, grantplan.ReasonSessionExpired, w.s.now)
+		w.rep.violate("seed %d: %s of a live client ended %s at %s", w.seed, g.UID, lockingv1alpha1.LockGrantReasonSessionExpired, w.s.now)
 	}
 	for i := range 2 + w.rng.IntN(4) {
 		w.s.after(w.between(time.Second, w.horizon/2), func() { w.startWaiter(i) })

@@ -1,4 +1,4 @@
-package k8s_test
+package facts_test
 
 import (
 	"testing"
@@ -8,7 +8,7 @@ import (
 
 	lockingv1alpha1 "github.com/lockwarden/lockwarden/api/v1alpha1"
 	"github.com/lockwarden/lockwarden/pkg/fencing"
-	"github.com/lockwarden/lockwarden/pkg/fencing/k8s"
+	"github.com/lockwarden/lockwarden/pkg/fencing/facts"
 )
 
 func TestGrantFacts(t *testing.T) {
@@ -18,7 +18,7 @@ func TestGrantFacts(t *testing.T) {
 		Spec:       lockingv1alpha1.LockGrantSpec{Resource: "r/1", Owner: "alice"},
 		Status:     lockingv1alpha1.LockGrantStatus{Phase: lockingv1alpha1.PhaseHeld, FenceToken: 7, ExpiresAt: &exp},
 	}
-	f := k8s.Grant(&held)
+	f := facts.Grant(&held)
 	if f.UID != "u1" || f.Resource != "r/1" || f.Owner != "alice" || f.State != fencing.StateHeld || f.Fence != 7 || !f.ExpiresAt.Equal(exp.Time) {
 		t.Fatalf("facts of a Held grant = %+v", f)
 	}
@@ -28,19 +28,19 @@ func TestGrantFacts(t *testing.T) {
 	for _, phase := range []lockingv1alpha1.LockGrantPhase{lockingv1alpha1.PhaseHeld, lockingv1alpha1.PhasePending, ""} {
 		g := held.DeepCopy()
 		g.Status.Phase, g.Spec.Release = phase, true
-		if s := k8s.Grant(g).State; s != fencing.StateReleased {
+		if s := facts.Grant(g).State; s != fencing.StateReleased {
 			t.Errorf("phase %q with release asked for: state %v, want Released", phase, s)
 		}
 	}
 	g := held.DeepCopy()
 	g.Status.Phase, g.Spec.Release = lockingv1alpha1.PhaseExpired, true
-	if s := k8s.Grant(g).State; s != fencing.StateExpired {
+	if s := facts.Grant(g).State; s != fencing.StateExpired {
 		t.Errorf("an expired grant whose owner then released: state %v, want Expired", s)
 	}
-	if k8s.Grant(nil) != nil || k8s.Counter(nil) != nil {
+	if facts.Grant(nil) != nil || facts.Counter(nil) != nil {
 		t.Error("facts of nil objects are not nil")
 	}
-	c := k8s.Counter(&lockingv1alpha1.FenceCounter{Spec: lockingv1alpha1.FenceCounterSpec{Fence: 9,
+	c := facts.Counter(&lockingv1alpha1.FenceCounter{Spec: lockingv1alpha1.FenceCounterSpec{Fence: 9,
 		Holder: &lockingv1alpha1.FenceHolder{UID: "u1", Fence: 9}}})
 	if c.Fence != 9 || c.HolderUID != "u1" {
 		t.Fatalf("facts of a counter = %+v", c)
@@ -59,7 +59,7 @@ func TestGrantFactsOfASlot(t *testing.T) {
 		Status: lockingv1alpha1.LockGrantStatus{Phase: lockingv1alpha1.PhaseHeld, FenceToken: 4, ExpiresAt: &exp,
 			Permit: &k, FencedResource: lockingv1alpha1.SlotResource("batch/nightly", k)},
 	}
-	f := k8s.Grant(&g)
+	f := facts.Grant(&g)
 	if f.Resource != "batch/nightly#2" {
 		t.Fatalf("resource of a slot 2 grant = %q, want batch/nightly#2", f.Resource)
 	}

@@ -1,4 +1,4 @@
-package denial
+package deny
 
 import (
 	admissionv1 "k8s.io/api/admission/v1"

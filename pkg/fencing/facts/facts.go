@@ -1,4 +1,4 @@
-// Package k8s maps lockwarden's Kubernetes objects (LockGrant, FenceCounter)
+// Package facts maps lockwarden's Kubernetes objects (LockGrant, FenceCounter)
 // to the facts the rules of package fencing judge, for every enforcement
 // point: the admission webhooks, and a verifier outside the cluster that
 // reads the registry through the Kubernetes API. It is the only place that
@@ -12,7 +12,7 @@
 // A verifier must read the counter (and, when the counter does not name the
 // grant, the grant) linearizably (a direct read from the API server, never
 // an informer cache): ReadRegistry does.
-package k8s
+package facts
 
 import (
 	"context"

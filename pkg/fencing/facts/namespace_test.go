@@ -1,4 +1,4 @@
-package k8s_test
+package facts_test
 
 import (
 	"context"
@@ -10,7 +10,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
-	"github.com/lockwarden/lockwarden/pkg/fencing/k8s"
+	"github.com/lockwarden/lockwarden/pkg/fencing/facts"
 )
 
 // namespaces reads namespaces by name and counts the reads.
@@ -52,7 +52,7 @@ func TestNamespaceTerminating(t *testing.T) {
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			reads = 0
-			got, err := k8s.NamespaceTerminating(context.Background(), r, c.name)
+			got, err := facts.NamespaceTerminating(context.Background(), r, c.name)
 			if got != c.want || (err != nil) != c.errs || reads != c.reads {
 				t.Fatalf("got %v, %v after %d reads; want %v, error %v, %d reads", got, err, reads, c.want, c.errs, c.reads)
 			}

@@ -1,4 +1,4 @@
-package k8s_test
+package facts_test
 
 import (
 	"context"
@@ -19,7 +19,7 @@ import (
 
 	lockingv1alpha1 "github.com/lockwarden/lockwarden/api/v1alpha1"
 	"github.com/lockwarden/lockwarden/pkg/fencing"
-	"github.com/lockwarden/lockwarden/pkg/fencing/k8s"
+	"github.com/lockwarden/lockwarden/pkg/fencing/facts"
 )
 
 // A service outside the cluster that accepts a write to its resource only
@@ -78,7 +78,7 @@ func Example_verifierService() {
 			http.Error(w, err.Error(), http.StatusForbidden)
 			return
 		}
-		grant, counter, err := k8s.ReadRegistry(ctx, c, rec.Namespace, rec.Grant, resource)
+		grant, counter, err := facts.ReadRegistry(ctx, c, rec.Namespace, rec.Grant, resource)
 		if err != nil {
 			http.Error(w, err.Error(), http.StatusServiceUnavailable) // fail closed
 			return

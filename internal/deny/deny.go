@@ -1,7 +1,8 @@
-// Package denial turns fencing refusals into admission answers that carry
+// Package deny turns fencing refusals into admission answers that carry
 // the reason code twice: first in the message ("STALE_OWNER: ...") for people,
 // and as details.causes[0].type for programs, so clients never parse text.
-package denial
+// pkg/fencing/denial reads them back.
+package deny
 
 import (
 	"errors"
