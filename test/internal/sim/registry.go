@@ -164,12 +164,12 @@ func (r *registry) release(uid types.UID, caller string, _ time.Duration) error 
 // returns the time to the next deadline.
 func (r *registry) reconcile(resource string, now time.Duration) time.Duration {
 	var grants []lockingv1alpha1.LockGrant
-	for _, g := range r.grants {
-		if g.Spec.Resource == resource {
+	if list := sortedByUID(r.grants, func(g *lockingv1alpha1.LockGrant) bool { return g.Spec.Resource == resource }); len(list) > 0 {
+		grants = make([]lockingv1alpha1.LockGrant, 0, len(list))
+		for _, g := range list {
 			grants = append(grants, *g) // Decide copies what it changes
 		}
 	}
-	slices.SortFunc(grants, func(a, b lockingv1alpha1.LockGrant) int { return compareUID(a.UID, b.UID) })
 	var counter *lockingv1alpha1.FenceCounter
 	if c := r.counters[resource]; c != nil {
 		counter = c.DeepCopy()
@@ -308,6 +308,19 @@ func (r *registry) restore(s *snapshot) {
 // is its UID here.
 func (r *registry) facts(uid types.UID, resource string) (*fencing.Grant, *fencing.Counter) {
 	return facts.Registry(string(uid), r.grants[uid], r.counters[resource])
+}
+
+// sortedByUID lists the grants in grants that keep says to keep, in order
+// of their UIDs (sorting pointers, not the grants themselves).
+func sortedByUID(grants map[types.UID]*lockingv1alpha1.LockGrant, keep func(*lockingv1alpha1.LockGrant) bool) []*lockingv1alpha1.LockGrant {
+	out := make([]*lockingv1alpha1.LockGrant, 0, len(grants))
+	for _, g := range grants {
+		if keep(g) {
+			out = append(out, g)
+		}
+	}
+	slices.SortFunc(out, func(a, b *lockingv1alpha1.LockGrant) int { return compareUID(a.UID, b.UID) })
+	return out
 }
 
 func compareUID(a, b types.UID) int {

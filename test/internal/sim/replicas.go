@@ -328,19 +328,29 @@ func (rp *replica) wrote(uid types.UID, rv string) bool {
 // It returns them with the counter's resourceVersion as read.
 func (w *world) passFacts(rp *replica, resource string, now, skew time.Duration, cached, fresher map[types.UID]*lockingv1alpha1.LockGrant, mode readMode) (grantplan.Facts, string) {
 	r := w.reg
-	var grants []lockingv1alpha1.LockGrant
+	// Copies of the structs will do: nothing changes a cached grant or
+	// one in fresher in place (a delivery replaces a cached grant), and
+	// Decide copies what it changes.
+	list := make([]*lockingv1alpha1.LockGrant, 0, len(cached)+len(fresher))
 	for uid, g := range cached {
 		if _, replaced := fresher[uid]; !replaced {
-			grants = append(grants, *g.DeepCopy())
+			list = append(list, g)
 		}
 	}
 	for _, g := range fresher {
 		if g != nil {
-			grants = append(grants, *g.DeepCopy())
+			list = append(list, g)
+		}
+	}
+	slices.SortFunc(list, func(a, b *lockingv1alpha1.LockGrant) int { return compareUID(a.UID, b.UID) })
+	var grants []lockingv1alpha1.LockGrant
+	if len(list) > 0 {
+		grants = make([]lockingv1alpha1.LockGrant, 0, len(list)+1)
+		for _, g := range list {
+			grants = append(grants, *g)
 		}
 	}
 	byUID := func(a, b lockingv1alpha1.LockGrant) int { return compareUID(a.UID, b.UID) }
-	slices.SortFunc(grants, byUID)
 	var counter *lockingv1alpha1.FenceCounter
 	switch mode {
 	case directCounters:

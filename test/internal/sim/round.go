@@ -4,6 +4,7 @@ import (
 	"runtime"
 	"slices"
 	"sync"
+	"sync/atomic"
 )
 
 // Round plays one round with the given faults, or, when faults is nil, a
@@ -65,24 +66,27 @@ func Run(master uint64, n, parallel int) *Report {
 	if parallel <= 0 {
 		parallel = runtime.GOMAXPROCS(0)
 	}
-	total := newReport()
-	var mu sync.Mutex
+	// Each goroutine takes the next round number and merges its rounds
+	// into a report of its own; the reports are merged at the end.
+	var next atomic.Int64
+	reports := make([]*Report, parallel)
 	var wg sync.WaitGroup
-	next := make(chan int)
-	for range parallel {
+	for g := range parallel {
+		reports[g] = newReport()
 		wg.Go(func() {
-			for i := range next {
-				r := Round(RoundSeed(master, i), nil)
-				mu.Lock()
-				total.Add(r)
-				mu.Unlock()
+			for {
+				i := int(next.Add(1) - 1)
+				if i >= n {
+					return
+				}
+				reports[g].Add(Round(RoundSeed(master, i), nil))
 			}
 		})
 	}
-	for i := range n {
-		next <- i
-	}
-	close(next)
 	wg.Wait()
+	total := newReport()
+	for _, r := range reports {
+		total.Add(r)
+	}
 	return total
 }

@@ -1,7 +1,6 @@
 package sim
 
 import (
-	"container/heap"
 	"time"
 )
 
@@ -13,26 +12,55 @@ type event struct {
 	fn  func()
 }
 
+// before orders events by time, then by scheduling order: a total order
+// (seq is unique), so events run in the same order whatever the heap.
+func (e event) before(o event) bool {
+	if e.at != o.at {
+		return e.at < o.at
+	}
+	return e.seq < o.seq
+}
+
+// queue is a binary min-heap of events (container/heap's layout, without
+// boxing each event in an interface).
 type queue []event
 
-func (q queue) Len() int { return len(q) }
-func (q queue) Less(i, j int) bool {
-	if q[i].at != q[j].at {
-		return q[i].at < q[j].at
+func (q *queue) push(e event) {
+	*q = append(*q, e)
+	h := *q
+	for i := len(h) - 1; i > 0; {
+		parent := (i - 1) / 2
+		if !h[i].before(h[parent]) {
+			break
+		}
+		h[i], h[parent] = h[parent], h[i]
+		i = parent
 	}
-	return q[i].seq < q[j].seq
 }
-func (q queue) Swap(i, j int) { q[i], q[j] = q[j], q[i] }
 
-// Push adds x, an event, for container/heap.
-func (q *queue) Push(x any) { *q = append(*q, x.(event)) }
-
-// Pop removes and returns the last event, for container/heap.
-func (q *queue) Pop() any {
-	old := *q
-	e := old[len(old)-1]
-	*q = old[:len(old)-1]
-	return e
+func (q *queue) pop() event {
+	h := *q
+	top := h[0]
+	n := len(h) - 1
+	h[0] = h[n]
+	h[n] = event{}
+	h = h[:n]
+	for i := 0; ; {
+		least, l, r := i, 2*i+1, 2*i+2
+		if l < n && h[l].before(h[least]) {
+			least = l
+		}
+		if r < n && h[r].before(h[least]) {
+			least = r
+		}
+		if least == i {
+			break
+		}
+		h[i], h[least] = h[least], h[i]
+		i = least
+	}
+	*q = h
+	return top
 }
 
 // scheduler runs events in virtual time order.
@@ -48,7 +76,7 @@ func (s *scheduler) at(t time.Duration, fn func()) {
 		t = s.now
 	}
 	s.seq++
-	heap.Push(&s.q, event{at: t, seq: s.seq, fn: fn})
+	s.q.push(event{at: t, seq: s.seq, fn: fn})
 }
 
 // after schedules fn d after now.
@@ -56,8 +84,8 @@ func (s *scheduler) after(d time.Duration, fn func()) { s.at(s.now+d, fn) }
 
 // run executes events until none is left or the horizon passes.
 func (s *scheduler) run(horizon time.Duration) {
-	for s.q.Len() > 0 {
-		e := heap.Pop(&s.q).(event)
+	for len(s.q) > 0 {
+		e := s.q.pop()
 		if e.at > horizon {
 			return
 		}

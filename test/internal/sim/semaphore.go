@@ -48,9 +48,15 @@ type semWorld struct {
 	horizon  time.Duration
 	key      ed25519.PrivateKey
 
+	// grants are the stored grants. A stored grant is never changed in
+	// place: every write stores a new version (update), so the grants as
+	// they were at some moment are a copy of this map, and a pass lists
+	// them without copying each.
 	grants   map[types.UID]*lockingv1alpha1.LockGrant
 	counters map[string]*lockingv1alpha1.FenceCounter // by fenced resource ID
 	rv, uids int64
+	// uidOrder are the grants' UIDs in order (grantUIDs).
+	uidOrder []types.UID
 	// limit is the permits that new requests name.
 	limit int32
 	// past are the counters as they were at the last few ticks, newest
@@ -207,10 +213,7 @@ func (w *semWorld) remember() {
 		snap[id] = c.DeepCopy()
 	}
 	w.past = append([]map[string]*lockingv1alpha1.FenceCounter{snap}, w.past[:min(len(w.past), 3)]...)
-	gs := map[types.UID]*lockingv1alpha1.LockGrant{}
-	for uid, g := range w.grants {
-		gs[uid] = g.DeepCopy()
-	}
+	gs := maps.Clone(w.grants) // stored grants are never changed in place
 	w.pastGrants = append([]map[types.UID]*lockingv1alpha1.LockGrant{gs}, w.pastGrants[:min(len(w.pastGrants), 3)]...)
 }
 
@@ -229,10 +232,7 @@ func (w *semWorld) freezeSecond() {
 		return
 	}
 	d.frozenUntil = w.s.now + d.between(100*time.Millisecond, 3*replicaLeaseDuration)
-	d.cache = map[types.UID]*lockingv1alpha1.LockGrant{}
-	for uid, g := range w.grants {
-		d.cache[uid] = g.DeepCopy()
-	}
+	d.cache = maps.Clone(w.grants) // stored grants are never changed in place
 	d.cacheBehind = d.frozenUntil + d.between(time.Millisecond, 300*time.Millisecond)
 	w.rep.Faults["semaphore-replica-freeze"]++
 	w.s.at(d.frozenUntil, func() {
@@ -281,9 +281,9 @@ type semPass struct {
 func (w *semWorld) gather(stale bool) semPass {
 	if cache := w.second.cacheView(w.s.now); stale && cache != nil {
 		w.rep.Faults["semaphore-stale-cache-pass"]++
-		listed := make([]lockingv1alpha1.LockGrant, 0, len(cache))
+		listed := make([]*lockingv1alpha1.LockGrant, 0, len(cache))
 		for _, uid := range slices.SortedFunc(maps.Keys(cache), compareUID) {
-			listed = append(listed, *cache[uid].DeepCopy())
+			listed = append(listed, cache[uid])
 		}
 		return w.decide(listed, -1)
 	}
@@ -292,7 +292,7 @@ func (w *semWorld) gather(stale bool) semPass {
 	if stale && len(w.past) > 0 && w.rng.IntN(2) == 0 {
 		lag = w.rng.IntN(len(w.past))
 	}
-	var listed []lockingv1alpha1.LockGrant
+	listed := make([]*lockingv1alpha1.LockGrant, 0, len(w.grants))
 	for _, uid := range w.grantUIDs() {
 		g := w.grants[uid]
 		if stale && len(w.pastGrants) > max(lag, 0) && (lag >= 0 || w.rng.IntN(2) == 0) {
@@ -302,7 +302,7 @@ func (w *semWorld) gather(stale bool) semPass {
 				continue // not created yet as of the counters' read
 			}
 		}
-		listed = append(listed, *g.DeepCopy())
+		listed = append(listed, g)
 	}
 	return w.decide(listed, lag)
 }
@@ -316,7 +316,7 @@ func (w *semWorld) gather(stale bool) semPass {
 // granted, after the counters; a listed copy that differs is replaced and
 // the pass gathered and decided again (controllers/lockgrant: decide). A
 // direct read returns the grant as of the counters' read.
-func (w *semWorld) decide(listed []lockingv1alpha1.LockGrant, lag int) semPass {
+func (w *semWorld) decide(listed []*lockingv1alpha1.LockGrant, lag int) semPass {
 	direct := w.grants
 	if lag >= 0 {
 		direct = w.pastGrants[lag]
@@ -371,17 +371,19 @@ func (w *semWorld) decide(listed []lockingv1alpha1.LockGrant, lag int) semPass {
 // or as they are), and each counter's holder grant directly where the
 // cache may mislead, as the controller's refreshHolder does, from direct.
 // It returns them with each slot counter's resourceVersion as read.
-func (w *semWorld) passFacts(listed []lockingv1alpha1.LockGrant, fresher map[types.UID]*lockingv1alpha1.LockGrant, lag int, direct map[types.UID]*lockingv1alpha1.LockGrant) (grantplan.Facts, map[int32]string) {
+func (w *semWorld) passFacts(listed []*lockingv1alpha1.LockGrant, fresher map[types.UID]*lockingv1alpha1.LockGrant, lag int, direct map[types.UID]*lockingv1alpha1.LockGrant) (grantplan.Facts, map[int32]string) {
 	f := grantplan.Facts{Now: w.wall(w.s.now), Resource: w.resource, Epoch: 0}
-	for i := range listed {
-		g := &listed[i]
+	if len(listed) > 0 {
+		f.Grants = make([]lockingv1alpha1.LockGrant, 0, len(listed)+1)
+	}
+	for _, g := range listed {
 		if fresh, replaced := fresher[g.UID]; replaced {
 			if fresh == nil {
 				continue
 			}
 			g = fresh
 		}
-		f.Grants = append(f.Grants, *g.DeepCopy())
+		f.Grants = append(f.Grants, *g)
 	}
 	want := map[int32]bool{}
 	for i := range f.Grants {
@@ -448,13 +450,14 @@ func refreshHolder(f *grantplan.Facts, c *lockingv1alpha1.FenceCounter, direct m
 	f.Grants = grantplan.WithHolder(f.Grants, c.Spec.Holder, direct[types.UID(c.Spec.Holder.UID)])
 }
 
+// grantUIDs lists the grants' UIDs in order (compareUID). A round never
+// deletes a grant, and UIDs are numbered as they are made, so the list is
+// the order they were made in (request); callers must not change it.
 func (w *semWorld) grantUIDs() []types.UID {
-	uids := make([]types.UID, 0, len(w.grants))
-	for uid := range w.grants {
-		uids = append(uids, uid)
+	if len(w.uidOrder) != len(w.grants) {
+		w.uidOrder = slices.SortedFunc(maps.Keys(w.grants), compareUID)
 	}
-	slices.SortFunc(uids, compareUID)
-	return uids
+	return w.uidOrder
 }
 
 // apply writes a plan as the controller does: each counter by
@@ -530,9 +533,7 @@ func (w *semWorld) writeStatus(g *lockingv1alpha1.LockGrant) bool {
 		return false
 	}
 	wasHeld, wasFinal := cur.Status.Phase == lockingv1alpha1.PhaseHeld, cur.Status.Phase.Final()
-	cur.Status = *g.Status.DeepCopy()
-	w.rv++
-	cur.ResourceVersion = strconv.FormatInt(w.rv, 10)
+	cur = w.update(cur, func(next *lockingv1alpha1.LockGrant) { next.Status = *g.Status.DeepCopy() })
 	now := w.s.now
 	st := &cur.Status
 	if st.Phase == lockingv1alpha1.PhaseHeld {
@@ -715,6 +716,7 @@ func (w *semWorld) request(spec lockingv1alpha1.LockGrantSpec) types.UID {
 		Spec: spec,
 	}
 	w.createdAt[uid] = w.s.now
+	w.uidOrder = append(w.uidOrder, uid)
 	return uid
 }
 
@@ -768,9 +770,7 @@ func (w *semWorld) work(owner string, uid types.UID, writes int) {
 	w.s.after(delay, func() { w.write(owner, uid, target, fence) })
 	if w.rng.IntN(3) == 0 {
 		if err := fencing.CheckRenewRequest(*facts.Grant(g), owner); err == nil && !w.lapsed(g) {
-			g.Spec.Renewals++
-			w.rv++
-			g.ResourceVersion = strconv.FormatInt(w.rv, 10)
+			w.update(g, func(next *lockingv1alpha1.LockGrant) { next.Spec.Renewals++ })
 		}
 	}
 	w.s.after(time.Duration(100+w.rng.IntN(500))*time.Millisecond, func() { w.work(owner, uid, writes-1) })
@@ -780,16 +780,27 @@ func (w *semWorld) work(owner string, uid types.UID, writes int) {
 // its lease end by its own clock (lapsed), and admitted when fencing allows
 // the caller to (fencing.CheckReleaseRequest). It reports whether it did.
 func (w *semWorld) release(owner string, g *lockingv1alpha1.LockGrant) bool {
+	g = w.grants[g.UID] // as stored now
 	if g.Status.Phase == lockingv1alpha1.PhaseHeld && w.lapsed(g) {
 		return false // its lease ran out by its own clock: it does not release
 	}
 	if err := fencing.CheckReleaseRequest(*facts.Grant(g), owner); err != nil {
 		return false
 	}
-	g.Spec.Release = true
-	w.rv++
-	g.ResourceVersion = strconv.FormatInt(w.rv, 10)
+	w.update(g, func(next *lockingv1alpha1.LockGrant) { next.Spec.Release = true })
 	return true
+}
+
+// update stores a new version of stored grant g, changed by change, with a
+// new resourceVersion, and returns it. g itself is left as it was: whoever
+// read it keeps what they read.
+func (w *semWorld) update(g *lockingv1alpha1.LockGrant, change func(next *lockingv1alpha1.LockGrant)) *lockingv1alpha1.LockGrant {
+	next := *g
+	change(&next)
+	w.rv++
+	next.ResourceVersion = strconv.FormatInt(w.rv, 10)
+	w.grants[next.UID] = &next
+	return &next
 }
 
 // write offers a write under a grant's fence to the store of fenced

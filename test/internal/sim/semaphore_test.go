@@ -140,9 +140,9 @@ func playDoubledSlot(t *testing.T, forget forgetting) doubledSlot {
 
 	at(1050 * time.Millisecond)
 	read := w.pastGrants[0]
-	listed := make([]lockingv1alpha1.LockGrant, 0, len(read))
+	listed := make([]*lockingv1alpha1.LockGrant, 0, len(read))
 	for _, uid := range slices.SortedFunc(maps.Keys(read), compareUID) {
-		listed = append(listed, *read[uid].DeepCopy())
+		listed = append(listed, read[uid])
 	}
 	w.apply(w.decide(listed, 0))
 	if holder(0) != waiter || holder(1) != waiter || !holds(waiter, 0) || w.rep.Faults["semaphore-double-grant"] != 1 {
