@@ -183,7 +183,8 @@ func Decide(f Facts) Plan {
 
 // Finished reports whether no container of pod runs or will run again:
 // its phase is Succeeded or Failed, or it restarts no container (its
-// restartPolicy is Never and no container overrides it) and the kubelet
+// restartPolicy is Never, no container overrides it and none has restart
+// rules, which may restart every container in place) and the kubelet
 // reports every regular container terminated and no container (init,
 // sidecar or ephemeral) running or waiting to start. The kubelet reports
 // the containers terminated a while before the phase: it writes the phase
@@ -200,6 +201,19 @@ func Finished(pod *corev1.Pod) bool {
 	}
 	for _, c := range pod.Spec.Containers {
 		if c.RestartPolicy != nil || len(c.RestartPolicyRules) > 0 {
+			return false
+		}
+	}
+	// A container's restart rules may restart every container of the Pod
+	// in place (RestartAllContainers), a sidecar's too when it exits after
+	// the regular containers did: only the phase says the Pod is over.
+	for _, c := range pod.Spec.InitContainers {
+		if len(c.RestartPolicyRules) > 0 {
+			return false
+		}
+	}
+	for _, c := range pod.Status.Conditions {
+		if c.Type == corev1.AllContainersRestarting && c.Status == corev1.ConditionTrue {
 			return false
 		}
 	}

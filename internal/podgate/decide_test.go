@@ -284,6 +284,25 @@ func TestFinished(t *testing.T) {
 		{"a container that restarts itself", withPod(p, func(q *corev1.Pod) {
 			q.Spec.Containers[0].RestartPolicy = ptr.To(corev1.ContainerRestartPolicyAlways)
 		}), false},
+		{"a sidecar whose exit restarts every container", withPod(p, func(q *corev1.Pod) {
+			q.Spec.InitContainers = []corev1.Container{{Name: "watcher", RestartPolicy: ptr.To(corev1.ContainerRestartPolicyAlways),
+				RestartPolicyRules: []corev1.ContainerRestartRule{{Action: corev1.ContainerRestartRuleActionRestartAllContainers,
+					ExitCodes: &corev1.ContainerRestartRuleOnExitCodes{Operator: corev1.ContainerRestartRuleOnExitCodesOpIn, Values: []int32{88}}}}}}
+			q.Status.InitContainerStatuses = []corev1.ContainerStatus{{Name: "watcher", State: corev1.ContainerState{Terminated: &corev1.ContainerStateTerminated{ExitCode: 88}}}}
+		}), false},
+		{"an init container with restart rules", withPod(p, func(q *corev1.Pod) {
+			q.Spec.InitContainers = []corev1.Container{{Name: "setup", RestartPolicy: ptr.To(corev1.ContainerRestartPolicyNever),
+				RestartPolicyRules: []corev1.ContainerRestartRule{{Action: corev1.ContainerRestartRuleActionRestartAllContainers,
+					ExitCodes: &corev1.ContainerRestartRuleOnExitCodes{Operator: corev1.ContainerRestartRuleOnExitCodesOpIn, Values: []int32{88}}}}}}
+			q.Status.InitContainerStatuses = []corev1.ContainerStatus{{Name: "setup", State: terminated}}
+		}), false},
+		{"a sidecar that stopped, without restart rules", withPod(p, func(q *corev1.Pod) {
+			q.Spec.InitContainers = []corev1.Container{{Name: "proxy", RestartPolicy: ptr.To(corev1.ContainerRestartPolicyAlways)}}
+			q.Status.InitContainerStatuses = []corev1.ContainerStatus{{Name: "proxy", State: terminated}}
+		}), true},
+		{"every container restarting in place", withPod(p, func(q *corev1.Pod) {
+			q.Status.Conditions = []corev1.PodCondition{{Type: corev1.AllContainersRestarting, Status: corev1.ConditionTrue}}
+		}), false},
 		{"a sidecar still runs", withPod(p, func(q *corev1.Pod) {
 			q.Status.InitContainerStatuses = []corev1.ContainerStatus{{Name: "proxy", State: running}}
 		}), false},
