@@ -181,6 +181,31 @@ func Decide(f Facts) Plan {
 	return p
 }
 
+// Confirm reports whether plan p, decided on facts f as the caches show
+// them, must be decided again on the API server's versions before it is
+// applied: it ends the Pod, or it releases the grant of another Pod of
+// the same name. The Pod cache and the grant cache are not in step: the
+// Pod cache can be ahead (the Pod another replica just started, its grant
+// still Pending in the grant cache, which looks like a gate removed by
+// hand) or behind (an earlier Pod of the name, being deleted, while the
+// grant cache already shows the Held grant of the Pod that replaced it,
+// which looks like the grant of a Pod that is gone). A Pod the caches do
+// not show was read from the API server already.
+func Confirm(f Facts, p Plan) bool {
+	if p.End != nil {
+		return true
+	}
+	if f.Pod == nil {
+		return false
+	}
+	for _, g := range p.Release {
+		if ref := PodOf(g); ref == nil || ref.UID != string(f.Pod.UID) {
+			return true
+		}
+	}
+	return false
+}
+
 // Finished reports whether no container of pod runs or will run again:
 // its phase is Succeeded or Failed, or it restarts no container (its
 // restartPolicy is Never, no container overrides it and none has restart
