@@ -167,14 +167,14 @@ func Decide(f Facts) Plan {
 		p.Start = StartAnnotations(mine)
 		p.Events = append(p.Events, Event{Type: corev1.EventTypeNormal, Reason: lockingv1alpha1.GatedPodReasonGranted, Grant: mine,
 			Note: fmt.Sprintf("lock %s granted with fence %d (grant %s): the Pod may start", mine.HeldFencedResource(), mine.Status.FenceToken, mine.Name)})
-	case pod.Annotations[lockingv1alpha1.GrantUIDAnnotation] != string(mine.UID):
+	case pod.Annotations[lockingv1alpha1.GrantUIDAnnotation] != string(mine.UID) && !deleting:
 		// The gate is gone, but not by the write that put this grant's
-		// fence on the Pod.
-		p.Release = append(p.Release, mine)
-		if !deleting {
-			p.End = &End{Reason: lockingv1alpha1.GatedPodReasonGateRemoved, Message: fmt.Sprintf("the scheduling gate %s was removed before lock %s was granted",
-				lockingv1alpha1.PodSchedulingGate, mine.Spec.Resource)}
-		}
+		// fence on the Pod (or its annotations were changed since, which
+		// whoever may patch the Pod can do): its containers may run. It is
+		// ended, and keeps the lease until it is gone, as any Pod being
+		// deleted: the lock is not given back while they may still run.
+		p.End = &End{Reason: lockingv1alpha1.GatedPodReasonGateRemoved, Message: fmt.Sprintf("the scheduling gate %s was removed before lock %s was granted",
+			lockingv1alpha1.PodSchedulingGate, mine.Spec.Resource)}
 	default:
 		renew(&p, f, mine)
 	}

@@ -154,8 +154,15 @@ func TestDecide(t *testing.T) {
 			want{release: []string{pending.Name}, end: lockingv1alpha1.GatedPodReasonGateRemoved}},
 		{"a gate removed by hand before the request ends the Pod", Facts{Now: at(5), Pod: withPod(p, func(q *corev1.Pod) { q.Spec.SchedulingGates = nil })},
 			want{end: lockingv1alpha1.GatedPodReasonGateRemoved}},
-		{"a gate removed by hand as the grant came ends the Pod", Facts{Now: at(5), Pod: withPod(p, func(q *corev1.Pod) { q.Spec.SchedulingGates = nil }), Grants: []*lockingv1alpha1.LockGrant{held}},
-			want{release: []string{held.Name}, end: lockingv1alpha1.GatedPodReasonGateRemoved}},
+		{"a gate removed by hand as the grant came ends the Pod, which keeps the lease until it is gone", Facts{Now: at(5), Pod: withPod(p, func(q *corev1.Pod) { q.Spec.SchedulingGates = nil }), Grants: []*lockingv1alpha1.LockGrant{held}},
+			want{end: lockingv1alpha1.GatedPodReasonGateRemoved}},
+		{"a running Pod whose grant annotations were changed is ended, and keeps the lease until it is gone", Facts{Now: at(5), Pod: withPod(running, func(q *corev1.Pod) {
+			q.Annotations[lockingv1alpha1.GrantUIDAnnotation] = "another"
+		}), Grants: []*lockingv1alpha1.LockGrant{held}, Node: HeartbeatLive}, want{end: lockingv1alpha1.GatedPodReasonGateRemoved}},
+		{"such a Pod, being deleted, keeps renewing", Facts{Now: at(10), Pod: withPod(running, func(q *corev1.Pod) {
+			q.Annotations[lockingv1alpha1.GrantUIDAnnotation] = "another"
+			deleting(q)
+		}), Grants: []*lockingv1alpha1.LockGrant{held}, Node: HeartbeatLive}, want{renew: true, requeue: 20 * time.Second}},
 		{"the grant of a Pod that is gone is released", Facts{Now: at(5), Grants: []*lockingv1alpha1.LockGrant{held}},
 			want{release: []string{held.Name}}},
 		{"the ended grant of a Pod that is gone needs nothing", Facts{Now: at(5), Grants: []*lockingv1alpha1.LockGrant{ended(lockingv1alpha1.PhaseReleased)}},

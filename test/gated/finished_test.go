@@ -8,8 +8,10 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	lockingv1alpha1 "github.com/lockwarden/lockwarden/api/v1alpha1"
 )
@@ -101,6 +103,43 @@ func TestPodThatMayRestartItsContainersKeepsItsLockUntilItsPhase(t *testing.T) {
 	})
 	// Once its phase says it is over, the lock passes on.
 	setPhase(t, holder, corev1.PodFailed)
+	waitGrant(t, holder, "Released", phase(lockingv1alpha1.PhaseReleased))
+	waitStarted(t, next)
+}
+
+// Whoever may patch a running Pod can change the grant annotations the
+// manager wrote when it started it, which looks like a gate removed by
+// hand: the Pod is ended, but, like any Pod being deleted, it keeps its
+// lease until it is gone, since its containers may run for their grace
+// period; only then does the next Pod start.
+func TestChangedGrantAnnotationsDoNotGiveTheLockBackWhileThePodMayRun(t *testing.T) {
+	ns := space(t)
+	must(t, admin.Create(t.Context(), &rbacv1.Role{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "pods"}, Rules: []rbacv1.PolicyRule{
+		{APIGroups: []string{""}, Resources: []string{"pods"}, Verbs: []string{"get", "patch"}},
+	}}))
+	must(t, admin.Create(t.Context(), &rbacv1.RoleBinding{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "pods"},
+		RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "Role", Name: "pods"},
+		Subjects:   []rbacv1.Subject{{Kind: rbacv1.UserKind, APIGroup: rbacv1.GroupName, Name: "mallory"}},
+	}))
+	mallory := as(t, "mallory")
+	heartbeat(t, "node-a")
+	holder := createPod(t, podSpec(ns, "holder", nil))
+	next := createPod(t, podSpec(ns, "next", nil))
+	waitStarted(t, holder)
+	run(t, holder, "node-a")
+	body := []byte(`{"metadata":{"annotations":{"locking.lockwarden.io/grant-uid":"forged"}}}`)
+	waitFor(t, "mallory may patch the Pod", func() bool {
+		return mallory.Patch(t.Context(), &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: holder.Name}},
+			client.RawPatch(types.MergePatchType, body)) == nil
+	})
+	waitPod(t, holder, "being deleted", func(p *corev1.Pod) bool { return p != nil && p.DeletionTimestamp != nil })
+	stays(t, "the holder's grant Held while it is being deleted, the next Pod gated", time.Second, func() bool {
+		g := waitGrant(t, holder, "read", func(*lockingv1alpha1.LockGrant) bool { return true })
+		return g.Status.Phase == lockingv1alpha1.PhaseHeld && !g.Spec.Release && !started(pod(t, next))
+	})
+	// The kubelet confirms the containers are gone.
+	must(t, admin.Delete(t.Context(), pod(t, holder), client.GracePeriodSeconds(0)))
 	waitGrant(t, holder, "Released", phase(lockingv1alpha1.PhaseReleased))
 	waitStarted(t, next)
 }
