@@ -141,11 +141,11 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reco
 		return reconcile.Result{}, err
 	}
 	p := podgate.Decide(f)
-	if p.End != nil {
-		// Ending a Pod is decided on the API server's versions, never on
-		// caches alone: the Pod cache can be ahead of the grant cache (the
-		// Pod another replica just started, its grant still Pending here),
-		// which looks like a gate removed by hand.
+	if podgate.Confirm(f, p) {
+		// Ending a Pod, or releasing the grant of another Pod of its name,
+		// is decided on the API server's versions, never on caches alone
+		// (podgate.Confirm): the Pod cache can be ahead of the grant cache
+		// or behind it.
 		fresh, changed, err := r.confirm(ctx, f)
 		if err != nil {
 			return reconcile.Result{}, err
@@ -169,7 +169,7 @@ func (r *Reconciler) confirm(ctx context.Context, f podgate.Facts) (podgate.Fact
 			f.Pod, changed = nil, true
 		case err != nil:
 			return f, false, fmt.Errorf("reading Pod: %w", err)
-		case pod.ResourceVersion != f.Pod.ResourceVersion:
+		case pod.UID != f.Pod.UID || pod.ResourceVersion != f.Pod.ResourceVersion:
 			f.Pod, changed = pod, true
 		}
 	}

@@ -88,3 +88,63 @@ func TestPodCacheAheadOfGrantCacheDoesNotEndAStartedPod(t *testing.T) {
 		}
 	}
 }
+
+// A replica whose Pod cache still shows an earlier Pod of the same name
+// (being deleted; a StatefulSet's Pod is recreated under its name) while
+// its grant cache already shows the grant of the Pod that replaced it,
+// Held and started by another replica, must not take that grant for one
+// of a Pod that is gone: it confirms with the API server before
+// releasing it, and the running Pod keeps its lock.
+func TestPodCacheBehindDoesNotReleaseTheGrantOfThePodThatReplacedIt(t *testing.T) {
+	scheme := runtime.NewScheme()
+	utilruntime.Must(clientgoscheme.AddToScheme(scheme))
+	utilruntime.Must(lockingv1alpha1.AddToScheme(scheme))
+	now := time.Date(2026, 7, 19, 0, 0, 1, 0, time.UTC)
+
+	spec := corev1.PodSpec{ServiceAccountName: "worker", RestartPolicy: corev1.RestartPolicyNever, Containers: []corev1.Container{{Name: "settle", Image: "settle"}}}
+	annotations := func() map[string]string {
+		return map[string]string{lockingv1alpha1.LockAnnotation: "invoice-batch/2026-07-19", lockingv1alpha1.RequestedAtAnnotation: "2026-07-19T00:00:00Z"}
+	}
+	earlier := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "billing", Name: "db-0", UID: types.UID("u1"), Annotations: annotations(),
+		DeletionTimestamp: &metav1.Time{Time: now}, Finalizers: []string{"test.lockwarden.io/keep"}}, Spec: spec}
+	later := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "billing", Name: "db-0", UID: types.UID("u2"), Annotations: annotations()}, Spec: spec}
+	request := podgate.Request{Resource: "invoice-batch/2026-07-19", LeaseSeconds: 30}
+	ended := podgate.GrantFor(earlier, request)
+	ended.UID = "g1"
+	ended.Spec.Release = true
+	ended.Status.Phase, ended.Status.FenceToken = lockingv1alpha1.PhaseReleased, 3
+	held := podgate.GrantFor(later, request)
+	held.UID = "g2"
+	held.Status.Phase, held.Status.FenceToken = lockingv1alpha1.PhaseHeld, 4
+	held.Status.GrantedAt = &metav1.MicroTime{Time: now}
+	held.Status.ExpiresAt = &metav1.MicroTime{Time: now.Add(30 * time.Second)}
+	started := later.DeepCopy()
+	for k, v := range podgate.StartAnnotations(held) {
+		started.Annotations[k] = v
+	}
+
+	index := func(o client.Object) []string {
+		if ref := podgate.PodOf(o.(*lockingv1alpha1.LockGrant)); ref != nil {
+			return []string{ref.Name}
+		}
+		return nil
+	}
+	// The API server: the earlier Pod is gone, the later one started.
+	api := fake.NewClientBuilder().WithScheme(scheme).WithObjects(started.DeepCopy(), ended.DeepCopy(), held.DeepCopy()).
+		WithIndex(&lockingv1alpha1.LockGrant{}, PodField, index).Build()
+	// This replica's caches: the earlier Pod, being deleted; both grants.
+	cache := fake.NewClientBuilder().WithScheme(scheme).WithObjects(earlier.DeepCopy(), ended.DeepCopy(), held.DeepCopy()).
+		WithIndex(&lockingv1alpha1.LockGrant{}, PodField, index).Build()
+
+	r := &Reconciler{Client: cache, Pods: cache, APIReader: api, Clock: clocktesting.NewFakePassiveClock(now)}
+	if _, err := r.Reconcile(t.Context(), reconcile.Request{NamespacedName: client.ObjectKeyFromObject(later)}); err != nil {
+		t.Fatal(err)
+	}
+	g := &lockingv1alpha1.LockGrant{}
+	if err := cache.Get(t.Context(), client.ObjectKeyFromObject(held), g); err != nil {
+		t.Fatal(err)
+	}
+	if g.Spec.Release {
+		t.Fatalf("the grant of the running Pod that replaced the earlier one was released on a Pod cache behind")
+	}
+}

@@ -167,23 +167,49 @@ func Decide(f Facts) Plan {
 		p.Start = StartAnnotations(mine)
 		p.Events = append(p.Events, Event{Type: corev1.EventTypeNormal, Reason: lockingv1alpha1.GatedPodReasonGranted, Grant: mine,
 			Note: fmt.Sprintf("lock %s granted with fence %d (grant %s): the Pod may start", mine.HeldFencedResource(), mine.Status.FenceToken, mine.Name)})
-	case pod.Annotations[lockingv1alpha1.GrantUIDAnnotation] != string(mine.UID):
+	case pod.Annotations[lockingv1alpha1.GrantUIDAnnotation] != string(mine.UID) && !deleting:
 		// The gate is gone, but not by the write that put this grant's
-		// fence on the Pod.
-		p.Release = append(p.Release, mine)
-		if !deleting {
-			p.End = &End{Reason: lockingv1alpha1.GatedPodReasonGateRemoved, Message: fmt.Sprintf("the scheduling gate %s was removed before lock %s was granted",
-				lockingv1alpha1.PodSchedulingGate, mine.Spec.Resource)}
-		}
+		// fence on the Pod (or its annotations were changed since, which
+		// whoever may patch the Pod can do): its containers may run. It is
+		// ended, and keeps the lease until it is gone, as any Pod being
+		// deleted: the lock is not given back while they may still run.
+		p.End = &End{Reason: lockingv1alpha1.GatedPodReasonGateRemoved, Message: fmt.Sprintf("the scheduling gate %s was removed before lock %s was granted",
+			lockingv1alpha1.PodSchedulingGate, mine.Spec.Resource)}
 	default:
 		renew(&p, f, mine)
 	}
 	return p
 }
 
+// Confirm reports whether plan p, decided on facts f as the caches show
+// them, must be decided again on the API server's versions before it is
+// applied: it ends the Pod, or it releases the grant of another Pod of
+// the same name. The Pod cache and the grant cache are not in step: the
+// Pod cache can be ahead (the Pod another replica just started, its grant
+// still Pending in the grant cache, which looks like a gate removed by
+// hand) or behind (an earlier Pod of the name, being deleted, while the
+// grant cache already shows the Held grant of the Pod that replaced it,
+// which looks like the grant of a Pod that is gone). A Pod the caches do
+// not show was read from the API server already.
+func Confirm(f Facts, p Plan) bool {
+	if p.End != nil {
+		return true
+	}
+	if f.Pod == nil {
+		return false
+	}
+	for _, g := range p.Release {
+		if ref := PodOf(g); ref == nil || ref.UID != string(f.Pod.UID) {
+			return true
+		}
+	}
+	return false
+}
+
 // Finished reports whether no container of pod runs or will run again:
 // its phase is Succeeded or Failed, or it restarts no container (its
-// restartPolicy is Never and no container overrides it) and the kubelet
+// restartPolicy is Never, no container overrides it and none has restart
+// rules, which may restart every container in place) and the kubelet
 // reports every regular container terminated and no container (init,
 // sidecar or ephemeral) running or waiting to start. The kubelet reports
 // the containers terminated a while before the phase: it writes the phase
@@ -200,6 +226,19 @@ func Finished(pod *corev1.Pod) bool {
 	}
 	for _, c := range pod.Spec.Containers {
 		if c.RestartPolicy != nil || len(c.RestartPolicyRules) > 0 {
+			return false
+		}
+	}
+	// A container's restart rules may restart every container of the Pod
+	// in place (RestartAllContainers), a sidecar's too when it exits after
+	// the regular containers did: only the phase says the Pod is over.
+	for _, c := range pod.Spec.InitContainers {
+		if len(c.RestartPolicyRules) > 0 {
+			return false
+		}
+	}
+	for _, c := range pod.Status.Conditions {
+		if c.Type == corev1.AllContainersRestarting && c.Status == corev1.ConditionTrue {
 			return false
 		}
 	}

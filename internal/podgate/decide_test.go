@@ -154,8 +154,15 @@ func TestDecide(t *testing.T) {
 			want{release: []string{pending.Name}, end: lockingv1alpha1.GatedPodReasonGateRemoved}},
 		{"a gate removed by hand before the request ends the Pod", Facts{Now: at(5), Pod: withPod(p, func(q *corev1.Pod) { q.Spec.SchedulingGates = nil })},
 			want{end: lockingv1alpha1.GatedPodReasonGateRemoved}},
-		{"a gate removed by hand as the grant came ends the Pod", Facts{Now: at(5), Pod: withPod(p, func(q *corev1.Pod) { q.Spec.SchedulingGates = nil }), Grants: []*lockingv1alpha1.LockGrant{held}},
-			want{release: []string{held.Name}, end: lockingv1alpha1.GatedPodReasonGateRemoved}},
+		{"a gate removed by hand as the grant came ends the Pod, which keeps the lease until it is gone", Facts{Now: at(5), Pod: withPod(p, func(q *corev1.Pod) { q.Spec.SchedulingGates = nil }), Grants: []*lockingv1alpha1.LockGrant{held}},
+			want{end: lockingv1alpha1.GatedPodReasonGateRemoved}},
+		{"a running Pod whose grant annotations were changed is ended, and keeps the lease until it is gone", Facts{Now: at(5), Pod: withPod(running, func(q *corev1.Pod) {
+			q.Annotations[lockingv1alpha1.GrantUIDAnnotation] = "another"
+		}), Grants: []*lockingv1alpha1.LockGrant{held}, Node: HeartbeatLive}, want{end: lockingv1alpha1.GatedPodReasonGateRemoved}},
+		{"such a Pod, being deleted, keeps renewing", Facts{Now: at(10), Pod: withPod(running, func(q *corev1.Pod) {
+			q.Annotations[lockingv1alpha1.GrantUIDAnnotation] = "another"
+			deleting(q)
+		}), Grants: []*lockingv1alpha1.LockGrant{held}, Node: HeartbeatLive}, want{renew: true, requeue: 20 * time.Second}},
 		{"the grant of a Pod that is gone is released", Facts{Now: at(5), Grants: []*lockingv1alpha1.LockGrant{held}},
 			want{release: []string{held.Name}}},
 		{"the ended grant of a Pod that is gone needs nothing", Facts{Now: at(5), Grants: []*lockingv1alpha1.LockGrant{ended(lockingv1alpha1.PhaseReleased)}},
@@ -283,6 +290,25 @@ func TestFinished(t *testing.T) {
 		{"restartPolicy OnFailure", withPod(p, func(q *corev1.Pod) { q.Spec.RestartPolicy = corev1.RestartPolicyOnFailure }), false},
 		{"a container that restarts itself", withPod(p, func(q *corev1.Pod) {
 			q.Spec.Containers[0].RestartPolicy = ptr.To(corev1.ContainerRestartPolicyAlways)
+		}), false},
+		{"a sidecar whose exit restarts every container", withPod(p, func(q *corev1.Pod) {
+			q.Spec.InitContainers = []corev1.Container{{Name: "watcher", RestartPolicy: ptr.To(corev1.ContainerRestartPolicyAlways),
+				RestartPolicyRules: []corev1.ContainerRestartRule{{Action: corev1.ContainerRestartRuleActionRestartAllContainers,
+					ExitCodes: &corev1.ContainerRestartRuleOnExitCodes{Operator: corev1.ContainerRestartRuleOnExitCodesOpIn, Values: []int32{88}}}}}}
+			q.Status.InitContainerStatuses = []corev1.ContainerStatus{{Name: "watcher", State: corev1.ContainerState{Terminated: &corev1.ContainerStateTerminated{ExitCode: 88}}}}
+		}), false},
+		{"an init container with restart rules", withPod(p, func(q *corev1.Pod) {
+			q.Spec.InitContainers = []corev1.Container{{Name: "setup", RestartPolicy: ptr.To(corev1.ContainerRestartPolicyNever),
+				RestartPolicyRules: []corev1.ContainerRestartRule{{Action: corev1.ContainerRestartRuleActionRestartAllContainers,
+					ExitCodes: &corev1.ContainerRestartRuleOnExitCodes{Operator: corev1.ContainerRestartRuleOnExitCodesOpIn, Values: []int32{88}}}}}}
+			q.Status.InitContainerStatuses = []corev1.ContainerStatus{{Name: "setup", State: terminated}}
+		}), false},
+		{"a sidecar that stopped, without restart rules", withPod(p, func(q *corev1.Pod) {
+			q.Spec.InitContainers = []corev1.Container{{Name: "proxy", RestartPolicy: ptr.To(corev1.ContainerRestartPolicyAlways)}}
+			q.Status.InitContainerStatuses = []corev1.ContainerStatus{{Name: "proxy", State: terminated}}
+		}), true},
+		{"every container restarting in place", withPod(p, func(q *corev1.Pod) {
+			q.Status.Conditions = []corev1.PodCondition{{Type: corev1.AllContainersRestarting, Status: corev1.ConditionTrue}}
 		}), false},
 		{"a sidecar still runs", withPod(p, func(q *corev1.Pod) {
 			q.Status.InitContainerStatuses = []corev1.ContainerStatus{{Name: "proxy", State: running}}

@@ -10,9 +10,13 @@ import (
 	"time"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	lockingv1alpha1 "github.com/lockwarden/lockwarden/api/v1alpha1"
+	"github.com/lockwarden/lockwarden/pkg/fencing"
+	"github.com/lockwarden/lockwarden/pkg/fencing/denial"
 )
 
 // spentUntil waits until the ledger of ns records request ID id, after its
@@ -154,9 +158,48 @@ func TestEndedGrantOfARequestIDIsDeletedOnlyOnceRecorded(t *testing.T) {
 			t.Fatalf("%s's delete of the ended grant before its ID was recorded: %v: %s; want it refused REQUEST_ID_LIVE naming the ID", user, err, out)
 		}
 	}
+	// An administrator fares no better: a deletecollection of the
+	// namespace's grants, a dry run, a delete with preconditions, nor a
+	// delete after marking the ID generated (immutable, whatever the
+	// patch) or a server-side apply without the request ID under another
+	// field manager.
+	target := func() *lockingv1alpha1.LockGrant {
+		return &lockingv1alpha1.LockGrant{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name}}
+	}
+	var cur lockingv1alpha1.LockGrant
+	if err := admin.Get(t.Context(), types.NamespacedName{Namespace: ns, Name: name}, &cur); err != nil {
+		t.Fatal(err)
+	}
+	for what, del := range map[string]func() error{
+		"deletecollection": func() error {
+			return admin.DeleteAllOf(t.Context(), &lockingv1alpha1.LockGrant{}, client.InNamespace(ns))
+		},
+		"dry run": func() error { return admin.Delete(t.Context(), target(), client.DryRunAll) },
+		"with preconditions": func() error {
+			return admin.Delete(t.Context(), target(), client.Preconditions{UID: &cur.UID, ResourceVersion: &cur.ResourceVersion})
+		},
+	} {
+		if err := del(); denial.Reason(err) != fencing.ReasonRequestIDLive {
+			t.Errorf("the administrator's delete (%s) of the ended grant before its ID was recorded: %v; want REQUEST_ID_LIVE", what, err)
+		}
+	}
+	for what, p := range map[string]client.Patch{
+		"merge": client.RawPatch(types.MergePatchType, []byte(`{"metadata":{"annotations":{"locking.lockwarden.io/generated-request-id":"true"}}}`)),
+		"json":  client.RawPatch(types.JSONPatchType, []byte(`[{"op":"add","path":"/metadata/annotations/locking.lockwarden.io~1generated-request-id","value":"true"}]`)),
+		"apply": client.RawPatch(types.ApplyPatchType, []byte(fmt.Sprintf(`{"apiVersion":"locking.lockwarden.io/v1alpha1","kind":"LockGrant","metadata":{"name":%q,"namespace":%q,"annotations":{"locking.lockwarden.io/generated-request-id":"true"}}}`, name, ns))),
+	} {
+		opts := []client.PatchOption{}
+		if what == "apply" {
+			opts = append(opts, client.FieldOwner("mallory-apply"), client.ForceOwnership)
+		}
+		if err := admin.Patch(t.Context(), target(), p, opts...); err == nil {
+			t.Errorf("the administrator's %s patch marking the ended grant's request ID generated was accepted", what)
+		}
+	}
 	var g lockingv1alpha1.LockGrant
-	if err := admin.Get(t.Context(), types.NamespacedName{Namespace: ns, Name: name}, &g); err != nil || g.Status.Phase != lockingv1alpha1.PhaseReleased {
-		t.Fatalf("the ended grant after the refused deletes: %v, phase %q", err, g.Status.Phase)
+	if err := admin.Get(t.Context(), types.NamespacedName{Namespace: ns, Name: name}, &g); err != nil || g.Status.Phase != lockingv1alpha1.PhaseReleased ||
+		g.UID != cur.UID || g.Annotations[lockingv1alpha1.GeneratedRequestIDAnnotation] != "" {
+		t.Fatalf("the ended grant after the refused deletes: %v, phase %q, annotations %v", err, g.Status.Phase, g.Annotations)
 	}
 	if code, out, errOut := run("AGAIN"); code != 3 || out != "" || !strings.Contains(errOut, "ALREADY_ENDED") {
 		t.Fatalf("a retry while the grant is kept exited %d and printed %q, want 3 ALREADY_ENDED: %s", code, out, errOut)
