@@ -160,9 +160,12 @@ func Grant(g *lockingv1alpha1.LockGrant) *fencing.Grant {
 		f.ExpiresAt = g.Status.ExpiresAt.Time
 	}
 	if g.Spec.Release && (f.State == fencing.StateHeld || f.State == fencing.StatePending) {
-		// The owner asked to release (or withdraw): from that write on,
-		// the grant admits no more writes, renewals or releases, even
-		// before the controller has answered.
+		// The owner asked to release (or withdraw): judged on the grant
+		// itself, from that write on it admits no more writes, renewals
+		// or releases, even before the controller has answered. Where
+		// the counter still names it with its lease (Registry), writes
+		// are judged on the counter until the controller's swap, which
+		// comes before any successor holds.
 		f.State = fencing.StateReleased
 	}
 	return f
