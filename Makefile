@@ -127,10 +127,10 @@ verify: manifests generate ## Fail if generated files are out of date.
 
 .PHONY: build
 build: ## Build the manager, the demo and the kubectl plugin (kubectl-lockwarden, and kubectl-lock for compatibility) into bin/.
-	go build -ldflags "$(VERSION_LDFLAGS)" -o $(LOCALBIN)/manager ./cmd/manager
+	mkdir -p $(LOCALBIN)
+	go build -ldflags "$(VERSION_LDFLAGS)" -o $(LOCALBIN)/ ./cmd/manager ./cmd/kubectl-lock
 	go -C $(TEST_MODULE) build -o $(abspath $(LOCALBIN))/lockwarden-demo ./cmd/lockwarden-demo
-	go build -ldflags "$(VERSION_LDFLAGS)" -o $(LOCALBIN)/kubectl-lockwarden ./cmd/kubectl-lock
-	cp $(LOCALBIN)/kubectl-lockwarden $(LOCALBIN)/kubectl-lock
+	cp $(LOCALBIN)/kubectl-lock $(LOCALBIN)/kubectl-lockwarden
 
 .PHONY: image
 image: ## Write the manager's image, one tarball per IMAGE_ARCHS, to dist/ (no Docker needed; see README "Install").
@@ -172,12 +172,18 @@ tools: ## Build the local control plane (with etcdutl), controller-gen and helm 
 control-plane: ## Build kube-apiserver, etcd and kubectl into bin/ (once), or link them from KUBEBUILDER_ASSETS: all that demo and test-envtest use.
 	hack/build-tools.sh control-plane
 
+# demo, playground and bench build the control plane and lockwarden's
+# binaries at the same time.
+.PHONY: local-binaries
+local-binaries:
+	$(MAKE) --no-print-directory -j2 control-plane build
+
 .PHONY: demo
-demo: control-plane build ## Play the paused-holder story on a local control plane, and stop everything after (WEBHOOK_PORT, default 9443).
+demo: local-binaries ## Play the paused-holder story on a local control plane, and stop everything after (WEBHOOK_PORT, default 9443).
 	$(LOCALBIN)/lockwarden-demo --assets $(LOCALBIN) --manager $(LOCALBIN)/manager $(if $(WEBHOOK_PORT),--webhook-port $(WEBHOOK_PORT))
 
 .PHONY: playground
-playground: control-plane build ## Start a local control plane with the manager for the README walkthrough; Ctrl-C stops it (WEBHOOK_PORT, default 9443).
+playground: local-binaries ## Start a local control plane with the manager for the README walkthrough; Ctrl-C stops it (WEBHOOK_PORT, default 9443).
 	$(LOCALBIN)/lockwarden-demo --assets $(LOCALBIN) --manager $(LOCALBIN)/manager --serve $(if $(WEBHOOK_PORT),--webhook-port $(WEBHOOK_PORT))
 
 # Sizes of make bench; empty means the bench's defaults (BENCH_QUICK=1: its quick ones).
@@ -187,7 +193,7 @@ BENCH_SCALE ?=
 BENCH_FLAGS ?=
 
 .PHONY: bench
-bench: control-plane build ## Measure lockwarden against etcd's mutex, a Lease lock and leader election on one local control plane; results in results/<time>/ (BENCH_QUICK=1 for ~2-3 min; BENCH_HANDOFFS, BENCH_SCALE, BENCH_FLAGS).
+bench: local-binaries ## Measure lockwarden against etcd's mutex, a Lease lock and leader election on one local control plane; results in results/<time>/ (BENCH_QUICK=1 for ~2-3 min; BENCH_HANDOFFS, BENCH_SCALE, BENCH_FLAGS).
 	go -C $(TEST_MODULE) build -o $(abspath $(LOCALBIN))/lockwarden-bench ./cmd/lockwarden-bench
 	$(LOCALBIN)/lockwarden-bench --assets $(LOCALBIN) --manager $(LOCALBIN)/manager --out results $(if $(BENCH_QUICK),--quick) $(if $(BENCH_HANDOFFS),--handoffs=$(BENCH_HANDOFFS)) $(if $(BENCH_SCALE),--scale=$(BENCH_SCALE)) $(BENCH_FLAGS)
 
