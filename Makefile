@@ -3,6 +3,8 @@
 # Two commands do all set-up on a fresh machine:
 #   make demo   the paused-holder story on a local control plane (etcd + kube-apiserver)
 #   make test   the whole test suite (unit, envtest, end-to-end)
+# While editing: make test-unit (seconds, no tools), then make test-envtest
+# and make test-e2e, which together run what make test runs.
 
 SHELL := /usr/bin/env bash -o pipefail
 .SHELLFLAGS := -ec
@@ -31,6 +33,8 @@ VERSION_LDFLAGS = -X github.com/lockwarden/lockwarden/internal/version.Version=$
 # FenceCounter and the FenceIssuer) unless DELETE_CRDS=true.
 DELETE_CRDS ?= false
 # envtest finds kube-apiserver and etcd here (built by hack/build-tools.sh).
+# Set to another directory (setup-envtest's, as kubebuilder users have one),
+# its kube-apiserver, etcd and kubectl are linked into bin/, not built.
 export KUBEBUILDER_ASSETS ?= $(LOCALBIN)
 GO_TEST_FLAGS ?= -count=1 -timeout 25m
 # The test module (its own go.mod, requiring the product module by a replace):
@@ -38,6 +42,14 @@ GO_TEST_FLAGS ?= -count=1 -timeout 25m
 # programs behind demo, bench, chaos and faults, so that the product's go.mod
 # requires none of their dependencies. Every Go target covers both modules.
 TEST_MODULE := test
+# The test module's packages of make test-e2e: the end-to-end suites (the
+# binaries as a user runs them) and those that build real binaries or run
+# bin/'s helm and etcdutl. Every other package of both modules is make
+# test-envtest's, so that a new package is in one of the two, and make test
+# (both modules' ./...) runs what the two run together.
+E2E_PACKAGES := ./e2e/... ./chart/... ./install/... ./restore/... ./chaos/... ./image/... ./cluster/...
+# make test-unit keeps go's test cache: an unchanged package reports (cached).
+UNIT_TEST_FLAGS ?= -timeout 5m
 
 .PHONY: all
 all: build
@@ -80,16 +92,30 @@ lint: golangci-lint ## Run golangci-lint on both modules (.golangci.yml: errorli
 	cd $(TEST_MODULE) && $(GOLANGCI_LINT) run --config $(CURDIR)/.golangci.yml ./...
 
 .PHONY: test
-test: tools vet ## Run every test of both modules: unit, envtest (real kube-apiserver + etcd) and end-to-end.
+test: tools vet ## Run every test of both modules: unit, envtest (real kube-apiserver + etcd) and end-to-end. Before a push.
 	go test $(GO_TEST_FLAGS) ./...
 	go -C $(TEST_MODULE) test $(GO_TEST_FLAGS) ./...
+
+.PHONY: test-unit
+test-unit: ## The inner loop, in seconds: go test -short of both modules, every test that needs no control plane, PostgreSQL, tools or built binaries (no tools built).
+	go test -short $(UNIT_TEST_FLAGS) ./...
+	go -C $(TEST_MODULE) test -short $(UNIT_TEST_FLAGS) ./...
+
+.PHONY: test-envtest
+test-envtest: control-plane ## Every test but make test-e2e's: the envtest suites on kube-apiserver + etcd, PostgreSQL, the fault simulation, and the unit tests. After a change to the controllers, webhooks or pkg/lock.
+	go test $(GO_TEST_FLAGS) ./...
+	go -C $(TEST_MODULE) test $(GO_TEST_FLAGS) $$(comm -23 <(go -C $(TEST_MODULE) list ./... | sort) <(go -C $(TEST_MODULE) list $(E2E_PACKAGES) | sort))
+
+.PHONY: test-e2e
+test-e2e: tools ## The end-to-end suites (E2E_PACKAGES of test/): the binaries as a user runs them, install and chart (helm), snapshot restore (etcdutl), chaos, the image. After a change to a command, config/ or the chart.
+	go -C $(TEST_MODULE) test $(GO_TEST_FLAGS) $(E2E_PACKAGES)
 
 .PHONY: faults
 faults: ## Run the fault simulation's release gate: ROUNDS rounds (default 100,000) of mixed faults.
 	go -C $(TEST_MODULE) run ./cmd/lockwarden-faults -rounds $(or $(ROUNDS),100000) $(if $(SEED),-seed $(SEED))
 
 .PHONY: chaos
-chaos: tools build ## Run the real-process chaos suite for DURATION (default 2m; SEED to fix the fault schedule) and check its history.
+chaos: control-plane build ## Run the real-process chaos suite for DURATION (default 2m; SEED to fix the fault schedule) and check its history.
 	go -C $(TEST_MODULE) build -o $(abspath $(LOCALBIN))/lockwarden-chaos ./cmd/lockwarden-chaos
 	$(LOCALBIN)/lockwarden-chaos --assets $(LOCALBIN) --manager $(LOCALBIN)/manager --duration $(or $(DURATION),2m) $(if $(SEED),--seed $(SEED))
 
@@ -101,10 +127,10 @@ verify: manifests generate ## Fail if generated files are out of date.
 
 .PHONY: build
 build: ## Build the manager, the demo and the kubectl plugin (kubectl-lockwarden, and kubectl-lock for compatibility) into bin/.
-	go build -ldflags "$(VERSION_LDFLAGS)" -o $(LOCALBIN)/manager ./cmd/manager
+	mkdir -p $(LOCALBIN)
+	go build -ldflags "$(VERSION_LDFLAGS)" -o $(LOCALBIN)/ ./cmd/manager ./cmd/kubectl-lock
 	go -C $(TEST_MODULE) build -o $(abspath $(LOCALBIN))/lockwarden-demo ./cmd/lockwarden-demo
-	go build -ldflags "$(VERSION_LDFLAGS)" -o $(LOCALBIN)/kubectl-lockwarden ./cmd/kubectl-lock
-	cp $(LOCALBIN)/kubectl-lockwarden $(LOCALBIN)/kubectl-lock
+	cp $(LOCALBIN)/kubectl-lock $(LOCALBIN)/kubectl-lockwarden
 
 .PHONY: image
 image: ## Write the manager's image, one tarball per IMAGE_ARCHS, to dist/ (no Docker needed; see README "Install").
@@ -139,15 +165,25 @@ helm: ## Build helm into bin/ from the Go module proxy (once).
 	hack/build-tools.sh helm
 
 .PHONY: tools
-tools: ## Build the local control plane, controller-gen and helm into bin/ (once; see DEVELOPERS.md).
+tools: ## Build the local control plane (with etcdutl), controller-gen and helm into bin/ (once, at the same time; see DEVELOPERS.md).
 	hack/build-tools.sh
 
+.PHONY: control-plane
+control-plane: ## Build kube-apiserver, etcd and kubectl into bin/ (once), or link them from KUBEBUILDER_ASSETS: all that demo and test-envtest use.
+	hack/build-tools.sh control-plane
+
+# demo, playground and bench build the control plane and lockwarden's
+# binaries at the same time.
+.PHONY: local-binaries
+local-binaries:
+	$(MAKE) --no-print-directory -j2 control-plane build
+
 .PHONY: demo
-demo: tools build ## Play the paused-holder story on a local control plane, and stop everything after (WEBHOOK_PORT, default 9443).
+demo: local-binaries ## Play the paused-holder story on a local control plane, and stop everything after (WEBHOOK_PORT, default 9443).
 	$(LOCALBIN)/lockwarden-demo --assets $(LOCALBIN) --manager $(LOCALBIN)/manager $(if $(WEBHOOK_PORT),--webhook-port $(WEBHOOK_PORT))
 
 .PHONY: playground
-playground: tools build ## Start a local control plane with the manager for the README walkthrough; Ctrl-C stops it (WEBHOOK_PORT, default 9443).
+playground: local-binaries ## Start a local control plane with the manager for the README walkthrough; Ctrl-C stops it (WEBHOOK_PORT, default 9443).
 	$(LOCALBIN)/lockwarden-demo --assets $(LOCALBIN) --manager $(LOCALBIN)/manager --serve $(if $(WEBHOOK_PORT),--webhook-port $(WEBHOOK_PORT))
 
 # Sizes of make bench; empty means the bench's defaults (BENCH_QUICK=1: its quick ones).
@@ -157,7 +193,7 @@ BENCH_SCALE ?=
 BENCH_FLAGS ?=
 
 .PHONY: bench
-bench: tools build ## Measure lockwarden against etcd's mutex, a Lease lock and leader election on one local control plane; results in results/<time>/ (BENCH_QUICK=1 for ~2-3 min; BENCH_HANDOFFS, BENCH_SCALE, BENCH_FLAGS).
+bench: local-binaries ## Measure lockwarden against etcd's mutex, a Lease lock and leader election on one local control plane; results in results/<time>/ (BENCH_QUICK=1 for ~2-3 min; BENCH_HANDOFFS, BENCH_SCALE, BENCH_FLAGS).
 	go -C $(TEST_MODULE) build -o $(abspath $(LOCALBIN))/lockwarden-bench ./cmd/lockwarden-bench
 	$(LOCALBIN)/lockwarden-bench --assets $(LOCALBIN) --manager $(LOCALBIN)/manager --out results $(if $(BENCH_QUICK),--quick) $(if $(BENCH_HANDOFFS),--handoffs=$(BENCH_HANDOFFS)) $(if $(BENCH_SCALE),--scale=$(BENCH_SCALE)) $(BENCH_FLAGS)
 

@@ -37,6 +37,9 @@ type imageConfig struct {
 }
 
 func TestImageTarball(t *testing.T) {
+	if testing.Short() {
+		t.Skip("-short: it builds the manager and its image; make test-e2e and make test run it")
+	}
 	root, err := filepath.Abs("../..")
 	if err != nil {
 		t.Fatal(err)

@@ -23,6 +23,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 
 	lockingv1alpha1 "github.com/lockwarden/lockwarden/api/v1alpha1"
+	"github.com/lockwarden/lockwarden/internal/test/envtest"
 	"github.com/lockwarden/lockwarden/internal/test/pgtest"
 	"github.com/lockwarden/lockwarden/test/internal/localcp"
 )
@@ -51,6 +52,9 @@ func TestMain(m *testing.M) { os.Exit(run(m)) }
 // pgtest.Main, which also runs the tests), and stops everything it started,
 // in reverse order, whatever happens.
 func run(m *testing.M) int {
+	if envtest.SkipSuite("it runs a control plane, the manager and PostgreSQL") {
+		return 0
+	}
 	utilruntime.Must(clientgoscheme.AddToScheme(scheme))
 	utilruntime.Must(lockingv1alpha1.AddToScheme(scheme))
 	logf.SetLogger(zap.New(zap.WriteTo(io.Discard)))

@@ -9,9 +9,11 @@ import (
 
 // Repo returns the repository root, rel being the path from the test's
 // package directory to it (e.g. "../.."), and fails the test when bin/ has
-// no control plane yet.
+// no control plane yet. Under -short it skips the test: what needs bin/ is
+// not a unit test.
 func Repo(t testing.TB, rel string) string {
 	t.Helper()
+	SkipShort(t, "it runs the tools in bin/")
 	root, err := filepath.Abs(rel)
 	if err != nil {
 		t.Fatal(err)
@@ -24,9 +26,11 @@ func Repo(t testing.TB, rel string) string {
 
 // Build compiles the main package pkg (e.g. "./cmd/manager") of the Go
 // module whose directory is root (the repository, or its test module in
-// test/) into dir and returns the binary's path.
+// test/) into dir and returns the binary's path. Under -short it skips the
+// test.
 func Build(t testing.TB, root, dir, pkg string) string {
 	t.Helper()
+	SkipShort(t, "it builds "+pkg)
 	out := filepath.Join(dir, filepath.Base(pkg))
 	cmd := exec.CommandContext(t.Context(), "go", "build", "-o", out, pkg)
 	cmd.Dir = root

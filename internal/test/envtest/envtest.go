@@ -23,6 +23,10 @@
 //
 // A test that needs a control plane of its own, with no manager (it runs
 // the manager or its controllers itself), calls StartControlPlane.
+//
+// Under go test -short (make test-unit) nothing here starts a control plane:
+// Main skips the whole suite, and StartControlPlane, Repo and Build skip the
+// test, each saying so. make test-envtest and make test run them.
 package envtest
 
 import (
@@ -30,6 +34,7 @@ import (
 	"context"
 	"crypto/tls"
 	"errors"
+	"flag"
 	"fmt"
 	"net"
 	"os"
@@ -136,8 +141,12 @@ func Main(m *testing.M, s Suite) {
 // Run starts the suite's environment from the repository's bin/ (unless
 // KUBEBUILDER_ASSETS says otherwise), runs s.Setup and then m's tests,
 // stops the environment whatever happened, and returns the exit code for
-// TestMain. Errors of the set-up go to stderr and fail the suite.
+// TestMain. Errors of the set-up go to stderr and fail the suite. Under
+// -short it runs nothing and says so (SkipSuite).
 func Run(m *testing.M, s Suite) int {
+	if SkipSuite("it runs on a control plane") {
+		return 0
+	}
 	root, err := Root()
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
@@ -183,6 +192,7 @@ func Run(m *testing.M, s Suite) int {
 // ends. Its Admin client is an administrator's.
 func StartControlPlane(t testing.TB) *Env {
 	t.Helper()
+	SkipShort(t, "it starts a control plane")
 	root, err := Root()
 	if err != nil {
 		t.Fatal(err)
@@ -193,6 +203,29 @@ func StartControlPlane(t testing.TB) *Env {
 	}
 	t.Cleanup(e.Stop)
 	return e
+}
+
+// SkipShort skips t under -short (make test-unit), why being what it needs
+// ("it starts a control plane").
+func SkipShort(t testing.TB, why string) {
+	t.Helper()
+	if testing.Short() {
+		t.Skipf("-short: %s; make test-envtest, make test-e2e and make test run it", why)
+	}
+}
+
+// SkipSuite is for a TestMain: under -short it prints that the package's
+// tests are skipped, and why ("it runs on a control plane"), and returns
+// true; TestMain then returns 0 without running them.
+func SkipSuite(why string) bool {
+	if !flag.Parsed() {
+		flag.Parse()
+	}
+	if !testing.Short() {
+		return false
+	}
+	fmt.Fprintf(os.Stderr, "-short: skipping every test of this package: %s; make test-envtest, make test-e2e and make test run them\n", why)
+	return true
 }
 
 // Root is the repository's root: the nearest directory, from the working

@@ -23,12 +23,16 @@
 // variable CI or LOCKWARDEN_REQUIRE_POSTGRES is set, in which case Main
 // fails: in CI a missing server is a broken set-up, not a reason to skip.
 // PGBIN overrides where the binaries are looked for.
+//
+// Under go test -short (make test-unit) Main starts no server and runs the
+// tests: those that call Database skip, saying so.
 package pgtest
 
 import (
 	"context"
 	"database/sql"
 	"errors"
+	"flag"
 	"fmt"
 	"net"
 	"os"
@@ -63,11 +67,20 @@ var (
 	server *Server
 	// unavailable says why there is no server, when there is none.
 	unavailable error
+	// short is set under -short, when Main starts no server.
+	short bool
 )
 
 // Main starts the server, runs the tests and stops the server. It returns
 // the exit code for os.Exit.
 func Main(m *testing.M) int {
+	if !flag.Parsed() {
+		flag.Parse()
+	}
+	if testing.Short() {
+		short = true
+		return m.Run()
+	}
 	s, err := Start()
 	if err != nil {
 		msg := fmt.Sprintf("pgtest: NO POSTGRESQL SERVER: %v\n"+
@@ -99,6 +112,9 @@ func required() bool {
 // when no server could run, and fails it when the database cannot be made.
 func Database(t testing.TB) string {
 	t.Helper()
+	if short {
+		t.Skip("-short: it needs PostgreSQL; make test-envtest and make test run it")
+	}
 	if server == nil {
 		if unavailable == nil {
 			t.Fatal("pgtest: Database called without pgtest.Main in TestMain")
