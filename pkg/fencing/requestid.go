@@ -46,15 +46,18 @@ func CheckRequestID(spent *SpentRequest, now time.Time) (notice string, err erro
 	}
 	ended := fmt.Sprintf("its grant ended (%s) at %s", spent.State, spent.EndedAt.UTC().Format(time.RFC3339))
 	if now.Before(spent.SpentUntil) {
-		return "", refuse(spentReason(spent.State), "request ID %q is spent: %s; it stays spent until %s: use a new request ID for a new attempt",
+		return "", refuse(SpentReason(spent.State), "request ID %q is spent: %s; it stays spent until %s: use a new request ID for a new attempt",
 			spent.RequestID, ended, spent.SpentUntil.UTC().Format(time.RFC3339))
 	}
 	return fmt.Sprintf("request ID %q was spent: %s, and its window passed at %s; this request runs as a new attempt",
 		spent.RequestID, ended, spent.SpentUntil.UTC().Format(time.RFC3339)), nil
 }
 
-// spentReason is the refusal code of a request ID whose grant ended in s.
-func spentReason(s State) Reason {
+// SpentReason is the refusal code of a retry with a request ID whose grant
+// ended in state s, whether the retry finds the ended grant or the
+// registry's record of it: EXPIRED, REVOKED, or ALREADY_ENDED (released,
+// withdrawn, or timed out in the queue).
+func SpentReason(s State) Reason {
 	switch s {
 	case StateExpired:
 		return ReasonExpired

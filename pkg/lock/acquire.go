@@ -18,6 +18,7 @@ import (
 	lockingv1alpha1 "github.com/lockwarden/lockwarden/api/v1alpha1"
 	"github.com/lockwarden/lockwarden/pkg/fencing"
 	"github.com/lockwarden/lockwarden/pkg/fencing/denial"
+	"github.com/lockwarden/lockwarden/pkg/fencing/facts"
 	"github.com/lockwarden/lockwarden/pkg/lock/holder"
 )
 
@@ -469,12 +470,10 @@ func (h *Handle) acquireError(try bool) error {
 
 // spentRefusal is the refusal of a retry that finds its request ID's grant
 // ended in phase p: the code the registry gives once the grant is deleted
-// (fencing.CheckRequestID), ALREADY_ENDED for Released and TimedOut.
+// (fencing.SpentReason), with the detail of the phase's own refusal.
 func spentRefusal(p lockingv1alpha1.LockGrantPhase) *fencing.Error {
 	e := refusalOf(phaseReason(p))
-	if e.Reason == fencing.ReasonReleased || e.Reason == fencing.ReasonTimedOut {
-		e.Reason = fencing.ReasonAlreadyEnded
-	}
+	e.Reason = fencing.SpentReason(facts.State(p))
 	return e
 }
 
