@@ -2,10 +2,8 @@ package cluster
 
 import (
 	"archive/tar"
-	"bufio"
 	"bytes"
 	"context"
-	"encoding/json"
 	"fmt"
 	"io"
 	"os"
@@ -140,25 +138,7 @@ func startWorker(t *testing.T, ns, actor, sa string, args ...string) (*corev1.Po
 		}
 		return pod.Status.Phase != corev1.PodPending, fmt.Errorf("phase %s", pod.Status.Phase)
 	})
-	events := make(chan workerEvent, 64)
-	go func() {
-		defer close(events)
-		logs, err := env.cs.CoreV1().Pods(ns).GetLogs(pod.Name, &corev1.PodLogOptions{Follow: true}).Stream(t.Context())
-		if err != nil {
-			t.Errorf("worker %s's log: %v", actor, err)
-			return
-		}
-		defer logs.Close()
-		sc := bufio.NewScanner(logs)
-		for sc.Scan() {
-			var ev workerEvent
-			if json.Unmarshal(sc.Bytes(), &ev) == nil && ev.Event != "" {
-				t.Logf("worker %s: %s", actor, sc.Text())
-				events <- ev
-			}
-		}
-	}()
-	return pod, events
+	return pod, followWorker(t, pod, actor)
 }
 
 // await returns the worker's next report of one of kinds.
