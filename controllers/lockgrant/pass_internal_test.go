@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/ed25519"
 	"slices"
+	"strconv"
 	"sync"
 	"testing"
 	"time"
@@ -98,12 +99,28 @@ func (c *laggingCache) freeze(t *testing.T) {
 }
 
 // countingReader counts the direct reads of FenceCounters and, by name,
-// of LockGrants.
+// of LockGrants, and the direct lists of LockGrants.
 type countingReader struct {
 	client.Reader
 	mu       sync.Mutex
 	counters int
 	grants   map[string]int
+	lists    int
+}
+
+func (r *countingReader) List(ctx context.Context, list client.ObjectList, opts ...client.ListOption) error {
+	if _, ok := list.(*lockingv1alpha1.LockGrantList); ok {
+		r.mu.Lock()
+		r.lists++
+		r.mu.Unlock()
+	}
+	return r.Reader.List(ctx, list, opts...)
+}
+
+func (r *countingReader) grantLists() int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.lists
 }
 
 func (r *countingReader) Get(ctx context.Context, key client.ObjectKey, obj client.Object, opts ...client.GetOption) error {
@@ -269,6 +286,46 @@ func TestHandoffReadsNoCounterDirectly(t *testing.T) {
 	}
 	if n := e.direct.counterReads(); n != 0 {
 		t.Fatalf("the handoff read the counter %d times from the API server; want none", n)
+	}
+}
+
+// A handoff on a grants cache that has shown every change up to the
+// counter's version (the informer's handlers saw a's release, stored
+// after the counter named a) lists no grants directly: the cache shows
+// every grant Held as stored. A cache that has not caught up to the
+// counter lists them once before b's Held status.
+func TestHandoffOnACaughtUpCacheListsNoGrants(t *testing.T) {
+	for _, caughtUp := range []bool{true, false} {
+		a := passHeld(passGrant("a", 0), 1)
+		e := newPassEnv(t, a, passGrant("b", 1), passCounter(1, a))
+		e.startStatuses(t)
+		released := e.grant(t, "a")
+		released.Spec.Release = true
+		if err := e.api.Update(t.Context(), released); err != nil {
+			t.Fatal(err)
+		}
+		counterRV, err := strconv.ParseInt(e.counter(t).ResourceVersion, 10, 64)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if caughtUp {
+			e.r.grantsSeen.see(strconv.FormatInt(counterRV+1, 10)) // a's release, stored after the counter
+		} else {
+			e.r.grantsSeen.see(strconv.FormatInt(counterRV-1, 10))
+		}
+		e.pass(t)
+		if b := e.grant(t, "b"); b.Status.Phase != lockingv1alpha1.PhaseHeld || b.Status.FenceToken != 2 {
+			t.Fatalf("caught up %v: b is %s with fence %d; want Held with 2", caughtUp, b.Status.Phase, b.Status.FenceToken)
+		}
+		if a := e.grant(t, "a"); a.Status.Phase != lockingv1alpha1.PhaseReleased {
+			t.Fatalf("caught up %v: a is %s, want Released", caughtUp, a.Status.Phase)
+		}
+		switch n := e.direct.grantLists(); {
+		case caughtUp && n != 0:
+			t.Fatalf("the handoff on a caught-up cache listed the grants directly %d times; want none", n)
+		case !caughtUp && n != 1:
+			t.Fatalf("the handoff on a cache behind the counter listed the grants directly %d times; want once", n)
+		}
 	}
 }
 

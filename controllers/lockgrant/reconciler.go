@@ -103,6 +103,8 @@ type Reconciler struct {
 	// own holds this replica's writes its caches do not show yet
 	// (ownwrites.go).
 	own ownWrites
+	// grantsSeen is how far the grants' cache has caught up (seen.go).
+	grantsSeen seenMark
 	// statuses writes the passes' statuses off the passes (statuses.go);
 	// nil (a Reconciler not set up with a manager) writes them in the
 	// pass.
@@ -235,15 +237,18 @@ func (r *Reconciler) grantEvents() handler.EventHandler {
 	}
 	return handler.Funcs{
 		CreateFunc: func(ctx context.Context, e event.CreateEvent, q workqueue.TypedRateLimitingInterface[reconcile.Request]) {
+			r.grantsSeen.see(e.Object.GetResourceVersion())
 			add(ctx, e.Object, q)
 		},
 		UpdateFunc: func(ctx context.Context, e event.UpdateEvent, q workqueue.TypedRateLimitingInterface[reconcile.Request]) {
+			r.grantsSeen.see(e.ObjectNew.GetResourceVersion())
 			r.own.sawGrant(e.ObjectNew.GetUID(), e.ObjectOld.GetResourceVersion(), e.ObjectNew.GetResourceVersion())
 			if e.ObjectOld.GetGeneration() != e.ObjectNew.GetGeneration() || !maps.Equal(e.ObjectOld.GetAnnotations(), e.ObjectNew.GetAnnotations()) {
 				add(ctx, e.ObjectNew, q)
 			}
 		},
 		DeleteFunc: func(ctx context.Context, e event.DeleteEvent, q workqueue.TypedRateLimitingInterface[reconcile.Request]) {
+			r.grantsSeen.see(e.Object.GetResourceVersion())
 			r.own.sawGrant(e.Object.GetUID(), e.Object.GetResourceVersion(), "")
 			add(ctx, e.Object, q)
 		},
@@ -631,12 +636,14 @@ func (r *Reconciler) decide(ctx context.Context, req reconcile.Request, mode rea
 			f.Grants = grantplan.WithHolder(f.Grants, &lockingv1alpha1.FenceHolder{UID: string(uid)}, g)
 		}
 		p := grantplan.Decide(f.Facts)
-		if !rd.listed && len(grantplan.NewlyHeld(f.Facts, p)) > 0 {
+		if !rd.listed && len(grantplan.NewlyHeld(f.Facts, p)) > 0 && !grantplan.CacheCovers(f.Facts, r.grantsSeen.get()) {
 			// A Held status for a grant not Held before: no other grant
 			// may still be Held as stored, which a cache that is behind
-			// can hide (a status another replica wrote before its
-			// swap). One direct list of the resource's grants finds it.
+			// the counters can hide (a status another replica wrote
+			// before its swap). One direct list of the resource's
+			// grants finds it.
 			rd.listed = true
+			directLists.Inc()
 			stale, err := r.listDirect(ctx, req.Namespace, f.Facts, rd.fresher, rd.confirmed)
 			if err != nil {
 				return f, grantplan.Plan{}, err
@@ -1066,6 +1073,14 @@ var transitions = prometheus.NewCounterVec(prometheus.CounterOpts{
 	Help: "LockGrant transitions (Granted, Renewed, RELEASED, EXPIRED, TIMED_OUT, REVOKED_EPOCH, PolicyDenied, FENCE_REGRESSION, ...), by reason: the reason code of the catalog when there is one.",
 }, []string{"reason"})
 
+// directLists counts the passes that listed their resource's grants
+// directly before a Held status, because the grants cache had not shown
+// every change up to the counters' versions (grantplan.CacheCovers).
+var directLists = prometheus.NewCounter(prometheus.CounterOpts{
+	Name: "lockwarden_grant_direct_lists_total",
+	Help: "Passes that listed their resource's grants directly from the API server before writing a Held status, because the grants cache had not yet shown every change up to the counters' versions.",
+})
+
 // staleGrants counts grants a pass was about to grant, or to end while no
 // counter names them, whose cached copy was out of date.
 var staleGrants = prometheus.NewCounter(prometheus.CounterOpts{
@@ -1103,5 +1118,5 @@ var selfEvents = prometheus.NewCounter(prometheus.CounterOpts{
 })
 
 func init() {
-	metrics.Registry.MustRegister(transitions, staleGrants, unnamedBehind, counterConflicts, statusesRedecided, selfEvents)
+	metrics.Registry.MustRegister(transitions, staleGrants, unnamedBehind, counterConflicts, statusesRedecided, selfEvents, directLists)
 }

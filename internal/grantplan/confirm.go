@@ -1,9 +1,11 @@
 package grantplan
 
 import (
+	"maps"
 	"slices"
 
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/resourceversion"
 
 	lockingv1alpha1 "github.com/lockwarden/lockwarden/api/v1alpha1"
 )
@@ -82,4 +84,34 @@ func counterOfSlot(f Facts, k int32) *lockingv1alpha1.FenceCounter {
 		return f.Counter
 	}
 	return f.SlotCounters[k]
+}
+
+// CacheCovers reports whether a grants cache that has delivered every
+// LockGrant change up to resourceVersion seen shows every grant as stored
+// when the counters f was decided on were written: f.Counter exists and
+// it and every slot counter in f are at or below seen. A Held status is
+// written only after the swap that named its grant, so a grant Held as
+// stored that these counters no longer name got its Held status before
+// their versions, and such a cache shows it Held (and NewlyHeld's
+// confirming list of the resource's grants is not needed).
+//
+// Resource versions are compared as the etcd revisions they are
+// (resourceversion.CompareResourceVersion): LockGrants and FenceCounters
+// of one cluster are stored in the same etcd, whose revision orders every
+// write. A version that is not well formed, a missing Counter (the
+// resource's first grant) or seen "" give false: the pass lists directly.
+func CacheCovers(f Facts, seen string) bool {
+	if f.Counter == nil {
+		return false
+	}
+	counters := append([]*lockingv1alpha1.FenceCounter{f.Counter}, slices.Collect(maps.Values(f.SlotCounters))...)
+	for _, c := range counters {
+		if c == nil {
+			continue
+		}
+		if cmp, err := resourceversion.CompareResourceVersion(c.ResourceVersion, seen); err != nil || cmp > 0 {
+			return false
+		}
+	}
+	return true
 }

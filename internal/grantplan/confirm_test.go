@@ -4,6 +4,7 @@ import (
 	"slices"
 	"testing"
 
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 
 	lockingv1alpha1 "github.com/lockwarden/lockwarden/api/v1alpha1"
@@ -68,4 +69,33 @@ func TestEndsUnnamedAndNewHolders(t *testing.T) {
 			t.Fatalf("EndsUnnamed = %v; want [uid-a] (slot 1's counter names nobody)", got)
 		}
 	})
+}
+
+// The grants cache covers a pass only when it has shown every change up to
+// the version of every counter the pass decided on.
+func TestCacheCovers(t *testing.T) {
+	at := func(rv string) *lockingv1alpha1.FenceCounter {
+		return &lockingv1alpha1.FenceCounter{ObjectMeta: metav1.ObjectMeta{ResourceVersion: rv}}
+	}
+	cases := []struct {
+		name string
+		f    Facts
+		seen string
+		want bool
+	}{
+		{"counter at the mark", Facts{Counter: at("120")}, "120", true},
+		{"counter below the mark", Facts{Counter: at("99")}, "120", true},
+		{"counter past the mark", Facts{Counter: at("121")}, "120", false},
+		{"compared as numbers, not as text", Facts{Counter: at("1000")}, "999", false},
+		{"nothing seen yet", Facts{Counter: at("5")}, "", false},
+		{"no counter yet", Facts{}, "120", false},
+		{"a slot counter past the mark", Facts{Counter: at("100"), SlotCounters: map[int32]*lockingv1alpha1.FenceCounter{1: at("130")}}, "120", false},
+		{"every slot counter below the mark", Facts{Counter: at("100"), SlotCounters: map[int32]*lockingv1alpha1.FenceCounter{1: at("110"), 2: at("90")}}, "120", true},
+		{"a version that is not a number", Facts{Counter: at("x1")}, "120", false},
+	}
+	for _, c := range cases {
+		if got := CacheCovers(c.f, c.seen); got != c.want {
+			t.Errorf("%s: CacheCovers = %v, want %v", c.name, got, c.want)
+		}
+	}
 }

@@ -1093,7 +1093,8 @@ func CounterWrites(f Facts, p Plan) []CounterWrite {
 // such a status is written, no other grant of the resource may still be
 // Held as stored; a cache that is behind can hide one (a status written
 // before a swap the cache has not seen), so the pass confirms the
-// resource's grants on a direct read first.
+// resource's grants on a direct read first, unless CacheCovers says the
+// cache already shows every status stored before the counters.
 func NewlyHeld(f Facts, p Plan) []types.UID {
 	var uids []types.UID
 	for _, g := range p.Statuses {

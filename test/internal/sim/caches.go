@@ -37,6 +37,11 @@ type replicaCache struct {
 	// they missed.
 	catchUp time.Duration
 
+	// seenGrants is the highest resourceVersion of a grant change the
+	// grants' watch delivered (controllers/lockgrant: seenMark); 0 before
+	// the first.
+	seenGrants int64
+
 	ownCounters map[string]*lockingv1alpha1.FenceCounter
 	ownStatuses map[types.UID]*ownStatus
 	writers     map[string][]*statusItem
@@ -89,6 +94,7 @@ func (c *replicaCache) relist(r *registry) {
 	clear(c.counters)
 	for uid, g := range r.grants {
 		c.grants[uid] = g.DeepCopy()
+		c.seeGrant(g)
 	}
 	for res, ct := range r.counters {
 		c.counters[res] = ct.DeepCopy()
@@ -179,6 +185,7 @@ func (w *world) apply(rp *replica, d delivery) {
 		delete(c.ownStatuses, d.uid)
 	} else {
 		c.grants[d.uid] = d.grant
+		c.seeGrant(d.grant)
 		if o := c.ownStatuses[d.uid]; o != nil && o.written != "" && (o.written == d.grant.ResourceVersion || o.written == rvOf(old)) {
 			delete(c.ownStatuses, d.uid)
 		}
@@ -193,6 +200,23 @@ func (w *world) apply(rp *replica, d delivery) {
 	if old == nil || d.grant == nil || !equality.Semantic.DeepEqual(old.Spec, d.grant.Spec) || !equality.Semantic.DeepEqual(old.Annotations, d.grant.Annotations) {
 		w.scheduleReplica(rp, g.Spec.Resource, rp.between(0, time.Millisecond))
 	}
+}
+
+// seeGrant raises the cache's mark to g's resourceVersion, as the
+// controller's grant event handlers do.
+func (c *replicaCache) seeGrant(g *lockingv1alpha1.LockGrant) {
+	if rv, err := strconv.ParseInt(g.ResourceVersion, 10, 64); err == nil && rv > c.seenGrants {
+		c.seenGrants = rv
+	}
+}
+
+// seen is the cache's mark as the controller keeps it: "" before the
+// first grant change.
+func (c *replicaCache) seen() string {
+	if c.seenGrants == 0 {
+		return ""
+	}
+	return strconv.FormatInt(c.seenGrants, 10)
 }
 
 func rvOf[T interface{ GetResourceVersion() string }](o T) string {

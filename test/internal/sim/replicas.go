@@ -221,10 +221,11 @@ func (w *world) gather(rp *replica, resource string, mode readMode) pass {
 			ps.plan = p
 			break
 		}
-		if !listed && !r.skipDirectList && len(grantplan.NewlyHeld(f, p)) > 0 {
+		if !listed && !r.skipDirectList && len(grantplan.NewlyHeld(f, p)) > 0 && w.needsList(rp, f) {
 			// The direct list of the resource's grants before a Held
 			// status for a grant not Held before (controllers/lockgrant:
-			// listDirect); then the counter is read directly again.
+			// listDirect), unless the grants cache has caught up to the
+			// counters; then the counter is read directly again.
 			listed = true
 			if w.listDirect(rp, resource, f, fresher, confirmed) {
 				r.staleReads++
@@ -282,6 +283,18 @@ func (w *world) gather(rp *replica, resource string, mode readMode) pass {
 		}
 	}
 	return ps
+}
+
+// needsList is the controller's rule for the direct list before a Held
+// status (grantplan.CacheCovers on the mark of rp's grants cache),
+// counted both ways.
+func (w *world) needsList(rp *replica, f grantplan.Facts) bool {
+	if grantplan.CacheCovers(f, rp.cache.seen()) {
+		w.rep.Faults["replica-held-on-caught-up-cache"]++
+		return false
+	}
+	w.rep.Faults["replica-direct-list"]++
+	return true
 }
 
 // listDirect is the controller's direct list of resource's grants: every
