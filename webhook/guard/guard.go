@@ -8,7 +8,8 @@
 // and docs/guarded-writes.md. The webhooks gather the facts (the request's
 // claim, the stored object's claim and record, the grant and the resource's
 // FenceCounter read directly from the API server, the trust bundle, the
-// policy) and call pkg/fencing:
+// policy) and call pkg/fencing; with a Cache they first try to accept on
+// the informer's counter, and read directly before anything else (Checker):
 //
 //   - a mutating webhook checks every create and update, and on acceptance
 //     removes the claim from the object and records what it accepted in the
