@@ -69,9 +69,11 @@ func (w *world) answering() *replica {
 // grant uid at fence is in the window cached admission adds, judged by the
 // oracle on rp's cache itself: its counter named uid with that fence and a
 // lease end that had not passed at now by the webhook's clock, and fence is
-// no lower than the highest the object accepted (highest). false for nil rp.
+// no lower than the highest the object accepted (highest); and by the
+// history, the grant's latest lease end had not passed either (a write
+// after it is never in the window). false for nil rp.
 func (w *world) inAdmissionLag(rp *replica, resource string, uid types.UID, fence, highest int64, now time.Duration) bool {
-	if rp == nil || fence < highest {
+	if rp == nil || fence < highest || now >= w.h.expiresAt[uid] {
 		return false
 	}
 	c := rp.cache.counters[resource]
