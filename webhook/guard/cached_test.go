@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	admissionv1 "k8s.io/api/admission/v1"
 	authenticationv1 "k8s.io/api/authentication/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -195,9 +196,13 @@ func TestCachedReadsAcceptTheSuccessorOnTheDirectRead(t *testing.T) {
 func TestCachedReadsAcceptTheOldHolderInTheWatchLag(t *testing.T) {
 	cached, direct := handedOver()
 	w := newCachedWorld(t, cached, direct, ReadsCached)
+	fromCache := testutil.ToFloat64(registryReads.WithLabelValues("cache"))
 	accepted(t, w.write("A", guardedObject(t, "a", 1, "", "", ""), guardedObject(t, "a", 1, "a", "1", "")))
 	if n := w.direct.gets.Load(); n != 0 {
 		t.Fatalf("an acceptance from the cache read the API server %d times", n)
+	}
+	if got := testutil.ToFloat64(registryReads.WithLabelValues("cache")) - fromCache; got != 1 {
+		t.Fatalf("lockwarden_guarded_write_registry_reads_total{read=cache} rose by %v, want 1", got)
 	}
 	// Its delete under its pre-delete write too.
 	accepted(t, w.write("A", guardedObject(t, "a", 1, "", "", fencing.IntentDelete), runtime.RawExtension{}))

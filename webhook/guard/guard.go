@@ -265,6 +265,7 @@ func preconditionOf(req admission.Request) string {
 func (c *Checker) decide(ctx context.Context, w write, g guarding) (fencing.Accepted, error) {
 	if r, ok := c.gatherCached(ctx, w, g); ok {
 		if rec, ok := fencing.AcceptFromCache(r); ok {
+			countRead(w.req, "cache")
 			return rec, nil
 		}
 	}
@@ -272,9 +273,20 @@ func (c *Checker) decide(ctx context.Context, w write, g guarding) (fencing.Acce
 	if err != nil {
 		return fencing.Accepted{}, err
 	}
+	if _, _, ok := r.Target(); ok {
+		countRead(w.req, "direct")
+	}
 	rec, err := fencing.CheckGuardedRequest(r)
 	c.announce(ctx, w.req, r, err)
 	return rec, err
+}
+
+// countRead counts a decision on a grant by where its counter was read;
+// not for a dry run.
+func countRead(req admission.Request, read string) {
+	if !dryRun(req) {
+		registryReads.WithLabelValues(read).Inc()
+	}
 }
 
 // namespaceTerminating reports whether namespace name is being deleted; a
