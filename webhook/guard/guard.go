@@ -41,6 +41,7 @@ import (
 	"maps"
 	"slices"
 	"strings"
+	"time"
 
 	"gomodules.xyz/jsonpatch/v2"
 	admissionv1 "k8s.io/api/admission/v1"
@@ -216,6 +217,9 @@ func (c *Checker) gatherBundle(ctx context.Context, r *fencing.GuardedRequest) e
 	return nil
 }
 
+// cacheReadTimeout bounds a read of the Cache.
+const cacheReadTimeout = 100 * time.Millisecond
+
 // gatherCached gathers the facts of w with the registry's from the Cache:
 // ok only when the cached counter names the grant w is judged on with its
 // lease (facts.HolderGrant), and w asserts no administrator's override
@@ -236,7 +240,11 @@ func (c *Checker) gatherCached(ctx context.Context, w write, g guarding) (fencin
 	}
 	counter := &lockingv1alpha1.FenceCounter{}
 	key := types.NamespacedName{Namespace: ns, Name: lockingv1alpha1.FenceCounterName(g.resource)}
-	if err := c.Cache.Get(ctx, key, counter); err != nil || facts.HolderGrant(counter, name) == nil {
+	// A synced informer answers at once; one still syncing (a replica just
+	// started) would hold the write until it is: read directly instead.
+	cctx, cancel := context.WithTimeout(ctx, cacheReadTimeout)
+	defer cancel()
+	if err := c.Cache.Get(cctx, key, counter); err != nil || facts.HolderGrant(counter, name) == nil {
 		return r, false
 	}
 	r.Grant, r.Counter = facts.Registry(name, nil, counter)
