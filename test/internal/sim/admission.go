@@ -107,16 +107,22 @@ func (w *world) checkRefusedOnRegistry(m writeMsg, op fencing.Operation, r fenci
 }
 
 // inFlightAtRelease, in rounds with replicas, sometimes has a write of k's
-// that was sent before its release (a retry, say) land just after the
-// release, in the milliseconds in which the counter's swap and the
-// replicas' watches move: the writes cached admission's window is about.
-// Its delay is drawn from the admission stream, so the rest of the round's
-// schedule stays as it was.
+// that was sent before its release (a retry, say) land after the release:
+// mostly 1-80 ms after it, in the milliseconds in which the counter's swap
+// and the replicas' watches move, the writes cached admission's window is
+// about; otherwise up to 3 s after it, when a frozen replica's cache may
+// still name k while the successor has written the object. Its delay is
+// drawn from the admission stream, so the rest of the round's schedule
+// stays as it was.
 func (w *world) inFlightAtRelease(k *worker) {
 	if len(w.replicas) == 0 || k.uid == "" || w.admission.Float64() >= 0.5 {
 		return
 	}
 	w.rep.Faults["write-in-flight-at-release"]++
 	msg := k.stamped(w.resource, string(k.uid))
-	w.s.after(time.Millisecond+time.Duration(w.admission.Int64N(int64(80*time.Millisecond))), func() { w.deliver(msg) })
+	d := time.Millisecond + time.Duration(w.admission.Int64N(int64(80*time.Millisecond)))
+	if w.admission.Float64() < 0.3 {
+		d = 80*time.Millisecond + time.Duration(w.admission.Int64N(int64(3*time.Second)))
+	}
+	w.s.after(d, func() { w.deliver(msg) })
 }
