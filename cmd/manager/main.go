@@ -193,7 +193,7 @@ func managerOptions(scheme *runtime.Scheme, o options) ctrl.Options {
 
 // run runs the manager against the API server cfg names until ctx ends.
 func run(ctx context.Context, cfg *rest.Config, o options) error {
-	reads, err := guard.ParseReads(o.guardReads)
+	reads, err := guard.ParseReads(cmp.Or(o.guardReads, string(guard.ReadsCached)))
 	if err != nil {
 		return err
 	}
