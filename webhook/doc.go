@@ -42,6 +42,7 @@ import (
 	"k8s.io/client-go/metadata"
 	"k8s.io/utils/clock"
 	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
 
 	lockingv1alpha1 "github.com/lockwarden/lockwarden/api/v1alpha1"
@@ -76,8 +77,11 @@ const (
 // Setup registers every webhook with the manager's webhook server. clk is
 // the clock admission judges leases by; it must be the controller's clock.
 // bundle returns the issuer's trust bundle; requestIDWindow is the
-// manager's --request-id-window.
-func Setup(mgr ctrl.Manager, clk clock.PassiveClock, bundle func(context.Context) (*fencing.TrustBundle, error), requestIDWindow time.Duration) error {
+// manager's --request-id-window; reads its --guard-reads: with
+// guard.ReadsCached the guarded-write webhooks accept from the manager's
+// informer of FenceCounters where it names the claimed grant with a live
+// lease, and read the API server before anything else (guard.Checker).
+func Setup(mgr ctrl.Manager, clk clock.PassiveClock, bundle func(context.Context) (*fencing.TrustBundle, error), requestIDWindow time.Duration, reads guard.Reads) error {
 	meta, err := metadata.NewForConfig(mgr.GetConfig())
 	if err != nil {
 		return fmt.Errorf("metadata client: %w", err)
@@ -102,8 +106,17 @@ func Setup(mgr ctrl.Manager, clk clock.PassiveClock, bundle func(context.Context
 		Decoder: admission.NewDecoder(mgr.GetScheme()), Authorizer: mgr.GetClient(), Clock: clk,
 	}})
 
+	if reads != guard.ReadsDirect {
+		// The guarded-write webhooks read FenceCounters from the manager's
+		// informer on every replica, also where no grant controller runs
+		// (--grants-on-every-replica=false): start it now, not on the
+		// first guarded write.
+		if _, err := mgr.GetCache().GetInformer(context.Background(), &lockingv1alpha1.FenceCounter{}, cache.BlockUntilSynced(false)); err != nil {
+			return fmt.Errorf("the FenceCounter informer: %w", err)
+		}
+	}
 	recorder := mgr.GetEventRecorder("lockwarden-guard")
-	checker := &guard.Checker{Reader: reader, Clock: clk, Bundle: bundle, Authorizer: mgr.GetClient(), Recorder: recorder}
+	checker := &guard.Checker{Reader: reader, Cache: reads.CacheFor(mgr.GetCache()), Clock: clk, Bundle: bundle, Authorizer: mgr.GetClient(), Recorder: recorder}
 	label := finish(&admission.Webhook{Handler: &guard.LabelHandler{Checker: checker, Policies: mgr.GetClient()}})
 	srv.Register(GuardMutatePath, label)
 	srv.Register(GuardDeletePath, label)

@@ -47,6 +47,7 @@ import (
 	"github.com/lockwarden/lockwarden/internal/observe"
 	"github.com/lockwarden/lockwarden/internal/version"
 	lwwebhook "github.com/lockwarden/lockwarden/webhook"
+	"github.com/lockwarden/lockwarden/webhook/guard"
 )
 
 // The manager's Secrets (webhook certificate, signing keys) live in its own
@@ -89,6 +90,7 @@ type options struct {
 	replicaLeaseDuration    time.Duration
 	replicaLeaseRenew       time.Duration
 	maxClockSkew            time.Duration
+	guardReads              string
 }
 
 func main() {
@@ -122,6 +124,7 @@ func main() {
 	flag.DurationVar(&o.replicaLeaseDuration, "replica-lease-duration", 2*time.Second, "How long a replica's own Lease lasts after each renewal (whole seconds): after a replica stops renewing it (frozen, killed, partitioned), the others act at once on its resources.")
 	flag.DurationVar(&o.replicaLeaseRenew, "replica-lease-renew-interval", 500*time.Millisecond, "How often a replica renews its own Lease; must be shorter than --replica-lease-duration.")
 	flag.DurationVar(&o.maxClockSkew, "max-clock-skew", 2*clockskew.DocumentedBound, "How far this replica's clock may be from the API server's before the replica reports not ready (/readyz check clock-skew), judged from the API server's Date headers with the measurement's uncertainty subtracted. The default is twice the 250ms lease judgments assume between replicas, so that a replica fails only when the assumption is surely broken even if the API server's own clock is 250ms off; past 250ms the replica logs it. The offset is the metric lockwarden_clock_skew_seconds. 0: never fail readiness for it.")
+	flag.StringVar(&o.guardReads, "guard-reads", string(guard.ReadsCached), "Where the guarded-write webhooks read the resource's FenceCounter. \"cached\": a write is accepted from this replica's informer cache when the counter there names the claimed grant, with its fence and a lease end not passed by this replica's clock; anything else, every refusal included, is decided again on a direct read from the API server. A release, revocation, forced release or lapsed session then takes effect in admission after this replica's watch lag (milliseconds; never after the lease end the cache recorded) instead of at the counter's swap, and a successor's write is never refused for the lag. \"direct\": every decision reads the API server (one more request per guarded write). See docs/grant-path.md.")
 	flag.StringVar(&o.namespace, "namespace", defaultNamespace(), "The manager's namespace, where the signing keys Secret and the trust bundle ConfigMap live (default: $POD_NAMESPACE, else lockwarden-system).")
 	zapOpts := zap.Options{}
 	zapOpts.BindFlags(flag.CommandLine)
@@ -190,6 +193,10 @@ func managerOptions(scheme *runtime.Scheme, o options) ctrl.Options {
 
 // run runs the manager against the API server cfg names until ctx ends.
 func run(ctx context.Context, cfg *rest.Config, o options) error {
+	reads, err := guard.ParseReads(cmp.Or(o.guardReads, string(guard.ReadsCached)))
+	if err != nil {
+		return err
+	}
 	scheme := runtime.NewScheme()
 	utilruntime.Must(clientgoscheme.AddToScheme(scheme))
 	utilruntime.Must(lockingv1alpha1.AddToScheme(scheme))
@@ -271,7 +278,7 @@ func run(ctx context.Context, cfg *rest.Config, o options) error {
 		case <-ctx.Done():
 			return
 		}
-		if err := lwwebhook.Setup(mgr, clk, keyring.TrustBundle, o.requestIDWindow); err != nil {
+		if err := lwwebhook.Setup(mgr, clk, keyring.TrustBundle, o.requestIDWindow, reads); err != nil {
 			cancel(fmt.Errorf("setting up webhooks: %w", err))
 			return
 		}
@@ -303,7 +310,7 @@ func run(ctx context.Context, cfg *rest.Config, o options) error {
 	}); err != nil {
 		return err
 	}
-	ctrl.Log.Info("Starting manager", "version", version.Get().Version, "revision", version.Get().Revision, "webhookPort", o.webhookPort, "leaderElection", o.leaderElect, "grantsOnEveryReplica", o.grantsOnEveryReplica, "replicaID", o.replicaID, "takeoverDelay", o.takeoverDelay, "maxClockSkew", o.maxClockSkew)
+	ctrl.Log.Info("Starting manager", "version", version.Get().Version, "revision", version.Get().Revision, "webhookPort", o.webhookPort, "leaderElection", o.leaderElect, "grantsOnEveryReplica", o.grantsOnEveryReplica, "replicaID", o.replicaID, "takeoverDelay", o.takeoverDelay, "maxClockSkew", o.maxClockSkew, "guardReads", reads)
 	if err := mgr.Start(ctx); err != nil {
 		return err
 	}

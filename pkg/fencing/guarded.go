@@ -395,3 +395,63 @@ func describe(sub string) string {
 	}
 	return fmt.Sprintf("%q subresource", sub)
 }
+
+// AcceptFromCache decides on a guarded request whose registry facts (Grant
+// and Counter) were read from a cache that may be behind the registry, such
+// as an enforcement point's informer of FenceCounters. It answers only an
+// acceptance: ok is true, with the record, when CheckGuardedRequest accepts r
+// and the facts are ones a cache may accept on (CachedFactsSuffice). Any
+// other outcome, a refusal included, is no answer: the enforcement point
+// must gather the facts again with a linearizable read and decide with
+// CheckGuardedRequest, which alone may refuse. So a successor's first write
+// is never refused because the cache still names the holder before it.
+//
+// What a cache behind the registry can add is bounded: it accepts only a
+// grant the counter named, with its fence, while the lease end it recorded
+// has not passed by r.Now (renewals only lengthen a lease), so a release,
+// revocation, forced release or lapsed session takes effect after the
+// cache's lag instead of at the counter's swap, never after that lease
+// end; and a fence below the one recorded on the object is refused as
+// always (the record comes with the request, not from the cache).
+func AcceptFromCache(r GuardedRequest) (rec Accepted, ok bool) {
+	if !CachedFactsSuffice(r) {
+		return Accepted{}, false
+	}
+	rec, err := CheckGuardedRequest(r)
+	if err != nil {
+		return Accepted{}, false
+	}
+	return rec, true
+}
+
+// CachedFactsSuffice reports whether the registry facts of r, read from a
+// cache, are good enough to accept r on: a create, update or delete under
+// a grant (no administrator's override, which is judged on the registry's
+// fence), the counter naming that grant as its holder, Held, with the
+// grant's fence as the counter's newest, a lease end that has not passed by
+// r.Now, and the fence the request is judged by (the claim's, or for a
+// delete the recorded one) equal to the grant's. It says nothing about
+// refusing: a refusal is decided on facts read linearizably.
+func CachedFactsSuffice(r GuardedRequest) bool {
+	g, c := r.Grant, r.Counter
+	if r.Override != nil || r.Opaque || g == nil || c == nil || g.UID == "" {
+		return false
+	}
+	if g.State != StateHeld || c.HolderUID != g.UID || c.Fence != g.Fence || g.ExpiresAt.IsZero() || Expired(g.ExpiresAt, r.Now) {
+		return false
+	}
+	var fence int64
+	switch r.Operation {
+	case OpCreate, OpUpdate:
+		a, err := ParseClaim(r.Claim, r.ObjectNamespace)
+		if err != nil {
+			return false
+		}
+		fence = a.Fence
+	case OpDelete:
+		fence = r.recorded()
+	default:
+		return false
+	}
+	return fence == g.Fence
+}

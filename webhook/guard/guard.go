@@ -8,7 +8,8 @@
 // and docs/guarded-writes.md. The webhooks gather the facts (the request's
 // claim, the stored object's claim and record, the grant and the resource's
 // FenceCounter read directly from the API server, the trust bundle, the
-// policy) and call pkg/fencing:
+// policy) and call pkg/fencing; with a Cache they first try to accept on
+// the informer's counter, and read directly before anything else (Checker):
 //
 //   - a mutating webhook checks every create and update, and on acceptance
 //     removes the claim from the object and records what it accepted in the
@@ -40,10 +41,12 @@ import (
 	"maps"
 	"slices"
 	"strings"
+	"time"
 
 	"gomodules.xyz/jsonpatch/v2"
 	admissionv1 "k8s.io/api/admission/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/tools/events"
 	"k8s.io/utils/clock"
 	"k8s.io/utils/ptr"
@@ -57,10 +60,31 @@ import (
 )
 
 // Checker gathers the facts of a guarded write and decides on it.
+//
+// With a Cache (the manager's informers, --guard-reads=cached, the
+// default) it gathers and decides twice. First on the resource's
+// FenceCounter as the cache shows it, and only when that counter names the
+// claimed grant with its lease (facts.HolderGrant): fencing.AcceptFromCache
+// answers only an acceptance, on a counter that names the grant with its
+// fence and a lease end not passed by Clock. Anything else (no counter in
+// the cache, another holder, a lease over, another fence, any refusal, any
+// error) gathers again with a direct read (facts.ReadRegistry) and decides
+// with fencing.CheckGuardedRequest; only that second decision refuses,
+// emits Events and is counted as a refusal. So a successor's first write is
+// never refused because the cache still names the holder before it. What
+// the cache adds is the answering replica's watch lag: a release,
+// revocation, forced release or lapsed session takes effect in admission
+// milliseconds after the counter's swap instead of at it, and never after
+// the lease end the cache recorded; the object's own record, which comes
+// with the request, still refuses a fence below the one it accepted
+// (docs/grant-path.md). Without a Cache every decision reads directly.
 type Checker struct {
 	// Reader reads grants, counters and namespaces directly from the API
 	// server (a linearizable read; never an informer cache).
 	Reader client.Reader
+	// Cache, when set, is the informer cache of FenceCounters read first
+	// (see above); nil: every decision reads Reader.
+	Cache client.Reader
 	// Clock is the clock leases are judged by; the controller's.
 	Clock clock.PassiveClock
 	// Bundle returns the issuer's current trust bundle.
@@ -137,8 +161,9 @@ type guarding struct {
 	policy                 *lockingv1alpha1.GuardPolicy
 }
 
-// gather reads everything a decision on w needs into a GuardedRequest.
-func (c *Checker) gather(ctx context.Context, w write, g guarding) (fencing.GuardedRequest, error) {
+// request is the GuardedRequest of w with what the request itself says,
+// before any read.
+func (c *Checker) request(w write, g guarding) fencing.GuardedRequest {
 	r := fencing.GuardedRequest{
 		Operation: fencing.Operation(w.req.Operation), Subresource: w.req.SubResource,
 		Resource: g.resource, ObjectNamespace: objectNamespace(w.req), Caller: w.req.UserInfo.Username,
@@ -153,10 +178,19 @@ func (c *Checker) gather(ctx context.Context, w write, g guarding) (fencing.Guar
 	if w.req.Operation == admissionv1.Delete {
 		r.Claim = fencing.Claim{}
 		r.Precondition = preconditionOf(w.req)
-		r.NamespaceTerminating = c.namespaceTerminating(ctx, w.req.Namespace)
 	}
 	if g.policy != nil {
 		r.RequireProof, r.Policy, r.PolicyGeneration = true, g.policy.Name, g.policy.Generation
+	}
+	return r
+}
+
+// gather reads everything a decision on w needs into a GuardedRequest,
+// the registry's facts directly from the API server.
+func (c *Checker) gather(ctx context.Context, w write, g guarding) (fencing.GuardedRequest, error) {
+	r := c.request(w, g)
+	if w.req.Operation == admissionv1.Delete {
+		r.NamespaceTerminating = c.namespaceTerminating(ctx, w.req.Namespace)
 	}
 	if ns, name, ok := r.Target(); ok {
 		var err error
@@ -167,15 +201,57 @@ func (c *Checker) gather(ctx context.Context, w write, g guarding) (fencing.Guar
 	if err := c.gatherOverride(ctx, w, &r); err != nil {
 		return r, err
 	}
+	return r, c.gatherBundle(ctx, &r)
+}
+
+// gatherBundle adds the trust bundle where r needs it.
+func (c *Checker) gatherBundle(ctx context.Context, r *fencing.GuardedRequest) error {
 	if _, _, ok := r.Target(); ok || r.Claim.Proof != "" || r.Record.Proof != "" {
 		// The bundle verifies proofs, and its epochs judge every fence.
 		bundle, err := c.Bundle(ctx)
 		if err != nil {
-			return r, fmt.Errorf("reading the trust bundle: %w", err)
+			return fmt.Errorf("reading the trust bundle: %w", err)
 		}
 		r.Bundle = bundle
 	}
-	return r, nil
+	return nil
+}
+
+// cacheReadTimeout bounds a read of the Cache.
+const cacheReadTimeout = 100 * time.Millisecond
+
+// gatherCached gathers the facts of w with the registry's from the Cache:
+// ok only when the cached counter names the grant w is judged on with its
+// lease (facts.HolderGrant), and w asserts no administrator's override
+// (judged on the registry's fence, read directly). A delete's namespace is
+// not read: a terminating namespace only adds a reason to accept, which
+// the direct read finds.
+func (c *Checker) gatherCached(ctx context.Context, w write, g guarding) (fencing.GuardedRequest, bool) {
+	if c.Cache == nil {
+		return fencing.GuardedRequest{}, false
+	}
+	if _, asserted := overrideAsserted(w); asserted {
+		return fencing.GuardedRequest{}, false
+	}
+	r := c.request(w, g)
+	ns, name, ok := r.Target()
+	if !ok || (r.Operation == fencing.OpDelete && r.Record.Intent == fencing.IntentOverride) {
+		return r, false
+	}
+	counter := &lockingv1alpha1.FenceCounter{}
+	key := types.NamespacedName{Namespace: ns, Name: lockingv1alpha1.FenceCounterName(g.resource)}
+	// A synced informer answers at once; one still syncing (a replica just
+	// started) would hold the write until it is: read directly instead.
+	cctx, cancel := context.WithTimeout(ctx, cacheReadTimeout)
+	defer cancel()
+	if err := c.Cache.Get(cctx, key, counter); err != nil || facts.HolderGrant(counter, name) == nil {
+		return r, false
+	}
+	r.Grant, r.Counter = facts.Registry(name, nil, counter)
+	if err := c.gatherBundle(ctx, &r); err != nil {
+		return r, false
+	}
+	return r, true
 }
 
 // preconditionOf is the resourceVersion precondition of a delete, from the
@@ -192,15 +268,33 @@ func preconditionOf(req admission.Request) string {
 }
 
 // decide gathers and decides; on an accepted create or update it returns the
-// record to write.
+// record to write. With a Cache it first tries to accept on the cached
+// counter; only the decision on the direct read may refuse or announce.
 func (c *Checker) decide(ctx context.Context, w write, g guarding) (fencing.Accepted, error) {
+	if r, ok := c.gatherCached(ctx, w, g); ok {
+		if rec, ok := fencing.AcceptFromCache(r); ok {
+			countRead(w.req, "cache")
+			return rec, nil
+		}
+	}
 	r, err := c.gather(ctx, w, g)
 	if err != nil {
 		return fencing.Accepted{}, err
 	}
+	if _, _, ok := r.Target(); ok {
+		countRead(w.req, "direct")
+	}
 	rec, err := fencing.CheckGuardedRequest(r)
 	c.announce(ctx, w.req, r, err)
 	return rec, err
+}
+
+// countRead counts a decision on a grant by where its counter was read;
+// not for a dry run.
+func countRead(req admission.Request, read string) {
+	if !dryRun(req) {
+		registryReads.WithLabelValues(read).Inc()
+	}
 }
 
 // namespaceTerminating reports whether namespace name is being deleted; a
@@ -332,4 +426,36 @@ func objectNamespace(req admission.Request) string {
 		return ""
 	}
 	return req.Namespace
+}
+
+// Reads is where the guarded-write webhooks read the resource's
+// FenceCounter first: the manager's --guard-reads.
+type Reads string
+
+const (
+	// ReadsCached accepts from the manager's informer cache when its
+	// counter names the claimed grant with a live lease, and reads
+	// directly before anything else (Checker). The default.
+	ReadsCached Reads = "cached"
+	// ReadsDirect reads the counter directly from the API server for every
+	// decision.
+	ReadsDirect Reads = "direct"
+)
+
+// ParseReads parses a --guard-reads value.
+func ParseReads(s string) (Reads, error) {
+	switch r := Reads(s); r {
+	case ReadsCached, ReadsDirect:
+		return r, nil
+	}
+	return "", fmt.Errorf("--guard-reads must be %q or %q, not %q", ReadsCached, ReadsDirect, s)
+}
+
+// CacheFor is the Checker's Cache under r: cache with ReadsCached, none
+// with ReadsDirect, which never consults it.
+func (r Reads) CacheFor(cache client.Reader) client.Reader {
+	if r == ReadsDirect {
+		return nil
+	}
+	return cache
 }

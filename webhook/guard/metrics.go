@@ -17,6 +17,14 @@ var (
 		Help: "Guarded writes checked, by webhook (label, enforce, shadow), decision (admitted, denied, error) and reason code.",
 	}, []string{"webhook", "decision", "reason", "operation"})
 
+	// registryReads counts guarded-write decisions by where the registry's
+	// facts that decided came from: the informer cache (an acceptance) or
+	// a direct read.
+	registryReads = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "lockwarden_guarded_write_registry_reads_total",
+		Help: "Guarded-write decisions on a grant, by where the FenceCounter that decided was read (cache: accepted from the informer, --guard-reads=cached; direct: read from the API server).",
+	}, []string{"read"})
+
 	// shadowDenials counts writes a Shadow policy admitted that Enforce
 	// would have denied.
 	shadowDenials = prometheus.NewCounterVec(prometheus.CounterOpts{
@@ -26,7 +34,7 @@ var (
 )
 
 func init() {
-	metrics.Registry.MustRegister(decisions, shadowDenials)
+	metrics.Registry.MustRegister(decisions, registryReads, shadowDenials)
 }
 
 // observe counts a guarded-write decision. A dry run is not counted: it

@@ -31,6 +31,7 @@ package envtest
 
 import (
 	"bufio"
+	"cmp"
 	"context"
 	"crypto/tls"
 	"errors"
@@ -74,6 +75,7 @@ import (
 	"github.com/lockwarden/lockwarden/internal/issuer"
 	"github.com/lockwarden/lockwarden/internal/recovery"
 	lwwebhook "github.com/lockwarden/lockwarden/webhook"
+	"github.com/lockwarden/lockwarden/webhook/guard"
 )
 
 // ManagerNamespace holds the issuer's keys and trust bundle.
@@ -107,6 +109,9 @@ type Options struct {
 	// FinishedGrantRetention and RequestIDWindow are the manager's
 	// --finished-grant-retention and --request-id-window.
 	FinishedGrantRetention, RequestIDWindow time.Duration
+	// GuardReads is the manager's --guard-reads; "" is its default,
+	// guard.ReadsCached.
+	GuardReads guard.Reads
 }
 
 // Suite is what a suite asks of Main: the manager's clock and settings, or
@@ -450,7 +455,7 @@ func (e *Env) startManager(ctx context.Context, clk clock.PassiveClock, o Option
 	}); err != nil {
 		return err
 	}
-	if err := lwwebhook.Setup(mgr, clk, keyring.TrustBundle, o.RequestIDWindow); err != nil {
+	if err := lwwebhook.Setup(mgr, clk, keyring.TrustBundle, o.RequestIDWindow, cmp.Or(o.GuardReads, guard.ReadsCached)); err != nil {
 		return err
 	}
 	go func() {

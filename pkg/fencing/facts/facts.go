@@ -11,7 +11,11 @@
 //
 // A verifier must read the counter (and, when the counter does not name the
 // grant, the grant) linearizably (a direct read from the API server, never
-// an informer cache): ReadRegistry does.
+// an informer cache): ReadRegistry does. The one exception is an
+// acceptance: facts built with Registry from a cached counter that names
+// the grant (HolderGrant) may accept a write through
+// fencing.AcceptFromCache, which never refuses; everything else is decided
+// on ReadRegistry's facts.
 package facts
 
 import (

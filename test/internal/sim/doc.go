@@ -7,8 +7,9 @@
 //     the records it signs (grantplan.Sign);
 //   - the holder-side state machine, pkg/lock/holder.Machine;
 //   - the verifier, pkg/fencing: CheckGuardedRequest at a guarded object
-//     (docs/guarded-writes.md), CheckSegment at a segment store, CheckRenew
-//     and CheckRelease at the registry.
+//     (docs/guarded-writes.md), with AcceptFromCache first on the cached
+//     counter of the replica that answers (admission.go), CheckSegment at
+//     a segment store, CheckRenew and CheckRelease at the registry.
 //
 // A guarded object carries what the API server would store: the guard label,
 // the claim annotations, the record annotations and a resourceVersion. Each

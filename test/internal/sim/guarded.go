@@ -169,6 +169,9 @@ const (
 	// brokenTrustRecord takes the record of an object that was not guarded
 	// as the enforcement point's own.
 	brokenTrustRecord
+	// brokenRefuseFromCache refuses on a replica's cached counter, without
+	// the direct read before a refusal.
+	brokenRefuseFromCache
 )
 
 // The API server's own refusals, before admission.
@@ -263,10 +266,7 @@ func (w *world) deliver(m writeMsg) {
 	case brokenTrustRecord:
 		r.StoredGuarded, r.Record = stored.exists, stored.record
 	}
-	if _, name, ok := r.Target(); ok {
-		r.Grant, r.Counter = w.reg.facts(types.UID(name), stored.resource)
-	}
-	rec, err := fencing.CheckGuardedRequest(r)
+	rec, cachedBy, err := w.admit(r, stored.resource)
 	if w.broken == brokenAcceptAll {
 		err = nil
 		if a, perr := fencing.ParseClaim(r.Claim, namespace); perr == nil {
@@ -281,6 +281,7 @@ func (w *world) deliver(m writeMsg) {
 			w.rep.violate("seed %d: refused %s changed object %s", w.seed, reason, m.target)
 		}
 		w.checkLockout(m, op, stored, reason, now)
+		w.checkRefusedOnRegistry(m, op, r, stored, reason, now)
 		answer(false, reason)
 		return
 	}
@@ -288,7 +289,7 @@ func (w *world) deliver(m writeMsg) {
 	if w.broken == brokenNone {
 		w.rep.AcceptedChecked++
 	}
-	truth := w.judgeGuarded(m, op, stored, now)
+	truth := w.judgeGuarded(m, op, stored, cachedBy, now)
 	if after != nil {
 		if w.broken != brokenTrustInherited {
 			after.claim = fencing.Claim{}
@@ -322,7 +323,10 @@ func (w *world) commit(obj *object, after *object) {
 // from the current holder, by the history; a delete must delete exactly the
 // version an accepted pre-delete write made, under a grant that is still
 // the current holder's.
-func (w *world) judgeGuarded(m writeMsg, op fencing.Operation, stored object, now time.Duration) objectTruth {
+//
+// An acceptance answered from a replica's cache (cachedBy) that is in the
+// window cached admission adds (inAdmissionLag) is counted, not forbidden.
+func (w *world) judgeGuarded(m writeMsg, op fencing.Operation, stored object, cachedBy *replica, now time.Duration) objectTruth {
 	t := stored.truth
 	t.predeleteRV, t.predeleteBy = 0, ""
 	issued := w.objIssued[stored.resource]
@@ -339,9 +343,14 @@ func (w *world) judgeGuarded(m writeMsg, op fencing.Operation, stored object, no
 			// pre-delete write prepared: the same delete, at the same version.
 			w.rep.Faults["delete-sent-by-replica"]++
 		}
-		w.judge("delete", stored.resource, by, w.h.fenceOf[by], m.injected, issued, stored.truth.fence, stored.truth.by, now)
+		lagged := w.inAdmissionLag(cachedBy, stored.resource, by, w.h.fenceOf[by], stored.truth.fence, now)
+		w.judge("delete", stored.resource, by, w.h.fenceOf[by], m.injected, issued, stored.truth.fence, stored.truth.by, lagged, now)
 	case !m.asserts() && m.injected == "":
-		if !w.current(m.uid, issued, now) {
+		switch {
+		case w.current(m.uid, issued, now):
+		case w.inAdmissionLag(cachedBy, stored.resource, m.uid, m.fence, t.fence, now):
+			w.rep.Faults[admissionLagFault]++
+		default:
 			w.rep.StaleAccepted++
 			w.rep.violate("seed %d: %s of %s by %q (grant %q), asserting nothing, accepted at %s; it is not the current holder",
 				w.seed, describeMsg(m), m.target, m.caller, m.uid, now)
@@ -350,7 +359,8 @@ func (w *world) judgeGuarded(m writeMsg, op fencing.Operation, stored object, no
 			t.fence, t.by = m.fence, m.uid
 		}
 	default:
-		w.judge("write", stored.resource, m.uid, m.fence, m.injected, issued, stored.truth.fence, stored.truth.by, now)
+		lagged := w.inAdmissionLag(cachedBy, stored.resource, m.uid, m.fence, stored.truth.fence, now)
+		w.judge("write", stored.resource, m.uid, m.fence, m.injected, issued, stored.truth.fence, stored.truth.by, lagged, now)
 		if m.fence >= t.fence {
 			t.fence, t.by = m.fence, m.uid
 		}

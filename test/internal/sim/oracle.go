@@ -51,6 +51,11 @@ type Report struct {
 	// FENCE_REGRESSION, NO_FENCE, BINDING_MISMATCH): a record or claim the
 	// enforcement point never accepted locked the real holder out.
 	HolderLockedOut int
+	// SuccessorRefused: the current holder's own stamped write refused
+	// although the registry's facts at that instant accept it: a refusal
+	// decided on a replica's cache behind the registry (a successor refused
+	// because the cache still names the holder before it).
+	SuccessorRefused int
 	// TwoHolders: two unexpired Held grants of one resource at once.
 	TwoHolders int
 	// LockDelayBroken: a grant issued before the lock-delay of the
@@ -110,6 +115,7 @@ func (r *Report) Add(o *Report) {
 	r.RegressionAccepted += o.RegressionAccepted
 	r.DoubleEffect += o.DoubleEffect
 	r.HolderLockedOut += o.HolderLockedOut
+	r.SuccessorRefused += o.SuccessorRefused
 	r.TwoHolders += o.TwoHolders
 	r.LockDelayBroken += o.LockDelayBroken
 	r.UnknownNotReconciled += o.UnknownNotReconciled
@@ -134,7 +140,7 @@ func (r *Report) Add(o *Report) {
 // Forbidden is the sum of every counter the gate requires to be zero.
 func (r *Report) Forbidden() int {
 	return r.StaleAccepted + r.ForgedAccepted + r.AuthFailMovedFence + r.ExpiredOwnerAccepted +
-		r.GapAccepted + r.RegressionAccepted + r.DoubleEffect + r.HolderLockedOut + r.TwoHolders + r.LockDelayBroken + r.UnknownNotReconciled +
+		r.GapAccepted + r.RegressionAccepted + r.DoubleEffect + r.HolderLockedOut + r.SuccessorRefused + r.TwoHolders + r.LockDelayBroken + r.UnknownNotReconciled +
 		r.DeadWaiterGranted + r.LiveWaiterDropped + r.Barged + r.OverLimit + r.PhantomGrants + r.PodGateBroken + (r.Accepted - r.AcceptedChecked)
 }
 
@@ -149,9 +155,9 @@ func (r *Report) CheckedShare() float64 {
 
 // Summary is the one-line summary `make faults` prints.
 func (r *Report) Summary() string {
-	return fmt.Sprintf("rounds=%d mutations=%d accepted=%d checked=%.1f%% stale_accepted=%d forged_accepted=%d auth_fail_moved_fence=%d expired_owner_accepted=%d gap_accepted=%d regression_accepted=%d double_effect=%d holder_locked_out=%d two_holders=%d lock_delay_broken=%d unknown_over_15m=%d max_unknown=%s dead_waiter_granted=%d live_waiter_dropped=%d barged=%d over_limit=%d phantom_grants=%d pod_gate_broken=%d",
+	return fmt.Sprintf("rounds=%d mutations=%d accepted=%d checked=%.1f%% stale_accepted=%d forged_accepted=%d auth_fail_moved_fence=%d expired_owner_accepted=%d gap_accepted=%d regression_accepted=%d double_effect=%d holder_locked_out=%d successor_refused=%d two_holders=%d lock_delay_broken=%d unknown_over_15m=%d max_unknown=%s dead_waiter_granted=%d live_waiter_dropped=%d barged=%d over_limit=%d phantom_grants=%d pod_gate_broken=%d",
 		r.Rounds, r.Offered, r.Accepted, r.CheckedShare(), r.StaleAccepted, r.ForgedAccepted, r.AuthFailMovedFence,
-		r.ExpiredOwnerAccepted, r.GapAccepted, r.RegressionAccepted, r.DoubleEffect, r.HolderLockedOut, r.TwoHolders, r.LockDelayBroken, r.UnknownNotReconciled, r.MaxUnknown, r.DeadWaiterGranted, r.LiveWaiterDropped, r.Barged, r.OverLimit, r.PhantomGrants, r.PodGateBroken)
+		r.ExpiredOwnerAccepted, r.GapAccepted, r.RegressionAccepted, r.DoubleEffect, r.HolderLockedOut, r.SuccessorRefused, r.TwoHolders, r.LockDelayBroken, r.UnknownNotReconciled, r.MaxUnknown, r.DeadWaiterGranted, r.LiveWaiterDropped, r.Barged, r.OverLimit, r.PhantomGrants, r.PodGateBroken)
 }
 
 // history is the oracle's record of what really happened, kept apart from

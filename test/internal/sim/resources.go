@@ -88,7 +88,7 @@ func (w *world) deliverSegment(m segMsg) {
 	if d.Verdict == fencing.VerdictApply {
 		w.rep.Accepted++
 		w.rep.AcceptedChecked++
-		w.judge("segment", st.resource, types.UID(m.seg.GrantUID), m.seg.Fence, m.injected, w.h.issued[st.resource], st.ledger.Fence, st.grantOf[st.ledger.Fence], now)
+		w.judge("segment", st.resource, types.UID(m.seg.GrantUID), m.seg.Fence, m.injected, w.h.issued[st.resource], st.ledger.Fence, st.grantOf[st.ledger.Fence], false, now)
 		if want := st.maxApplied[m.seg.Root] + 1; m.seg.Seq != want {
 			w.rep.GapAccepted++
 			w.rep.violate("seed %d: segment %d of %s applied, expected %d", w.seed, m.seg.Seq, m.seg.Root, want)
@@ -117,7 +117,14 @@ func (w *world) deliverSegment(m segMsg) {
 // issued is the highest fence issued for the resource as far as the written
 // place can know: the true history for a store outside the registry, the
 // rolled-back one for objects that live in the registry's own etcd.
-func (w *world) judge(kind, resource string, uid types.UID, fence int64, injected string, issued, highest int64, highestBy types.UID, now time.Duration) {
+//
+// lagged says the mutation was accepted by admission from a replica's cache
+// in the window that adds (inAdmissionLag): then a fence below the highest
+// issued, or a grant that has ended, is counted as accepted-in-admission-lag
+// instead of forbidden. A fence below the highest the resource accepted
+// stays forbidden, and so does a lease that ran out (the cache's lease end
+// bounds the window, and it is never later than the history's).
+func (w *world) judge(kind, resource string, uid types.UID, fence int64, injected string, issued, highest int64, highestBy types.UID, lagged bool, now time.Duration) {
 	if injected != "" {
 		w.rep.ForgedAccepted++
 		w.rep.violate("seed %d: %s %s accepted (fence %d)", w.seed, injected, kind, fence)
@@ -127,6 +134,10 @@ func (w *world) judge(kind, resource string, uid types.UID, fence int64, injecte
 		// (it never reached the resource): nothing here can tell. Counted
 		// apart; closed by the epoch bump.
 		w.rep.Faults["accepted-in-restore-window"]++
+		return
+	}
+	if lagged && fence >= highest && (fence < issued || !w.h.liveAt(uid, now)) {
+		w.rep.Faults[admissionLagFault]++
 		return
 	}
 	if fence < issued || fence < highest {

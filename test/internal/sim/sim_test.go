@@ -15,6 +15,8 @@ const gateRounds = 2000
 func TestGate(t *testing.T) {
 	r := Run(20260719, gateRounds, 0)
 	t.Log(r.Summary())
+	t.Logf("%s=%d write-in-flight-at-release=%d replica-freeze=%d", admissionLagFault, r.Faults[admissionLagFault],
+		r.Faults["write-in-flight-at-release"], r.Faults["replica-freeze"])
 	if r.Forbidden() != 0 {
 		t.Fatalf("the release gate failed:\n%s\nreplay a round with: go -C test run ./cmd/lockwarden-faults -replay SEED (from the repository root)", r)
 	}
@@ -25,6 +27,9 @@ func TestGate(t *testing.T) {
 		if r.Faults[string(f)] == 0 {
 			t.Errorf("fault %s was never injected in %d rounds", f, gateRounds)
 		}
+	}
+	if r.Faults[admissionLagFault] == 0 {
+		t.Errorf("no write was accepted in a replica's admission lag in %d rounds", gateRounds)
 	}
 }
 

@@ -263,6 +263,7 @@ func (k *worker) release() {
 	w := k.w
 	m, uid := k.m, k.uid
 	m.ReleaseSent(k.mono())
+	w.inFlightAtRelease(k)
 	w.s.after(w.netDelay(), func() {
 		err := w.reg.release(uid, k.name, w.s.now)
 		w.kick(w.resource)

@@ -135,6 +135,10 @@ type world struct {
 	waiters map[types.UID]*waiterProc
 	// gated are the lock-gated Pods of FaultGatedPod (gatedpods.go).
 	gated *gatedPods
+	// admission picks the replica that answers each guarded write, as the
+	// webhook Service spreads them, from a stream of its own, so that
+	// the rest of a round's schedule does not depend on it (admission.go).
+	admission *rand.Rand
 }
 
 func newWorld(seed uint64, faults []Fault) *world {
@@ -143,6 +147,7 @@ func newWorld(seed uint64, faults []Fault) *world {
 		fault: map[Fault]bool{}, resource: "invoice-batch/2026-07-19", other: "invoice-batch/2026-07-20", lookalike: "settle-copy",
 		objects: map[string]*object{}, stores: map[string]*store{}, pending: map[string]bool{},
 		resurrected: map[types.UID]bool{}, objIssued: map[string]int64{},
+		admission: rand.New(rand.NewPCG(seed, 0xad3155)),
 	}
 	for _, f := range faults {
 		w.fault[f] = true
