@@ -106,7 +106,35 @@ func waitFor(t *testing.T, g *lockingv1alpha1.LockGrant, what string, ok func(*l
 	if err != nil {
 		t.Fatalf("grant %s never became %s (last status %+v): %v", g.Name, what, cur.Status, err)
 	}
+	counterCached(t, cur.Namespace, cur.HeldFencedResource())
 	return cur
+}
+
+// counterCached waits until the manager's cache shows the FenceCounter of
+// fenced resource ID resource in ns as the API server stores it. A status
+// follows its counter, and the guarded-write webhook accepts from the
+// cached counter (--guard-reads=cached): a test that saw a grant end and
+// then expects its writes refused waits out the manager's watch lag here,
+// as docs/grant-path.md says a user must.
+func counterCached(t *testing.T, ns, resource string) {
+	t.Helper()
+	key := types.NamespacedName{Namespace: ns, Name: lockingv1alpha1.FenceCounterName(resource)}
+	var stored, cached lockingv1alpha1.FenceCounter
+	err := wait.PollUntilContextTimeout(t.Context(), 5*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
+		errStored, errCached := admin.Get(ctx, key, &stored), env.Cache.Get(ctx, key, &cached)
+		switch {
+		case apierrors.IsNotFound(errStored):
+			return true, nil
+		case errStored != nil:
+			return false, errStored
+		case errCached != nil:
+			return false, client.IgnoreNotFound(errCached)
+		}
+		return cached.ResourceVersion == stored.ResourceVersion, nil
+	})
+	if err != nil {
+		t.Fatalf("the manager's cache never showed counter %s at version %s (it shows %s): %v", key, stored.ResourceVersion, cached.ResourceVersion, err)
+	}
 }
 
 func waitPhase(t *testing.T, g *lockingv1alpha1.LockGrant, p lockingv1alpha1.LockGrantPhase) *lockingv1alpha1.LockGrant {
