@@ -791,3 +791,91 @@ func TestUnnamedHeldGrantIsReadBeforeItIsEnded(t *testing.T) {
 		t.Fatalf("a is %s once the cache caught up; want Released", got.Status.Phase)
 	}
 }
+
+// heldBeside records, at every status write that makes a grant Held, the
+// other grants the API server stores as Held at that moment.
+type heldBeside struct {
+	*laggingCache
+	api    client.Client
+	mu     sync.Mutex
+	beside []string
+}
+
+func (c *heldBeside) Status() client.SubResourceWriter {
+	return heldBesideWriter{SubResourceWriter: c.laggingCache.Status(), c: c}
+}
+
+type heldBesideWriter struct {
+	client.SubResourceWriter
+	c *heldBeside
+}
+
+func (w heldBesideWriter) Patch(ctx context.Context, obj client.Object, patch client.Patch, opts ...client.SubResourcePatchOption) error {
+	if g, ok := obj.(*lockingv1alpha1.LockGrant); ok && g.Status.Phase == lockingv1alpha1.PhaseHeld {
+		var stored lockingv1alpha1.LockGrantList
+		if err := w.c.api.List(ctx, &stored, client.InNamespace(passNS)); err != nil {
+			return err
+		}
+		for i := range stored.Items {
+			if o := &stored.Items[i]; o.Name != g.Name && o.Status.Phase == lockingv1alpha1.PhaseHeld {
+				w.c.mu.Lock()
+				w.c.beside = append(w.c.beside, g.Name+" beside "+o.Name)
+				w.c.mu.Unlock()
+			}
+		}
+	}
+	return w.SubResourceWriter.Patch(ctx, obj, patch, opts...)
+}
+
+// Another replica granted a (fence 1) and handed its Held status to its
+// status writer; a's owner, which learns from the counter, released at
+// once; that replica's next pass swapped the counter from a to b (fence 2)
+// while a's Held was on its way, so a's Held was stored after the swap, and
+// the replica stopped before it wrote a's end. (a was granted ahead of b,
+// requested a moment earlier, because that replica's cache did not show b
+// yet.) This replica's grants cache has shown every change up to the
+// counter's version, but not a's late Held: it shows a Pending with its
+// release asked for. Its pass writes b's Held; before it, no other grant
+// may be Held as stored. On the counter's version alone the cache looks
+// caught up, and without the direct list, b's Held was written while a
+// still read Held (a's end, a withdrawn request's, came after b's Held).
+func TestHeldStatusIsNotWrittenBesideALateHeld(t *testing.T) {
+	a, b := passGrant("a", 1), passGrant("b", 0)
+	e := newPassEnv(t, a, b, passCounter(0, nil))
+	watching := &heldBeside{laggingCache: e.cache, api: e.api}
+	e.r.Client = watching
+	e.startStatuses(t)
+
+	e.moveCounter(t, 1, passHeld(e.grant(t, "a"), 1))
+	released := e.grant(t, "a")
+	released.Spec.Release = true
+	if err := e.api.Update(t.Context(), released); err != nil {
+		t.Fatal(err)
+	}
+	var cached lockingv1alpha1.LockGrantList // a Pending with its release, b Pending
+	if err := e.api.List(t.Context(), &cached, client.InNamespace(passNS)); err != nil {
+		t.Fatal(err)
+	}
+	e.moveCounter(t, 2, passHeld(e.grant(t, "b"), 2))
+	late := passHeld(e.grant(t, "a"), 1) // a's Held, stored after the swap to b
+	if err := e.api.Status().Update(t.Context(), late); err != nil {
+		t.Fatal(err)
+	}
+	e.cache.mu.Lock()
+	e.cache.grants = cached.Items
+	e.cache.mu.Unlock()
+	e.r.grantsSeen.see(e.counter(t).ResourceVersion) // the grants cache has caught up to the counter
+
+	e.pass(t)
+	if got := e.grant(t, "b"); got.Status.Phase != lockingv1alpha1.PhaseHeld || got.Status.FenceToken != 2 {
+		t.Fatalf("b is %s with fence %d; the counter names it with fence 2", got.Status.Phase, got.Status.FenceToken)
+	}
+	if got := e.grant(t, "a"); !got.Status.Phase.Final() {
+		t.Fatalf("a is %s beside b Held; want it ended", got.Status.Phase)
+	}
+	watching.mu.Lock()
+	defer watching.mu.Unlock()
+	if len(watching.beside) != 0 {
+		t.Fatalf("Held written while another grant read Held as stored: %v", watching.beside)
+	}
+}

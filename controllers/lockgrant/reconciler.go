@@ -636,7 +636,8 @@ func (r *Reconciler) decide(ctx context.Context, req reconcile.Request, mode rea
 			f.Grants = grantplan.WithHolder(f.Grants, &lockingv1alpha1.FenceHolder{UID: string(uid)}, g)
 		}
 		p := grantplan.Decide(f.Facts)
-		if !rd.listed && len(grantplan.NewlyHeld(f.Facts, p)) > 0 && !grantplan.CacheCovers(f.Facts, r.grantsSeen.get()) {
+		if !rd.listed && len(grantplan.NewlyHeld(f.Facts, p)) > 0 &&
+			(!grantplan.CacheCovers(f.Facts, r.grantsSeen.get()) || grantplan.MayHideLateHeld(f.Facts, p)) {
 			// A Held status for a grant not Held before: no other grant
 			// may still be Held as stored, which a cache that is behind
 			// the counters can hide (a status another replica wrote

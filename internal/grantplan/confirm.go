@@ -115,3 +115,54 @@ func CacheCovers(f Facts, seen string) bool {
 	}
 	return true
 }
+
+// MayHideLateHeld reports whether p, whose new holders' Held statuses
+// (NewlyHeld) CacheCovers would let go without a direct list of the
+// resource's grants, rests on a grant the cache shows as a request that
+// may in fact be Held as stored: one the cache shows neither Held nor
+// final that p ends (as a request withdrawn, timed out, revoked or with
+// its session gone), or that comes before a new holder in FIFO order and
+// yet was not granted.
+//
+// CacheCovers shows every status stored before the counters f was decided
+// on. A Held status can also be stored after them: a replica's status
+// writer had sent it when that replica's next pass swapped the counter
+// away from the grant (its owner, which learns from the counter, released
+// at once), and the replica stopped before it wrote the grant's end. The
+// cache then shows that grant as the request it was before its Held. A
+// request that p ends gets its end after the new holders' Held, in the
+// order of the statuses (only ended holders go first), and one skipped
+// over in FIFO order was granted by someone: with either, the pass lists
+// the resource's grants directly, which shows such a Held.
+func MayHideLateHeld(f Facts, p Plan) bool {
+	newly := NewlyHeld(f, p)
+	if len(newly) == 0 {
+		return false
+	}
+	ends := map[types.UID]bool{}
+	for _, g := range p.Statuses {
+		if g.Status.Phase.Final() {
+			ends[g.UID] = true
+		}
+	}
+	var holders []lockingv1alpha1.LockGrant
+	for _, g := range f.Grants {
+		if slices.Contains(newly, g.UID) {
+			holders = append(holders, g)
+		}
+	}
+	for _, g := range f.Grants {
+		if slices.Contains(newly, g.UID) || g.Status.Phase == lockingv1alpha1.PhaseHeld || g.Status.Phase.Final() {
+			continue
+		}
+		if ends[g.UID] {
+			return true
+		}
+		for _, h := range holders {
+			if fifo(g, h) < 0 {
+				return true
+			}
+		}
+	}
+	return false
+}

@@ -99,3 +99,43 @@ func TestCacheCovers(t *testing.T) {
 		}
 	}
 }
+
+// A plan that writes a new holder's Held on a cache that covers the
+// counters may still rest on a request whose Held status was stored after
+// them (a status writer's write in flight across its replica's next
+// swap): one the plan ends, or one skipped over in FIFO order. Those
+// passes list the resource's grants directly; the common handoff (the
+// old holder Held in the cache, waiters behind the new one) does not.
+func TestMayHideLateHeld(t *testing.T) {
+	// The counter names b (fence 2); b's Held is not written yet.
+	heldB := held(grant("b", 1, 30), 2, 32)
+	cases := []struct {
+		name   string
+		grants func() []lockingv1alpha1.LockGrant
+		want   bool
+	}{
+		{"the old holder Held and released, a waiter behind b", func() []lockingv1alpha1.LockGrant {
+			a := held(grant("a", 0, 30), 1, 31)
+			a.Spec.Release = true
+			return []lockingv1alpha1.LockGrant{a, grant("b", 1, 30), grant("c", 2, 30)}
+		}, false},
+		{"a request before b in FIFO order, not granted", func() []lockingv1alpha1.LockGrant {
+			return []lockingv1alpha1.LockGrant{grant("a", 0, 30), grant("b", 1, 30)}
+		}, true},
+		{"a request after b that the plan ends (withdrawn)", func() []lockingv1alpha1.LockGrant {
+			a := grant("a", 2, 30)
+			a.Spec.Release = true
+			return []lockingv1alpha1.LockGrant{grant("b", 1, 30), a}
+		}, true},
+		{"b already Held: nothing newly held", func() []lockingv1alpha1.LockGrant {
+			return []lockingv1alpha1.LockGrant{grant("a", 0, 30), heldB}
+		}, false},
+	}
+	for _, c := range cases {
+		f := Facts{Now: sec(2), Resource: res, Counter: counter(2, &heldB), Grants: c.grants()}
+		p := Decide(f)
+		if got := MayHideLateHeld(f, p); got != c.want {
+			t.Errorf("%s: MayHideLateHeld = %v, want %v (newly held %v)", c.name, got, c.want, NewlyHeld(f, p))
+		}
+	}
+}

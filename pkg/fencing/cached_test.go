@@ -48,6 +48,18 @@ func TestAcceptFromCache(t *testing.T) {
 		{"an administrator's override is judged on the registry", with(func(r *fencing.GuardedRequest) {
 			r.Override = &fencing.Override{Reason: "wedged", Authorized: true}
 		}), false},
+		// Nothing on the object orders the write after a successor's: a
+		// successor may have deleted the object (its record went with
+		// it), and the old holder's create from a cache behind would be
+		// accepted after the successor's last write.
+		{"a create: no record to order it against a successor's writes", with(func(r *fencing.GuardedRequest) {
+			r.Operation, r.StoredClaim, r.StoredGuarded, r.Record, r.StoredVersion = fencing.OpCreate, fencing.Claim{}, false, fencing.Accepted{}, ""
+		}), false},
+		{"an object that was not guarded: its record is nobody's", with(func(r *fencing.GuardedRequest) { r.StoredGuarded = false }), false},
+		{"an object with no record", with(func(r *fencing.GuardedRequest) { r.Record = fencing.Accepted{} }), false},
+		{"a record of another namespace counts for nothing", with(func(r *fencing.GuardedRequest) {
+			r.Record = fencing.Accepted{Grant: "payments/a1", Fence: 1}
+		}), false},
 		{"a delete under the pre-delete write of the holder", with(func(r *fencing.GuardedRequest) {
 			r.Operation, r.Claim, r.Precondition = fencing.OpDelete, fencing.Claim{}, "41"
 			r.Record = fencing.Accepted{Grant: "billing/a2", Fence: 2, Intent: fencing.IntentDelete}

@@ -412,7 +412,10 @@ func describe(sub string) string {
 // revocation, forced release or lapsed session takes effect after the
 // cache's lag instead of at the counter's swap, never after that lease
 // end; and a fence below the one recorded on the object is refused as
-// always (the record comes with the request, not from the cache).
+// always (the record comes with the request, not from the cache). Only a
+// write to an object that carries a record is accepted at all: the record
+// is what orders the old holder's writes in the lag before its successor's,
+// and a create has none (the successor may have deleted the object).
 func AcceptFromCache(r GuardedRequest) (rec Accepted, ok bool) {
 	if !CachedFactsSuffice(r) {
 		return Accepted{}, false
@@ -429,15 +432,29 @@ func AcceptFromCache(r GuardedRequest) (rec Accepted, ok bool) {
 // a grant (no administrator's override, which is judged on the registry's
 // fence), the counter naming that grant as its holder, Held, with the
 // grant's fence as the counter's newest, a lease end that has not passed by
-// r.Now, and the fence the request is judged by (the claim's, or for a
-// delete the recorded one) equal to the grant's. It says nothing about
-// refusing: a refusal is decided on facts read linearizably.
+// r.Now, the stored object carrying a record that counts (recorded: an
+// update of a guarded object, never a create), and the fence the request is
+// judged by (the claim's, or for a delete the recorded one) equal to the
+// grant's. The record is what orders a write the cache accepts in its lag
+// before the successor's first write to the object; a create has none (the
+// successor may have deleted the object, and its record with it). It says
+// nothing about refusing: a refusal is decided on facts read linearizably.
 func CachedFactsSuffice(r GuardedRequest) bool {
 	g, c := r.Grant, r.Counter
 	if r.Override != nil || r.Opaque || g == nil || c == nil || g.UID == "" {
 		return false
 	}
 	if g.State != StateHeld || c.HolderUID != g.UID || c.Fence != g.Fence || g.ExpiresAt.IsZero() || Expired(g.ExpiresAt, r.Now) {
+		return false
+	}
+	if r.recorded() == 0 {
+		// Nothing on the object orders this write after the writes of a
+		// successor the cache does not show yet: a create (the successor
+		// may have deleted the object, and its record with it), an object
+		// that was not guarded, or a record that does not count. Only the
+		// object's own record keeps the old holder's writes in the lag
+		// before the successor's first write; without one, the direct read
+		// decides.
 		return false
 	}
 	var fence int64

@@ -223,6 +223,33 @@ func TestCachedReadsRefuseTheOldHolderBelowTheObjectsFence(t *testing.T) {
 	}
 }
 
+// The successor wrote its pre-delete write and deleted the object: its
+// record went with it. The old holder's create of the object, on a replica
+// whose cache still names it, has nothing on the object to order it
+// against the successor's writes; accepted from the cache, it would land
+// after the successor's delete, and the object would be the old holder's
+// again. A write with no record to order it is decided on the direct read,
+// which refuses it; the successor's own create is accepted there.
+func TestCachedReadsRefuseTheOldHoldersCreateAfterTheSuccessorsDelete(t *testing.T) {
+	cached, direct := handedOver()
+	w := newCachedWorld(t, cached, direct, ReadsCached)
+	created := guardedObject(t, "", 0, "a", "1", "")
+	refusedWith(t, w.create("A", created), fencing.ReasonStaleOwner)
+	if w.direct.gets.Load() == 0 {
+		t.Fatal("the create was decided without a direct read")
+	}
+	accepted(t, w.create("B", guardedObject(t, "", 0, "b", "2", "")))
+}
+
+// create sends a create by caller of the object obj.
+func (w *cachedWorld) create(caller string, obj runtime.RawExtension) admission.Response {
+	return w.handler.Handle(context.Background(), admission.Request{AdmissionRequest: admissionv1.AdmissionRequest{
+		Operation: admissionv1.Create, Name: "cm", Namespace: "billing", Object: obj,
+		Kind:     metav1.GroupVersionKind{Version: "v1", Kind: "ConfigMap"},
+		UserInfo: authenticationv1.UserInfo{Username: caller},
+	}})
+}
+
 // A lease end the cache recorded that has passed by the webhook's clock
 // accepts nothing from the cache; the direct read refuses.
 func TestCachedReadsRefuseAfterTheCachedLeaseEnd(t *testing.T) {

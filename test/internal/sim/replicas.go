@@ -221,7 +221,7 @@ func (w *world) gather(rp *replica, resource string, mode readMode) pass {
 			ps.plan = p
 			break
 		}
-		if !listed && !r.skipDirectList && len(grantplan.NewlyHeld(f, p)) > 0 && w.needsList(rp, f) {
+		if !listed && !r.skipDirectList && len(grantplan.NewlyHeld(f, p)) > 0 && w.needsList(rp, f, p) {
 			// The direct list of the resource's grants before a Held
 			// status for a grant not Held before (controllers/lockgrant:
 			// listDirect), unless the grants cache has caught up to the
@@ -286,10 +286,10 @@ func (w *world) gather(rp *replica, resource string, mode readMode) pass {
 }
 
 // needsList is the controller's rule for the direct list before a Held
-// status (grantplan.CacheCovers on the mark of rp's grants cache),
-// counted both ways.
-func (w *world) needsList(rp *replica, f grantplan.Facts) bool {
-	if grantplan.CacheCovers(f, rp.cache.seen()) {
+// status (grantplan.CacheCovers on the mark of rp's grants cache, unless
+// grantplan.MayHideLateHeld), counted both ways.
+func (w *world) needsList(rp *replica, f grantplan.Facts, p grantplan.Plan) bool {
+	if grantplan.CacheCovers(f, rp.cache.seen()) && !grantplan.MayHideLateHeld(f, p) {
 		w.rep.Faults["replica-held-on-caught-up-cache"]++
 		return false
 	}
