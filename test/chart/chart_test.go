@@ -1,6 +1,8 @@
 package chart
 
 import (
+	"os/exec"
+	"path/filepath"
 	"reflect"
 	"slices"
 	"strings"
@@ -284,4 +286,26 @@ func selectorValues(obj map[string]any, op string, fields ...string) []string {
 		}
 	}
 	return out
+}
+
+// TestGuardReads: the chart passes guardReads to the manager, and refuses
+// to render a value the manager would refuse at start (a crashloop after
+// the install instead of an error at it).
+func TestGuardReads(t *testing.T) {
+	root := envtest.Repo(t, "../..")
+	if args := managerArgs(t, render(t, root)); !slices.Contains(args, "--guard-reads=cached") {
+		t.Errorf("by default the manager runs with %v, want --guard-reads=cached", args)
+	}
+	direct := envtest.Objects(t, envtest.Helm(t, root, "template", "lockwarden", "charts/lockwarden", "--set", "guardReads=direct"))
+	if args := managerArgs(t, direct); !slices.Contains(args, "--guard-reads=direct") {
+		t.Errorf("with guardReads=direct the manager runs with %v", args)
+	}
+	for _, bad := range []string{"guardReads=Direct", "guardReads=bogus", "guardReads="} {
+		cmd := exec.CommandContext(t.Context(), filepath.Join(root, "bin", "helm"), "template", "lockwarden", "charts/lockwarden", "--set", bad)
+		cmd.Dir = root
+		out, err := cmd.CombinedOutput()
+		if err == nil || !strings.Contains(string(out), `guardReads must be "cached" or "direct"`) {
+			t.Errorf("helm template --set %s: %v, want it refused:\n%s", bad, err, out)
+		}
+	}
 }
