@@ -641,8 +641,9 @@ func (r *Reconciler) decide(ctx context.Context, req reconcile.Request, mode rea
 			// A Held status for a grant not Held before: no other grant
 			// may still be Held as stored, which a cache that is behind
 			// the counters can hide (a status another replica wrote
-			// before its swap). One direct list of the resource's
-			// grants finds it.
+			// before its swap), and so can a Held that landed after a
+			// swap, on a grant the plan ends or skips over. One direct
+			// list of the resource's grants finds it.
 			rd.listed = true
 			directLists.Inc()
 			stale, err := r.listDirect(ctx, req.Namespace, f.Facts, rd.fresher, rd.confirmed)
@@ -1076,10 +1077,11 @@ var transitions = prometheus.NewCounterVec(prometheus.CounterOpts{
 
 // directLists counts the passes that listed their resource's grants
 // directly before a Held status, because the grants cache had not shown
-// every change up to the counters' versions (grantplan.CacheCovers).
+// every change up to the counters' versions (grantplan.CacheCovers) or the
+// plan may rest on a late Held (grantplan.MayHideLateHeld).
 var directLists = prometheus.NewCounter(prometheus.CounterOpts{
 	Name: "lockwarden_grant_direct_lists_total",
-	Help: "Passes that listed their resource's grants directly from the API server before writing a Held status, because the grants cache had not yet shown every change up to the counters' versions.",
+	Help: "Passes that listed their resource's grants directly from the API server before writing a Held status, because the grants cache had not yet shown every change up to the counters' versions, or the plan ended or skipped a grant whose Held status may have landed after them.",
 })
 
 // staleGrants counts grants a pass was about to grant, or to end while no

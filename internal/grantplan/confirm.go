@@ -92,8 +92,11 @@ func counterOfSlot(f Facts, k int32) *lockingv1alpha1.FenceCounter {
 // it and every slot counter in f are at or below seen. A Held status is
 // written only after the swap that named its grant, so a grant Held as
 // stored that these counters no longer name got its Held status before
-// their versions, and such a cache shows it Held (and NewlyHeld's
-// confirming list of the resource's grants is not needed).
+// their versions, and such a cache shows it Held, unless a status writer
+// still had that Held in flight when its replica swapped the counter
+// away (MayHideLateHeld says when a plan may rest on such a grant). With
+// neither, NewlyHeld's confirming list of the resource's grants is not
+// needed.
 //
 // Resource versions are compared as the etcd revisions they are
 // (resourceversion.CompareResourceVersion): LockGrants and FenceCounters
